@@ -1,0 +1,17 @@
+"""jupyter-lmsp: a Jupyter Server extension that serves LMSP 1.0, a local language-model service
+with durable tasks, on MLX.
+
+The extension point below is what `jupyter server` loads; `extension.LMSPExtension` is the app.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .extension import LMSPExtension
+
+    return [{"module": "jupyter_lmsp", "app": LMSPExtension}]

@@ -1,0 +1,331 @@
+"""`EngineClient`: the server process's handle on the inference worker process.
+
+The client starts the worker (`worker.worker_main`) with the multiprocessing *spawn* context,
+sends it jobs and cancels, and hands every message from it to an `on_message` callback, called
+from the client's reader thread (the caller marshals to its event loop). When the worker dies
+without being asked to, the callback gets a `WorkerExited` listing the jobs it took with it.
+
+Nothing here blocks the caller: sends go through a queue to a writer thread, because a large
+job can fill the pipe while the worker is busy in a prefill and not reading.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from typing import TypeVar
+
+from jupyter_lmsp.engine.messages import (
+    CancelJob,
+    GenerateJob,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    Shutdown,
+    WorkerExited,
+)
+from jupyter_lmsp.engine.worker import worker_main
+
+T = TypeVar("T")
+
+# os.environ is process-wide: one lock for every client that sets it around a spawn.
+_ENVIRON_LOCK = threading.Lock()
+_STOP_WRITER = object()
+
+
+class EngineNotRunning(RuntimeError):
+    """A job was submitted while no worker process is running."""
+
+
+class _Spawner:
+    """Starts worker processes from one daemon thread that lives as long as this process.
+
+    Why: the worker asks Linux (PR_SET_PDEATHSIG) to kill it when its parent dies, and Linux
+    counts the parent as dead when the *thread* that spawned it exits. Spawning from a
+    short-lived thread (an executor thread, the reader thread restarting after a crash) would
+    kill a healthy worker when that thread ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tasks: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future]] = (
+            queue.SimpleQueue()
+        )
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Callable[[], T]) -> T:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._loop, name="lmsp-engine-spawner", daemon=True
+                )
+                self._thread.start()
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._tasks.put((fn, future))
+        return future.result()
+
+    def _loop(self) -> None:
+        while True:
+            fn, future = self._tasks.get()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
+_spawner = _Spawner()
+
+
+@dataclass(eq=False)
+class _Session:
+    """One worker process and the threads serving its pipe."""
+
+    process: BaseProcess
+    conn: Connection
+    outbox: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
+    # Job ids submitted and not yet ended; a dict keeps submission order.
+    in_flight: dict[str, None] = field(default_factory=dict)
+    stopping: bool = False
+    exited: bool = False
+    reader: threading.Thread | None = None
+    writer: threading.Thread | None = None
+    # The reader thread and stop() both wait for the process. Two threads in waitpid race
+    # (one reaps, the other gets ECHILD and reports the process alive), so reaping and
+    # polling happen under this lock, and waiting on the sentinel (which reaps nothing)
+    # outside it.
+    reap_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to `timeout` for the process to exit and reap it; True if it has."""
+        if not multiprocessing.connection.wait([self.process.sentinel], timeout):
+            return False
+        with self.reap_lock:
+            # The sentinel closes as the process exits, so this blocking reap is brief.
+            self.process.join()
+        return True
+
+    def is_alive(self) -> bool:
+        with self.reap_lock:
+            return self.process.exitcode is None
+
+    def exitcode(self) -> int | None:
+        with self.reap_lock:
+            return self.process.exitcode
+
+    def kill(self) -> None:
+        with self.reap_lock:
+            self.process.kill()
+
+
+class EngineClient:
+    """Proxy for the inference worker process.
+
+    `on_message(msg)` receives every worker message (`WorkerReady`, `JobStarted`, `JobTokens`,
+    `JobFinished`, `JobFailed`, `JobCancelled`) and `WorkerExited`, in order, from the reader
+    thread; it must not block for long. `env` entries are added to (or override) the worker's
+    environment, e.g. `LD_PRELOAD` for OpenBLAS; the server's own environment is unchanged.
+    `token_delay` is the worker's test hook (see `worker.worker_main`).
+    """
+
+    def __init__(
+        self,
+        on_message: Callable[[object], None],
+        *,
+        token_delay: float = 0.0,
+        env: dict[str, str] | None = None,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self._on_message = on_message
+        self._token_delay = token_delay
+        self._env = dict(env) if env else None
+        self._log = log or logging.getLogger(__name__)
+        self._lock = threading.Lock()
+        self._session: _Session | None = None
+
+    # --- state -----------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        session = self._session
+        return session is not None and not session.exited and session.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        session = self._session
+        return session.process.pid if session is not None else None
+
+    @property
+    def in_flight(self) -> list[str]:
+        with self._lock:
+            return list(self._session.in_flight) if self._session is not None else []
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Spawn the worker process; its `WorkerReady` arrives through `on_message`."""
+        with self._lock:
+            if self._session is not None and not self._session.exited:
+                raise RuntimeError("the engine worker is already running")
+        session = _spawner.call(self._spawn)
+        session.reader = threading.Thread(
+            target=self._read, args=(session,), name=f"lmsp-engine-reader-{session.process.pid}"
+        )
+        session.writer = threading.Thread(
+            target=self._write, args=(session,), name=f"lmsp-engine-writer-{session.process.pid}"
+        )
+        # Daemons, so a server that exits without stop() is not held up; the worker then
+        # notices its parent is gone by itself.
+        session.reader.daemon = session.writer.daemon = True
+        with self._lock:
+            self._session = session
+        session.writer.start()
+        session.reader.start()
+        self._log.info("engine worker started (pid %s)", session.process.pid)
+
+    def _spawn(self) -> _Session:
+        ctx = multiprocessing.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        process = ctx.Process(
+            target=worker_main,
+            args=(child_conn, self._token_delay, os.getpid()),
+            name="lmsp-engine-worker",
+            daemon=True,
+        )
+        with _ENVIRON_LOCK:
+            # Spawn copies the parent's environment at start, so the worker's variables are
+            # set here for the moment of the start only.
+            saved = {name: os.environ.get(name) for name in self._env or {}}
+            try:
+                os.environ.update(self._env or {})
+                process.start()
+            finally:
+                for name, value in saved.items():
+                    if value is None:
+                        os.environ.pop(name, None)
+                    else:
+                        os.environ[name] = value
+        # Our copy of the child's end must go, or we would never see EOF when the worker dies.
+        child_conn.close()
+        return _Session(process=process, conn=parent_conn)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Ask the worker to shut down, wait up to `timeout`, then kill it. Idempotent."""
+        with self._lock:
+            session = self._session
+            if session is None:
+                return
+            session.stopping = True
+        if not session.exited:
+            session.outbox.put(Shutdown())
+        if not session.wait(timeout):
+            self._log.warning("engine worker %s did not stop; killing it", session.process.pid)
+            session.kill()
+            session.wait(timeout)
+        # stop() may be called from on_message, i.e. from the reader thread itself.
+        if session.reader is not None and session.reader is not threading.current_thread():
+            session.reader.join(timeout)
+        with self._lock:
+            if self._session is session:
+                self._session = None
+
+    def restart(self) -> None:
+        """Stop the current worker (if any, e.g. after a crash) and start a fresh one."""
+        self.stop()
+        self.start()
+
+    # --- jobs ------------------------------------------------------------------------------
+
+    def submit(self, job: GenerateJob) -> None:
+        """Queue `job` for the worker. Raises `EngineNotRunning` if there is no live worker."""
+        with self._lock:
+            session = self._session
+            if session is None or session.exited or session.stopping:
+                raise EngineNotRunning("the engine worker is not running")
+            session.in_flight[job.job_id] = None
+            session.outbox.put(job)
+
+    def cancel(self, job_id: str) -> None:
+        """Ask the worker to cancel `job_id`; a `JobCancelled` follows unless it already ended."""
+        with self._lock:
+            session = self._session
+            if session is None or session.exited or job_id not in session.in_flight:
+                return
+            session.outbox.put(CancelJob(job_id))
+
+    # --- threads ---------------------------------------------------------------------------
+
+    def _deliver(self, message: object) -> None:
+        try:
+            self._on_message(message)
+        except Exception:
+            self._log.exception("engine on_message failed for %r", type(message).__name__)
+
+    def _write(self, session: _Session) -> None:
+        while True:
+            message = session.outbox.get()
+            if message is _STOP_WRITER:
+                return
+            try:
+                # Pickled first, so an unpicklable job fails alone instead of half-written.
+                data = ForkingPickler.dumps(message)
+            except Exception as exc:
+                self._log.exception("cannot send %r to the engine worker", message)
+                if isinstance(message, GenerateJob):
+                    self._end_job(session, message.job_id)
+                    self._deliver(JobFailed(message.job_id, "invalid_request", str(exc)))
+                continue
+            try:
+                session.conn.send_bytes(data)
+            except (OSError, ValueError):
+                # The worker is gone; the reader sees EOF and reports the lost jobs.
+                self._log.debug("engine worker pipe closed; dropping %r", message)
+
+    def _end_job(self, session: _Session, job_id: str) -> None:
+        with self._lock:
+            session.in_flight.pop(job_id, None)
+
+    def _read(self, session: _Session) -> None:
+        while True:
+            try:
+                message = session.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:
+                self._log.exception("unreadable message from the engine worker")
+                continue
+            if isinstance(message, JobFinished | JobFailed | JobCancelled):
+                self._end_job(session, message.job_id)
+            self._deliver(message)
+
+        session.wait(5.0)
+        exitcode = session.exitcode()
+        with self._lock:
+            session.exited = True
+            unexpected = not session.stopping
+            lost = list(session.in_flight)
+            session.in_flight.clear()
+        session.outbox.put(_STOP_WRITER)
+        if session.writer is not None:
+            session.writer.join(5.0)
+        session.conn.close()
+        pid = session.process.pid or 0
+        if unexpected:
+            self._log.error(
+                "engine worker %s exited unexpectedly (exit code %s) with %d job(s) in flight",
+                pid,
+                exitcode,
+                len(lost),
+            )
+            self._deliver(WorkerExited(pid, exitcode, lost))
+        else:
+            self._log.info("engine worker %s stopped", pid)

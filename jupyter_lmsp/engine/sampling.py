@@ -1,0 +1,71 @@
+"""Deterministic samplers for the inference worker.
+
+A sampler turns one step's log-probabilities into a token id, in the shape `mlx_lm`'s
+`generate_step` expects. Greedy decoding is the argmax. Random sampling draws each step with a
+key derived only from (seed, position), never from MLX's global random state: a generation
+resumed at position k (prompt + first k tokens re-prefilled) then draws exactly the tokens an
+uninterrupted run would have drawn. A global `mx.random.seed` cannot do that, because the
+state it leaves after k steps is not reproduced by re-prefilling (and it is per thread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_p
+
+Sampler = Callable[[mx.array], mx.array]
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    """One round of SplitMix64: a cheap, well-mixed bijection on 64-bit integers."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def step_key(seed: int, position: int) -> mx.array:
+    """The random key for the token at `position` (0 = first generated token) of a run."""
+    return mx.random.key(_splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64)))
+
+
+def make_sampler(
+    temperature: float, top_p: float = 1.0, seed: int = 0, start_position: int = 0
+) -> Sampler:
+    """A sampler for `generate_step`: greedy when `temperature` is 0, else seeded sampling.
+
+    The sampler counts its own calls; the first call samples position `start_position` (the
+    number of tokens already generated when resuming). `generate_step` calls it exactly once
+    per generated token, in order, and computes one token ahead, which is harmless: an extra
+    draw past the end is simply never used.
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if temperature == 0:
+        return _greedy
+
+    inverse_temperature = 1.0 / temperature
+    position = start_position
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal position
+        key = step_key(seed, position)
+        position += 1
+        # Temperature first, then the nucleus, as Hugging Face and OpenAI define top_p
+        # (mlx-lm's own sampler cuts the nucleus from the untempered distribution).
+        logits = logprobs * inverse_temperature
+        if top_p < 1.0:
+            logits = apply_top_p(logits, top_p)
+        return mx.random.categorical(logits, key=key)
+
+    return sample
+
+
+def _greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)

@@ -1,0 +1,139 @@
+"""The Jupyter Server extension: configuration (traitlets), start-up recovery, and wiring.
+
+Start-up order matters: the database is opened and section 11.3 recovery is committed in
+`initialize_settings`, which runs before the server listens; the task runner (and with it the
+inference worker process) starts once the event loop runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from jupyter_core.paths import jupyter_data_dir
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Float, Integer, Unicode, default
+
+from . import __version__
+from .engine.client import EngineClient
+from .handlers import routes
+from .services.bus import EventBus
+from .services.catalog import ModelCatalog
+from .services.context import ServiceContext
+from .services.runner import TaskRunner
+from .store import Database, queries, rules
+from .store.database import sqlite_url
+
+
+class LMSPExtension(ExtensionApp):
+    name = "jupyter_lmsp"
+    description = "LMSP 1.0: a persistent local language-model service on MLX"
+    load_other_extensions = True
+
+    data_dir = Unicode(help="Folder for the database and the model store.").tag(config=True)
+    db_url = Unicode(help="SQLAlchemy URL of the SQLite database.").tag(config=True)
+    model_dir = Unicode(help="Folder holding MLX model directories (one per model).").tag(
+        config=True
+    )
+    default_model = Unicode("", help="Model used when a request names none.").tag(config=True)
+    retention_seconds = Float(
+        7 * 24 * 3600.0, help="How long finished tasks, their events and responses are kept."
+    ).tag(config=True)
+    purge_interval = Float(3600.0, help="Seconds between retention purges.").tag(config=True)
+    snapshot_interval = Float(
+        0.05,
+        help="Seconds generated text is coalesced before it is committed with its snapshot.",
+    ).tag(config=True)
+    max_body_bytes = Integer(1024 * 1024, help="Largest accepted request body.").tag(config=True)
+    max_output_tokens_default = Integer(
+        1024, help="max_output_tokens when a request gives none."
+    ).tag(config=True)
+    keepalive_interval = Float(15.0, help="Seconds of silence before an SSE keep-alive.").tag(
+        config=True
+    )
+    engine_token_delay = Float(
+        0.0,
+        help="Seconds the worker waits after each token (for demos and crash tests; 0 in use).",
+    ).tag(config=True)
+    use_openblas = Unicode(
+        "auto", help="'auto' uses OpenBLAS for the worker on Linux when it can; 'no' never."
+    ).tag(config=True)
+
+    @default("data_dir")
+    def _default_data_dir(self) -> str:
+        return str(Path(jupyter_data_dir()) / "lmsp")
+
+    @default("db_url")
+    def _default_db_url(self) -> str:
+        return sqlite_url(Path(self.data_dir) / "lmsp.sqlite")
+
+    @default("model_dir")
+    def _default_model_dir(self) -> str:
+        return str(Path(self.data_dir) / "models")
+
+    def initialize_settings(self) -> None:
+        self.db = Database(self.db_url)
+        report = rules.recover_at_startup(self.db)
+        if report.examined:
+            self.log.info(
+                "LMSP recovery: %d unfinished task(s) examined: %s",
+                report.examined,
+                ", ".join(f"{k} x{v}" for k, v in sorted(report.transitions.items())),
+            )
+        catalog = ModelCatalog(Path(self.model_dir), self.default_model or None)
+        bus = EventBus()
+        runner = TaskRunner(
+            self.db,
+            bus,
+            catalog,
+            self._make_engine,
+            snapshot_interval=self.snapshot_interval,
+        )
+        self.ctx = ServiceContext(
+            db=self.db,
+            bus=bus,
+            catalog=catalog,
+            runner=runner,
+            service_id=queries.service_identity(self.db),
+            version=__version__,
+            max_output_tokens_default=self.max_output_tokens_default,
+            keepalive_interval=self.keepalive_interval,
+            max_body_bytes=self.max_body_bytes,
+        )
+        self._purge_task: asyncio.Task[None] | None = None
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(routes(self.ctx))
+
+    async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        self.ctx.runner.start()
+        self._purge_task = asyncio.create_task(self._purge_periodically())
+
+    async def stop_extension(self) -> None:
+        if self._purge_task is not None:
+            self._purge_task.cancel()
+        self.ctx.runner.stop()
+        self.db.dispose()
+
+    def _make_engine(self, on_message: Any) -> EngineClient:
+        env = None
+        if self.use_openblas != "no":
+            from .engine.blas import worker_environment
+
+            env, blas = worker_environment()
+            self.log.info("LMSP inference worker BLAS: %s", blas)
+        return EngineClient(on_message, token_delay=self.engine_token_delay, env=env, log=self.log)
+
+    async def _purge_periodically(self) -> None:
+        while True:
+            report = rules.purge_expired(self.db, self.retention_seconds)
+            if report.tasks or report.idempotency_keys:
+                self.log.info(
+                    "LMSP retention: purged %d task(s), %d event(s), %d response(s), %d key(s)",
+                    report.tasks,
+                    report.events,
+                    report.responses,
+                    report.idempotency_keys,
+                )
+            await asyncio.sleep(self.purge_interval)

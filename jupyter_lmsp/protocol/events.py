@@ -1,0 +1,105 @@
+"""Event builders: the data of every event in a task's log (LMSP B6, B10).
+
+Builders return dicts without `sequence_number`; the store assigns it in the transaction that
+appends the events. Every event carries `type`; lifecycle events carry the whole response
+object, so the openai SDK's stream helper sees one response id throughout.
+
+LMSP-only types (`response.loading`, `response.cancelling`, `response.cancelled`) follow the same
+shape as the lifecycle events of the Responses API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .objects import output_message, output_text_part
+
+Event = dict[str, Any]
+
+CREATED = "response.created"
+QUEUED = "response.queued"
+LOADING = "response.loading"
+IN_PROGRESS = "response.in_progress"
+CANCELLING = "response.cancelling"
+ITEM_ADDED = "response.output_item.added"
+PART_ADDED = "response.content_part.added"
+TEXT_DELTA = "response.output_text.delta"
+TEXT_DONE = "response.output_text.done"
+PART_DONE = "response.content_part.done"
+ITEM_DONE = "response.output_item.done"
+COMPLETED = "response.completed"
+INCOMPLETE = "response.incomplete"
+FAILED = "response.failed"
+CANCELLED = "response.cancelled"
+
+TERMINAL_EVENT_TYPES = frozenset(
+    {COMPLETED, INCOMPLETE, FAILED, CANCELLED, "task.completed", "task.failed", "task.cancelled"}
+)
+
+
+def is_terminal(event: Event) -> bool:
+    """Whether `event` is the last one of its task's log."""
+    return event["type"] in TERMINAL_EVENT_TYPES
+
+
+def lifecycle(type_: str, response: dict[str, Any]) -> Event:
+    return {"type": type_, "response": response}
+
+
+def item_opened(item_id: str, output_index: int) -> list[Event]:
+    return [
+        {
+            "type": ITEM_ADDED,
+            "output_index": output_index,
+            "item": {
+                "id": item_id,
+                "type": "message",
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            },
+        },
+        {
+            "type": PART_ADDED,
+            "item_id": item_id,
+            "output_index": output_index,
+            "content_index": 0,
+            "part": output_text_part(""),
+        },
+    ]
+
+
+def text_delta(item_id: str, output_index: int, delta: str) -> Event:
+    return {
+        "type": TEXT_DELTA,
+        "item_id": item_id,
+        "output_index": output_index,
+        "content_index": 0,
+        "delta": delta,
+        "logprobs": [],
+    }
+
+
+def item_closed(item_id: str, output_index: int, text: str, status: str) -> list[Event]:
+    return [
+        {
+            "type": TEXT_DONE,
+            "item_id": item_id,
+            "output_index": output_index,
+            "content_index": 0,
+            "text": text,
+            "logprobs": [],
+        },
+        {
+            "type": PART_DONE,
+            "item_id": item_id,
+            "output_index": output_index,
+            "content_index": 0,
+            "part": output_text_part(text),
+        },
+        {
+            "type": ITEM_DONE,
+            "output_index": output_index,
+            "item": output_message(item_id, text, status),
+        },
+    ]

@@ -1,0 +1,106 @@
+"""Wire objects built from stored rows: the response object (LMSP B5, B10) and the task object (B6).
+
+These functions are the only place that decides what a response or a task looks like on the
+wire; handlers, the event log and the store all call them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..store.tables import Response, Task
+from .states import TERMINAL_STATES, TaskState, response_status
+
+
+def output_message(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [output_text_part(text)],
+    }
+
+
+def output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def snapshot_of(task: Task) -> dict[str, Any]:
+    """The task's generation snapshot (LMSP B7); an empty one before any token was produced."""
+    if task.snapshot:
+        return json.loads(task.snapshot)
+    return {"output_index": 0, "item_id": None, "open": False, "token_ids": [], "text": ""}
+
+
+def response_object(response: Response, task: Task) -> dict[str, Any]:
+    """The response as the OpenAI Responses API shapes it, with its status from the task."""
+    request = json.loads(response.request)
+    state = TaskState(task.state)
+    output = json.loads(response.output)
+    if not output and state not in TERMINAL_STATES:
+        snap = snapshot_of(task)
+        if snap.get("open"):
+            output = [output_message(snap["item_id"], snap["text"], "in_progress")]
+    error = json.loads(response.error) if response.error else None
+    return {
+        "id": response.id,
+        "object": "response",
+        "created_at": int(response.created_at),
+        "status": response_status(state, incomplete=response.incomplete_reason is not None),
+        "background": bool(request.get("background", False)),
+        "error": error,
+        "incomplete_details": (
+            {"reason": response.incomplete_reason} if response.incomplete_reason else None
+        ),
+        "instructions": request.get("instructions"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "model": response.model,
+        "output": output,
+        "parallel_tool_calls": False,
+        "previous_response_id": response.previous_response_id,
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "tool_choice": "none",
+        "tools": [],
+        "text": {"format": {"type": "text"}},
+        "truncation": "disabled",
+        "usage": json.loads(response.usage) if response.usage else None,
+        "metadata": request.get("metadata") or {},
+        "store": response.store,
+        "completed_at": int(response.completed_at) if response.completed_at else None,
+        # LMSP fields
+        "task_id": task.id,
+        "seed": request.get("seed"),
+        "on_restart": task.on_restart,
+    }
+
+
+def task_object(task: Task) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "object": "task",
+        "kind": task.kind,
+        "state": task.state,
+        "on_restart": task.on_restart,
+        "model": task.model,
+        "response_id": task.response_id,
+        "owner": task.owner,
+        "error": json.loads(task.error) if task.error else None,
+        "last_sequence_number": task.next_sequence - 1,
+        "attempts": task.attempts,
+        "created_at": task.created_at,
+        "updated_at": task.updated_at,
+        "finished_at": task.finished_at,
+    }

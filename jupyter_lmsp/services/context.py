@@ -1,0 +1,23 @@
+"""The service context: the objects every service function needs, made once by the extension."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..store.database import Database
+from .bus import EventBus
+from .catalog import ModelCatalog
+from .runner import TaskRunner
+
+
+@dataclass
+class ServiceContext:
+    db: Database
+    bus: EventBus
+    catalog: ModelCatalog
+    runner: TaskRunner
+    service_id: str
+    version: str
+    max_output_tokens_default: int = 1024
+    keepalive_interval: float = 15.0
+    max_body_bytes: int = 1024 * 1024

@@ -1,0 +1,278 @@
+"""The task runner: takes queued tasks to the inference engine and commits what comes back.
+
+It lives on the IOLoop. Engine messages arrive on the engine's reader thread and are handed to
+the loop with `call_soon_threadsafe`; every state change and every batch of text then goes
+through one `store.rules` transaction, and the committed events are published on the bus.
+
+Generated tokens are coalesced for `snapshot_interval` seconds, then committed together with
+the snapshot that covers them (LMSP B7): a crash loses at most that much uncommitted work, and a
+resumed task continues from exactly what its watchers saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.messages import (
+    GenerateJob,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    JobTokens,
+    WorkerExited,
+    WorkerReady,
+)
+from ..protocol import events as ev
+from ..protocol.errors import LMSPError
+from ..protocol.objects import response_object, snapshot_of, usage_object
+from ..protocol.states import TaskState
+from ..store import queries, rules
+from ..store.database import Database
+from ..store.tables import Response, Task
+from .bus import EventBus
+from .catalog import ModelCatalog
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Pending:
+    """Tokens received from the engine and not yet committed."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    flush_handle: asyncio.TimerHandle | None = None
+
+
+class TaskRunner:
+    def __init__(
+        self,
+        db: Database,
+        bus: EventBus,
+        catalog: ModelCatalog,
+        engine_factory: Callable[[Callable[[object], None]], Any],
+        *,
+        snapshot_interval: float = 0.05,
+        max_active: int = 1,
+    ) -> None:
+        self.db = db
+        self.bus = bus
+        self.catalog = catalog
+        self.engine_factory = engine_factory
+        self.snapshot_interval = snapshot_interval
+        self.max_active = max_active
+        self.engine: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.queue: deque[str] = deque()
+        self.active: set[str] = set()
+        self.pending: dict[str, _Pending] = {}
+        self.worker_info: dict[str, Any] = {"state": "stopped"}
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def started(self) -> bool:
+        return self.loop is not None
+
+    def start(self) -> None:
+        """Start the engine and pick up every unfinished task (after start-up recovery)."""
+        if self.started:
+            return
+        self.loop = asyncio.get_running_loop()
+        self.engine = self.engine_factory(self._from_engine_thread)
+        self.engine.start()
+        self.worker_info = {"state": "starting"}
+        for task in queries.tasks_to_run(self.db):
+            self.queue.append(task.id)
+        self._dispatch()
+
+    def stop(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+        self.worker_info = {"state": "stopped"}
+
+    # -- requests from the services --------------------------------------------------------
+
+    def submit(self, task_id: str) -> None:
+        """A task was committed `queued`: run it when a slot is free."""
+        if not self.started:
+            return  # start() picks it up from the database
+        self.queue.append(task_id)
+        self._dispatch()
+
+    def publish(self, committed: rules.Committed) -> None:
+        if committed.events:
+            self.bus.publish(committed.task.id, committed.events)
+
+    def cancel(self, task_id: str) -> rules.Committed:
+        committed = rules.request_cancel(self.db, task_id)
+        self.publish(committed)
+        if committed.task.state == TaskState.CANCELLING and task_id in self.active:
+            self.engine.cancel(task_id)
+        return committed
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        while self.queue and len(self.active) < self.max_active:
+            task_id = self.queue.popleft()
+            if task_id in self.active:
+                continue
+            try:
+                self._begin(task_id)
+            except Exception:  # a bad task must not stop the queue behind it
+                log.exception("could not start task %s", task_id)
+                self._finish(
+                    task_id,
+                    rules.Outcome(
+                        TaskState.FAILED,
+                        error={"code": "server_error", "message": "The task could not start."},
+                    ),
+                )
+
+    def _begin(self, task_id: str) -> None:
+        found = queries.get_task_and_response(self.db, task_id)
+        if found is None:
+            return
+        task, _ = found
+        state = TaskState(task.state)
+        if state == TaskState.QUEUED:
+            committed = rules.append_events(
+                self.db,
+                task_id,
+                _loading_event,
+                to_state=TaskState.LOADING,
+                only_from=[TaskState.QUEUED],
+            )
+            if not committed.changed:
+                return  # cancelled meanwhile
+            self.publish(committed)
+            task = committed.task
+        elif state != TaskState.RUNNING:
+            return  # a resumed task is `running`; anything else is not ours to start
+        try:
+            model = self.catalog.resolve(task.model)
+        except LMSPError as e:
+            self._finish(
+                task_id,
+                rules.Outcome(TaskState.FAILED, error={"code": e.code, "message": e.message}),
+            )
+            return
+        params = json.loads(task.params)
+        snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+        job = GenerateJob(
+            job_id=task_id,
+            model_path=str(model.path),
+            messages=params["messages"],
+            max_tokens=params["max_tokens"],
+            temperature=params["temperature"],
+            top_p=params["top_p"],
+            seed=params["seed"],
+            resume_token_ids=list(snap.get("token_ids", [])),
+            resume_text=snap.get("text", ""),
+        )
+        self.active.add(task_id)
+        self.engine.submit(job)
+
+    # -- messages from the engine ----------------------------------------------------------
+
+    def _from_engine_thread(self, message: object) -> None:
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self._on_message, message)
+
+    def _on_message(self, message: object) -> None:
+        try:
+            self._handle(message)
+        except Exception:
+            log.exception("failed to handle engine message %r", message)
+
+    def _handle(self, message: object) -> None:
+        match message:
+            case WorkerReady(pid=pid, blas=blas):
+                self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
+            case JobStarted(job_id=task_id, input_tokens=n):
+                self.publish(rules.start_running(self.db, task_id, n))
+            case JobTokens(job_id=task_id, token_ids=ids, text=text):
+                pending = self.pending.setdefault(task_id, _Pending())
+                pending.token_ids.extend(ids)
+                pending.text += text
+                if self.snapshot_interval <= 0:
+                    self._flush(task_id)
+                elif pending.flush_handle is None:
+                    assert self.loop is not None
+                    pending.flush_handle = self.loop.call_later(
+                        self.snapshot_interval, self._flush, task_id
+                    )
+            case JobFinished(job_id=task_id, finish_reason=reason, input_tokens=i, output_tokens=o):
+                self._flush(task_id)
+                self._finish(
+                    task_id,
+                    rules.Outcome(
+                        TaskState.COMPLETED,
+                        incomplete_reason="max_output_tokens" if reason == "length" else None,
+                        usage=usage_object(i, o),
+                    ),
+                )
+            case JobFailed(job_id=task_id, code=code, message=text):
+                self._flush(task_id)
+                self._finish(
+                    task_id,
+                    rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
+                )
+            case JobCancelled(job_id=task_id, output_tokens=o):
+                self._flush(task_id)
+                self._finish(
+                    task_id, rules.Outcome(TaskState.CANCELLED, usage=self._usage(task_id, o))
+                )
+            case WorkerExited(job_ids=job_ids, exitcode=code):
+                self._on_worker_exit(list(job_ids), code)
+
+    def _flush(self, task_id: str) -> None:
+        pending = self.pending.pop(task_id, None)
+        if pending is None:
+            return
+        if pending.flush_handle is not None:
+            pending.flush_handle.cancel()
+        if pending.token_ids or pending.text:
+            self.publish(rules.append_output(self.db, task_id, pending.token_ids, pending.text))
+
+    def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
+        self.publish(rules.finish(self.db, task_id, outcome))
+        self.active.discard(task_id)
+        self._dispatch()
+
+    def _usage(self, task_id: str, output_tokens: int) -> dict[str, Any] | None:
+        task = queries.get_task(self.db, task_id)
+        if task is None:
+            return None
+        return usage_object(snapshot_of(task).get("input_tokens", 0), output_tokens)
+
+    def _on_worker_exit(self, job_ids: list[str], exitcode: int | None) -> None:
+        log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
+        self.worker_info = {"state": "restarting", "last_exit_code": exitcode}
+        held = sorted(set(job_ids) | self.active)
+        for task_id in held:
+            self._flush(task_id)
+        self.active.clear()
+        report = rules.recover_after_worker_exit(self.db, held)
+        for committed in report.committed:
+            self.publish(committed)
+        self.engine.restart()
+        for task_id in held:
+            task = queries.get_task(self.db, task_id)
+            if task is not None and task.state in (TaskState.QUEUED, TaskState.RUNNING):
+                self.queue.appendleft(task_id)
+        self._dispatch()
+
+
+def _loading_event(task: Task, response: Response | None) -> list[dict[str, Any]]:
+    if response is None:
+        return [{"type": "task.loading", "task_id": task.id}]
+    return [ev.lifecycle(ev.LOADING, response_object(response, task))]

@@ -1,0 +1,74 @@
+"""Tasks: listing, reading, cancelling, and reading or following a task's event log (LMSP B6)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ..protocol.errors import invalid, not_found
+from ..protocol.objects import task_object
+from ..protocol.states import TaskState
+from ..store import queries
+from .context import ServiceContext
+from .follow import follow_events
+
+MAX_PAGE = 100
+
+
+def list_tasks(
+    ctx: ServiceContext,
+    *,
+    states: list[str] | None = None,
+    kind: str | None = None,
+    after: str | None = None,
+    limit: int = 20,
+) -> dict[str, Any]:
+    for state in states or []:
+        if state not in TaskState.__members__.values():
+            raise invalid(f"Unknown task state '{state}'.", param="state")
+    if not 1 <= limit <= MAX_PAGE:
+        raise invalid(f"'limit' must be between 1 and {MAX_PAGE}.", param="limit")
+    page = queries.list_tasks(ctx.db, states=states, kind=kind, after=after, limit=limit)
+    data = [task_object(t) for t in page.tasks]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": page.has_more,
+    }
+
+
+def get_task(ctx: ServiceContext, task_id: str) -> dict[str, Any]:
+    task = queries.get_task(ctx.db, task_id)
+    if task is None:
+        raise not_found("task", task_id)
+    return task_object(task)
+
+
+def cancel_task(ctx: ServiceContext, task_id: str) -> dict[str, Any]:
+    if queries.get_task(ctx.db, task_id) is None:
+        raise not_found("task", task_id)
+    return task_object(ctx.runner.cancel(task_id).task)
+
+
+def event_page(ctx: ServiceContext, task_id: str, after: int, limit: int) -> dict[str, Any]:
+    if queries.get_task(ctx.db, task_id) is None:
+        raise not_found("task", task_id)
+    if not 1 <= limit <= 1000:
+        raise invalid("'limit' must be between 1 and 1000.", param="limit")
+    events = queries.list_events(ctx.db, task_id, after, limit + 1)
+    return {
+        "object": "list",
+        "data": events[:limit],
+        "has_more": len(events) > limit,
+        "last_sequence_number": events[:limit][-1]["sequence_number"] if events else after,
+    }
+
+
+def task_events(
+    ctx: ServiceContext, task_id: str, after: int = -1
+) -> AsyncIterator[dict[str, Any] | None]:
+    if queries.get_task(ctx.db, task_id) is None:
+        raise not_found("task", task_id)
+    return follow_events(ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval)

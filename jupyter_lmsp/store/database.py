@@ -1,0 +1,95 @@
+"""Opening the SQLite database: WAL, a busy timeout, and transactions that lock up front.
+
+Every write transaction starts with `BEGIN IMMEDIATE`, so a transaction that reads a task's
+state and then changes it holds the write lock the whole time; two such transactions (a cancel
+and a completion, say) run one after the other, never interleaved. Reads use plain `BEGIN`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.pool import NullPool
+from sqlmodel import Session, SQLModel
+
+from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+
+BUSY_TIMEOUT_MS = 10_000
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    return f"sqlite:///{Path(path)}"
+
+
+class Database:
+    """One SQLite database file, with the connection settings the section 11 rules rely on."""
+
+    def __init__(self, url: str) -> None:
+        if not url.startswith("sqlite:"):
+            raise ValueError(f"only SQLite databases are supported, not {url!r}")
+        self.url = url
+        path = url.removeprefix("sqlite:///")
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # NullPool: each transaction opens its own connection, so threads never share one.
+        # Opening an SQLite connection costs microseconds; sharing one across threads costs
+        # correctness.
+        self.engine: Engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
+            poolclass=NullPool,
+        )
+        event.listen(self.engine, "connect", _on_connect)
+        event.listen(self.engine, "begin", _on_begin)
+        SQLModel.metadata.create_all(self.engine)
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """A write transaction (BEGIN IMMEDIATE): commits on success, rolls back on error."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.connection(execution_options={"lmsp_begin": "IMMEDIATE"})
+            try:
+                yield session
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read transaction: a consistent snapshot of the database, nothing written."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            session.connection(execution_options={"lmsp_begin": "DEFERRED"})
+            try:
+                yield session
+            finally:
+                # A rollback expires every object the session holds, and an expired object
+                # that leaves the session can no longer be read. Detach them first, as loaded.
+                session.expunge_all()
+                session.rollback()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+    # Let SQLAlchemy's "begin" event issue BEGIN itself instead of pysqlite's implicit one.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    # FULL: a commit is on disk before it returns, so a 202 written after it survives even a
+    # power loss, not only a kill -9. Measured here: 0.24 ms a commit against 0.02 ms for NORMAL.
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    mode = conn.get_execution_options().get("lmsp_begin", "IMMEDIATE")
+    conn.exec_driver_sql(f"BEGIN {mode}")

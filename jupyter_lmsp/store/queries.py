@@ -1,0 +1,117 @@
+"""Read-only look-ups: tasks, responses, events, and the service's identity.
+
+Each function opens one read transaction and returns detached rows or plain values.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from ..protocol.states import TaskState
+from .database import Database
+from .tables import Response, ServiceConfig, Task, TaskEvent
+
+
+@dataclass
+class TaskPage:
+    tasks: list[Task]
+    has_more: bool
+
+
+def get_task(db: Database, task_id: str) -> Task | None:
+    with db.read() as session:
+        return session.get(Task, task_id)
+
+
+def get_response(db: Database, response_id: str) -> tuple[Response, Task] | None:
+    with db.read() as session:
+        response = session.get(Response, response_id)
+        if response is None:
+            return None
+        task = session.get(Task, response.task_id)
+        if task is None:
+            return None
+        return response, task
+
+
+def get_task_and_response(db: Database, task_id: str) -> tuple[Task, Response | None] | None:
+    with db.read() as session:
+        task = session.get(Task, task_id)
+        if task is None:
+            return None
+        response = session.get(Response, task.response_id) if task.response_id else None
+        return task, response
+
+
+def list_tasks(
+    db: Database,
+    *,
+    states: list[str] | None = None,
+    kind: str | None = None,
+    owner: str | None = None,
+    after: str | None = None,
+    limit: int = 20,
+) -> TaskPage:
+    """Tasks newest first; `after` is the id of the last task of the previous page."""
+    with db.read() as session:
+        query = select(Task)
+        if states:
+            query = query.where(Task.state.in_(states))  # type: ignore[attr-defined]
+        if kind:
+            query = query.where(Task.kind == kind)
+        if owner:
+            query = query.where(Task.owner == owner)
+        if after:
+            anchor = session.get(Task, after)
+            if anchor is not None:
+                query = query.where(
+                    (Task.created_at < anchor.created_at)  # type: ignore[operator]
+                    | ((Task.created_at == anchor.created_at) & (Task.id < anchor.id))  # type: ignore[operator]
+                )
+        query = query.order_by(Task.created_at.desc(), Task.id.desc()).limit(limit + 1)  # type: ignore[attr-defined]
+        rows = list(session.execute(query).scalars())
+        return TaskPage(rows[:limit], len(rows) > limit)
+
+
+def list_events(
+    db: Database, task_id: str, after: int = -1, limit: int | None = None
+) -> list[dict]:
+    """The task's committed events with `sequence_number > after`, in order."""
+    with db.read() as session:
+        query = (
+            select(TaskEvent.data)
+            .where(TaskEvent.task_id == task_id, TaskEvent.sequence_number > after)  # type: ignore[arg-type,operator]
+            .order_by(TaskEvent.sequence_number)  # type: ignore[arg-type]
+        )
+        if limit is not None:
+            query = query.limit(limit)
+        return [json.loads(data) for data in session.execute(query).scalars()]
+
+
+def tasks_to_run(db: Database) -> list[Task]:
+    """Unfinished tasks the runner must pick up after start-up, oldest first."""
+    with db.read() as session:
+        query = (
+            select(Task)
+            .where(Task.state.in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]))  # type: ignore[attr-defined]
+            .order_by(Task.created_at)  # type: ignore[arg-type]
+        )
+        return list(session.execute(query).scalars())
+
+
+def service_identity(db: Database) -> str:
+    """The service id: made once, stored in `service_config`, the same after every restart."""
+    with db.read() as session:
+        row = session.get(ServiceConfig, "service_id")
+        if row is not None:
+            return json.loads(row.value)
+    with db.write() as session:
+        row = session.get(ServiceConfig, "service_id")
+        if row is None:
+            row = ServiceConfig(key="service_id", value=json.dumps(f"svc_{secrets.token_hex(16)}"))
+            session.add(row)
+        return json.loads(row.value)

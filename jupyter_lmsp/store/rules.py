@@ -1,0 +1,473 @@
+"""The rules of LMSP section 11.2 and the start-up recovery of 11.3, one transaction each.
+
+Every public function here is one write transaction (`BEGIN IMMEDIATE`), named after the rule
+it keeps:
+
+- `create_task`          — a task is persisted (with its first event) before `202 Accepted`;
+- `append_events`, `start_running`, `append_output`
+                         — event sequence numbers and the task's state change together;
+- `request_cancel`, `finish`
+                         — the cancellation transition is atomic: a cancelled task never
+                           completes, a finished task never changes again;
+- `purge_expired`        — finished tasks and their events are kept for the retention period,
+                           unfinished tasks are never deleted;
+- `recover_at_startup`   — the 11.3 table, applied to every task left unfinished.
+
+The functions return plain values (rows detached from their session, committed event dicts),
+so callers publish exactly what was committed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+
+from ..protocol import events as ev
+from ..protocol.errors import LMSPError
+from ..protocol.ids import message_item_id
+from ..protocol.objects import output_message, response_object, snapshot_of
+from ..protocol.states import (
+    RECOVERY_TABLE,
+    TERMINAL_STATES,
+    RestartPolicy,
+    TaskState,
+)
+from .database import Database
+from .tables import IdempotencyKey, Response, Task, TaskEvent
+
+Event = dict[str, Any]
+EventBuilder = Callable[[Task, Response | None], list[Event]]
+
+SERVER_RESTARTED = {
+    "code": "server_restarted",
+    "message": "The service restarted while this task was unfinished, and its policy is 'fail'.",
+}
+WORKER_CRASHED = {
+    "code": "worker_crashed",
+    "message": "The inference worker stopped while running this task, and its policy is 'fail'.",
+}
+
+
+@dataclass
+class Committed:
+    """What one transaction changed: the task as committed and the events it appended."""
+
+    task: Task
+    response: Response | None
+    events: list[Event] = field(default_factory=list)
+    changed: bool = True
+
+
+@dataclass
+class Outcome:
+    """How a generation ended, as the runner reports it to `finish`."""
+
+    state: TaskState
+    error: dict[str, Any] | None = None
+    incomplete_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+@dataclass
+class RecoveryReport:
+    examined: int = 0
+    transitions: dict[str, int] = field(default_factory=dict)
+    committed: list[Committed] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------
+# 11.2: persist a task before 202
+
+
+def create_task(
+    db: Database,
+    task: Task,
+    response: Response | None = None,
+    idempotency: IdempotencyKey | None = None,
+) -> Committed:
+    """Insert a task (and its response) with its first event, in one transaction.
+
+    The caller writes `202 Accepted` only after this returns: the task is then on disk. An
+    idempotency record, when given, is stored in the same transaction as the work it started.
+    """
+    now = time.time()
+    task.state = TaskState.QUEUED
+    task.created_at = task.created_at or now
+    task.updated_at = now
+    task.next_sequence = 0
+    with db.write() as session:
+        if response is not None:
+            session.add(response)
+        session.add(task)
+        session.flush()
+        first = (
+            ev.lifecycle(ev.CREATED, response_object(response, task))
+            if response is not None
+            else {"type": "task.created", "task_id": task.id}
+        )
+        events = _append(session, task, [first], now)
+        if idempotency is not None:
+            session.merge(idempotency)
+    return Committed(task, response, events)
+
+
+# ---------------------------------------------------------------------------------------------
+# 11.2: sequence numbers and state in the same transaction
+
+
+def append_events(
+    db: Database,
+    task_id: str,
+    build: EventBuilder,
+    *,
+    to_state: TaskState | None = None,
+    only_from: Sequence[TaskState] | None = None,
+) -> Committed:
+    """Move a task to `to_state` (if given) and append the events `build` returns, atomically.
+
+    `build` sees the task and its response after the state change, so lifecycle events carry
+    the new status. With `only_from`, nothing happens unless the task is in one of those states
+    (`changed` is then False): the check and the write share the transaction. A `cancelling`
+    task is never moved to another state here: once a cancel is accepted, only `finish` ends
+    it, and always as `cancelled` (11.2).
+    """
+    now = time.time()
+    with db.write() as session:
+        task, response = _load(session, task_id)
+        state = TaskState(task.state)
+        if (
+            state in TERMINAL_STATES
+            or (only_from is not None and state not in only_from)
+            or (state == TaskState.CANCELLING and to_state not in (None, TaskState.CANCELLING))
+        ):
+            return Committed(task, response, [], changed=False)
+        if to_state is not None:
+            task.state = to_state
+        events = _append(session, task, build(task, response), now)
+    return Committed(task, response, events)
+
+
+def start_running(db: Database, task_id: str, input_tokens: int) -> Committed:
+    """`loading` → `running`, opening the output message (or re-entering it when resuming).
+
+    A resumed task is already `running` with its message open: nothing is appended then, so the
+    log goes on from its last committed event.
+    """
+    now = time.time()
+    with db.write() as session:
+        task, response = _load(session, task_id)
+        state = TaskState(task.state)
+        snap = snapshot_of(task)
+        if state == TaskState.RUNNING and snap.get("open"):
+            snap["input_tokens"] = input_tokens
+            task.snapshot = json.dumps(snap)
+            task.updated_at = now
+            return Committed(task, response, [], changed=False)
+        if state != TaskState.LOADING:
+            return Committed(task, response, [], changed=False)
+        task.state = TaskState.RUNNING
+        index = snap["output_index"] + 1 if snap.get("item_id") else 0
+        item_id = message_item_id(task.response_id or task.id) + (f"_{index}" if index else "")
+        task.snapshot = json.dumps(
+            {
+                "output_index": index,
+                "item_id": item_id,
+                "open": True,
+                "token_ids": [],
+                "text": "",
+                "input_tokens": input_tokens,
+            }
+        )
+        built: list[Event] = []
+        if response is not None:
+            built.append(ev.lifecycle(ev.IN_PROGRESS, response_object(response, task)))
+        built.extend(ev.item_opened(item_id, index))
+        events = _append(session, task, built, now)
+    return Committed(task, response, events)
+
+
+def append_output(db: Database, task_id: str, token_ids: Sequence[int], text: str) -> Committed:
+    """Append generated text as one delta event, with the snapshot that covers it (LMSP B7)."""
+    now = time.time()
+    with db.write() as session:
+        task, response = _load(session, task_id)
+        snap = snapshot_of(task)
+        if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
+            "open"
+        ):
+            return Committed(task, response, [], changed=False)
+        snap["token_ids"].extend(token_ids)
+        snap["text"] += text
+        task.snapshot = json.dumps(snap)
+        built = [ev.text_delta(snap["item_id"], snap["output_index"], text)] if text else []
+        events = _append(session, task, built, now)
+    return Committed(task, response, events)
+
+
+# ---------------------------------------------------------------------------------------------
+# 11.2: the cancellation transition is atomic
+
+
+def request_cancel(db: Database, task_id: str) -> Committed:
+    """Ask a task to stop: `queued` → `cancelled` at once, `loading`/`running` → `cancelling`.
+
+    A task already finished (or already cancelling) is returned unchanged (`changed` False).
+    """
+    now = time.time()
+    with db.write() as session:
+        task, response = _load(session, task_id)
+        state = TaskState(task.state)
+        if state in TERMINAL_STATES or state == TaskState.CANCELLING:
+            return Committed(task, response, [], changed=False)
+        if state == TaskState.QUEUED:
+            events = _terminate(session, task, response, Outcome(TaskState.CANCELLED), now)
+        else:
+            task.state = TaskState.CANCELLING
+            built = (
+                [ev.lifecycle(ev.CANCELLING, response_object(response, task))]
+                if response is not None
+                else [{"type": "task.cancelling", "task_id": task.id}]
+            )
+            events = _append(session, task, built, now)
+    return Committed(task, response, events)
+
+
+def finish(db: Database, task_id: str, outcome: Outcome) -> Committed:
+    """Write a task's terminal state and its one terminal event.
+
+    Once a cancel was accepted (`cancelling`), the task ends `cancelled` whatever the generation
+    reports; once a task is terminal, nothing changes it (`changed` False).
+    """
+    now = time.time()
+    with db.write() as session:
+        task, response = _load(session, task_id)
+        state = TaskState(task.state)
+        if state in TERMINAL_STATES:
+            return Committed(task, response, [], changed=False)
+        if state == TaskState.CANCELLING:
+            outcome = Outcome(TaskState.CANCELLED, usage=outcome.usage)
+        events = _terminate(session, task, response, outcome, now)
+    return Committed(task, response, events)
+
+
+# ---------------------------------------------------------------------------------------------
+# 11.2: retention, never deleting an unfinished task
+
+
+@dataclass
+class PurgeReport:
+    tasks: int = 0
+    events: int = 0
+    responses: int = 0
+    idempotency_keys: int = 0
+
+
+def purge_expired(db: Database, retention_seconds: float, now: float | None = None) -> PurgeReport:
+    """Delete tasks finished more than `retention_seconds` ago, their events and responses, and
+    expired idempotency keys. Only terminal tasks qualify, whatever their age."""
+    now = time.time() if now is None else now
+    cutoff = now - retention_seconds
+    terminal = [str(s) for s in TERMINAL_STATES]
+    report = PurgeReport()
+    with db.write() as session:
+        expired = select(Task.id).where(
+            Task.state.in_(terminal),  # type: ignore[attr-defined]
+            Task.finished_at.is_not(None),  # type: ignore[union-attr]
+            Task.finished_at < cutoff,  # type: ignore[operator]
+        )
+        ids = list(session.execute(expired).scalars())
+        for chunk in _chunks(ids, 500):
+            report.events += session.execute(
+                delete(TaskEvent).where(TaskEvent.task_id.in_(chunk))  # type: ignore[attr-defined]
+            ).rowcount
+            report.responses += session.execute(
+                delete(Response).where(Response.task_id.in_(chunk))  # type: ignore[attr-defined]
+            ).rowcount
+            report.tasks += session.execute(
+                delete(Task).where(
+                    Task.id.in_(chunk),  # type: ignore[attr-defined]
+                    Task.state.in_(terminal),  # type: ignore[attr-defined]
+                )
+            ).rowcount
+        report.idempotency_keys = session.execute(
+            delete(IdempotencyKey).where(IdempotencyKey.expires_at < now)  # type: ignore[arg-type]
+        ).rowcount
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# 11.2 / 11.3: recovery at start-up
+
+
+def recover_at_startup(db: Database) -> RecoveryReport:
+    """Apply the 11.3 table to every task left `queued`, `loading`, `running` or `cancelling`.
+
+    All of it is one transaction: each task's new state and its event are committed together,
+    and before the service accepts a request. `running` tasks with policy `resume` stay
+    `running`; the runner continues them from their snapshot.
+    """
+    unfinished = [str(s) for s in RECOVERY_TABLE]
+    query = select(Task).where(Task.state.in_(unfinished)).order_by(Task.created_at)  # type: ignore[attr-defined]
+    return _recover(db, query, SERVER_RESTARTED)
+
+
+def recover_after_worker_exit(db: Database, task_ids: Sequence[str]) -> RecoveryReport:
+    """The same table for the tasks an inference worker held when it died: the service did
+    not restart, but their generation did, so each follows its restart policy."""
+    if not task_ids:
+        return RecoveryReport()
+    unfinished = [str(s) for s in RECOVERY_TABLE]
+    query = select(Task).where(Task.id.in_(list(task_ids)), Task.state.in_(unfinished))  # type: ignore[attr-defined]
+    return _recover(db, query, WORKER_CRASHED)
+
+
+def _recover(db: Database, query: Any, error: dict[str, str]) -> RecoveryReport:
+    now = time.time()
+    report = RecoveryReport()
+    with db.write() as session:
+        tasks = list(session.execute(query).scalars())
+        response_ids = [t.response_id for t in tasks if t.response_id]
+        responses: dict[str, Response] = {}
+        for chunk in _chunks(response_ids, 500):
+            found = select(Response).where(Response.id.in_(chunk))  # type: ignore[attr-defined]
+            for r in session.execute(found).scalars():
+                responses[r.id] = r
+        pending_rows: list[dict[str, Any]] = []
+        for task in tasks:
+            report.examined += 1
+            found_state = TaskState(task.state)
+            target = RECOVERY_TABLE[found_state][RestartPolicy(task.on_restart)]
+            key = f"{found_state}->{target}"
+            report.transitions[key] = report.transitions.get(key, 0) + 1
+            response = responses.get(task.response_id) if task.response_id else None
+            if target == found_state:
+                continue
+            if target in (TaskState.FAILED, TaskState.CANCELLED):
+                outcome = Outcome(target, error=dict(error) if target == TaskState.FAILED else None)
+                events = _terminate(session, task, response, outcome, now, pending_rows)
+            else:  # back to queued (loading → queued, or running → queued under `retry`)
+                events = _close_open_item(task, "incomplete")
+                task.state = TaskState.QUEUED
+                events.append(
+                    ev.lifecycle(ev.QUEUED, response_object(response, task))
+                    if response is not None
+                    else {"type": "task.queued", "task_id": task.id}
+                )
+                events = _append(session, task, events, now, pending_rows)
+            report.committed.append(Committed(task, response, events))
+        if pending_rows:
+            session.execute(insert(TaskEvent), pending_rows)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# internals: every write above goes through these
+
+
+def _load(session, task_id: str) -> tuple[Task, Response | None]:  # type: ignore[no-untyped-def]
+    task = session.get(Task, task_id)
+    if task is None:
+        raise LMSPError(
+            404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
+        )
+    response = session.get(Response, task.response_id) if task.response_id else None
+    return task, response
+
+
+def _append(
+    session,  # type: ignore[no-untyped-def]
+    task: Task,
+    events: list[Event],
+    now: float,
+    pending_rows: list[dict[str, Any]] | None = None,
+) -> list[Event]:
+    """Number `events` from the task's next sequence number and write them with the task.
+
+    Rows go into `pending_rows` when the caller batches many tasks into one insert.
+    """
+    rows = []
+    for event in events:
+        event["sequence_number"] = task.next_sequence
+        rows.append(
+            {
+                "task_id": task.id,
+                "sequence_number": task.next_sequence,
+                "type": event["type"],
+                "data": json.dumps(event, separators=(",", ":")),
+                "created_at": now,
+            }
+        )
+        task.next_sequence += 1
+    task.updated_at = now
+    session.add(task)
+    if rows:
+        if pending_rows is not None:
+            pending_rows.extend(rows)
+        else:
+            session.execute(insert(TaskEvent), rows)
+    return events
+
+
+def _close_open_item(task: Task, status: str) -> list[Event]:
+    """The done events for an output message still open, marking it closed in the snapshot."""
+    snap = snapshot_of(task)
+    if not snap.get("open"):
+        return []
+    snap["open"] = False
+    task.snapshot = json.dumps(snap)
+    return ev.item_closed(snap["item_id"], snap["output_index"], snap["text"], status)
+
+
+_TERMINAL_EVENT = {
+    TaskState.COMPLETED: ev.COMPLETED,
+    TaskState.FAILED: ev.FAILED,
+    TaskState.CANCELLED: ev.CANCELLED,
+}
+
+
+def _terminate(
+    session,  # type: ignore[no-untyped-def]
+    task: Task,
+    response: Response | None,
+    outcome: Outcome,
+    now: float,
+    pending_rows: list[dict[str, Any]] | None = None,
+) -> list[Event]:
+    """Move a task to its terminal state with exactly one terminal event."""
+    incomplete = outcome.state == TaskState.COMPLETED and outcome.incomplete_reason is not None
+    item_status = (
+        "completed" if outcome.state == TaskState.COMPLETED and not incomplete else "incomplete"
+    )
+    snap = snapshot_of(task)
+    was_open = bool(snap.get("open"))
+    events = _close_open_item(task, item_status)
+    task.state = outcome.state
+    task.finished_at = now
+    if outcome.error is not None:
+        task.error = json.dumps(outcome.error)
+    if response is not None:
+        if was_open:
+            response.output = json.dumps(
+                [output_message(snap["item_id"], snap["text"], item_status)]
+            )
+        if outcome.usage is not None:
+            response.usage = json.dumps(outcome.usage)
+        if outcome.error is not None:
+            response.error = json.dumps(outcome.error)
+        response.incomplete_reason = outcome.incomplete_reason if incomplete else None
+        response.completed_at = now
+        session.add(response)
+        kind = ev.INCOMPLETE if incomplete else _TERMINAL_EVENT[outcome.state]
+        events.append(ev.lifecycle(kind, response_object(response, task)))
+    else:
+        events.append({"type": f"task.{outcome.state}", "task_id": task.id, "error": outcome.error})
+    return _append(session, task, events, now, pending_rows)
+
+
+def _chunks(items: list[Any], size: int) -> list[list[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -1,0 +1,498 @@
+"""The inference engine, end to end: real MLX, real worker processes, the tiny test model.
+
+Covers the test model's determinism, generation to max_tokens and to EOS, greedy and seeded
+determinism, resume (re-prefill) reproducing uninterrupted runs token for token and character
+for character, cancel (running and queued), errors, a SIGKILLed worker, the worker exiting
+with its parent, and the worker environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from jupyter_lmsp.engine.client import EngineClient, EngineNotRunning
+from jupyter_lmsp.engine.messages import (
+    GenerateJob,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    JobTokens,
+    WorkerExited,
+    WorkerReady,
+)
+from jupyter_lmsp.models.testmodel import make_test_model
+
+pytestmark = pytest.mark.timeout(60)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CHAT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Tell me about the café on the corner."},
+]
+SEEDED = {"temperature": 1.0, "top_p": 0.9, "seed": 1234}
+END_TYPES = (JobFinished, JobFailed, JobCancelled)
+
+
+class Recorder:
+    """An `on_message` callback that keeps every message and lets tests wait for one."""
+
+    def __init__(self) -> None:
+        self.messages: list[object] = []
+        self._cond = threading.Condition()
+
+    def __call__(self, message: object) -> None:
+        with self._cond:
+            self.messages.append(message)
+            self._cond.notify_all()
+
+    def mark(self) -> int:
+        with self._cond:
+            return len(self.messages)
+
+    def wait_for(
+        self, predicate: Callable[[object], bool], timeout: float = 30.0, since: int = 0
+    ) -> object:
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for message in self.messages[since:]:
+                    if predicate(message):
+                        return message
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise AssertionError(f"timed out; messages: {self.messages[since:][-10:]}")
+                self._cond.wait(remaining)
+
+    def for_job(self, job_id: str) -> list[object]:
+        with self._cond:
+            return [m for m in self.messages if getattr(m, "job_id", None) == job_id]
+
+
+@dataclass
+class Run:
+    started: JobStarted | None
+    chunks: list[JobTokens]
+    end: object
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for chunk in self.chunks for t in chunk.token_ids]
+
+    @property
+    def text(self) -> str:
+        return "".join(chunk.text for chunk in self.chunks)
+
+
+@dataclass
+class Engine:
+    client: EngineClient
+    recorder: Recorder
+    model_dir: Path
+
+    def job(self, job_id: str, **kwargs: object) -> GenerateJob:
+        fields: dict = {"model_path": str(self.model_dir), "messages": CHAT, "max_tokens": 32}
+        fields.update(kwargs)
+        return GenerateJob(job_id=job_id, **fields)
+
+    def wait_end(self, job_id: str, timeout: float = 30.0) -> Run:
+        end = self.recorder.wait_for(
+            lambda m: isinstance(m, END_TYPES) and m.job_id == job_id, timeout
+        )
+        messages = self.recorder.for_job(job_id)
+        started = [m for m in messages if isinstance(m, JobStarted)]
+        chunks = [m for m in messages if isinstance(m, JobTokens)]
+        return Run(started[0] if started else None, chunks, end)
+
+    def run(self, job_id: str, **kwargs: object) -> Run:
+        self.client.submit(self.job(job_id, **kwargs))
+        return self.wait_end(job_id)
+
+
+_ids = iter(range(10**6))
+
+
+def new_id(prefix: str = "job") -> str:
+    return f"{prefix}-{next(_ids)}"
+
+
+def start_engine(model_dir: Path, **kwargs: object) -> Engine:
+    recorder = Recorder()
+    client = EngineClient(recorder, **kwargs)
+    client.start()
+    ready = recorder.wait_for(lambda m: isinstance(m, WorkerReady))
+    assert ready.pid == client.pid
+    return Engine(client, recorder, model_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(test_model_dir: Path) -> Iterator[Engine]:
+    eng = start_engine(test_model_dir)
+    yield eng
+    eng.client.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
+    """A worker that sleeps 50 ms after each token, so there is time to act mid-run."""
+    eng = start_engine(test_model_dir, token_delay=0.05)
+    yield eng
+    eng.client.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(test_model_dir: Path):
+    from mlx_lm import load
+
+    return load(str(test_model_dir))[1]
+
+
+def detokenized(tokenizer, tokens: list[int], final: bool) -> str:
+    """The text a streaming run has emitted after `tokens` (all of it when `final`)."""
+    detokenizer = tokenizer.detokenizer
+    for token in tokens:
+        detokenizer.add_token(token)
+    if final:
+        detokenizer.finalize()
+    return detokenizer.text
+
+
+# --- the test model ------------------------------------------------------------------------
+
+
+def test_test_model_is_deterministic_and_loads_fast(tmp_path: Path, test_model_dir: Path) -> None:
+    again = make_test_model(tmp_path / "again", seed=0)
+    other = make_test_model(tmp_path / "other", seed=1)
+    names = sorted(p.name for p in test_model_dir.iterdir())
+    assert "tokenizer_config.json" in names and "model.safetensors" in names
+    assert names == sorted(p.name for p in again.iterdir())
+    for name in names:
+        assert (again / name).read_bytes() == (test_model_dir / name).read_bytes(), name
+    assert (other / "tokenizer.json").read_bytes() == (
+        test_model_dir / "tokenizer.json"
+    ).read_bytes()
+    assert (other / "model.safetensors").read_bytes() != (
+        test_model_dir / "model.safetensors"
+    ).read_bytes()
+
+    from mlx_lm import load
+
+    load(str(again))  # the first load pays for imports
+    t0 = time.perf_counter()
+    _model, tok = load(str(test_model_dir))
+    assert time.perf_counter() - t0 < 1.0
+    assert tok.eos_token_ids == {tok.convert_tokens_to_ids("<|end|>")}
+    assert 400 <= len(tok.get_vocab()) <= 600
+
+
+# --- generation ----------------------------------------------------------------------------
+
+
+def test_generates_to_max_tokens(engine: Engine, tokenizer) -> None:
+    run = engine.run(new_id(), max_tokens=24)
+    assert isinstance(run.end, JobFinished), run.end
+    assert run.end.finish_reason == "length"
+    assert run.end.output_tokens == 24 and len(run.tokens) == 24
+    prompt = (
+        "<|system|>\nYou are a helpful assistant.<|end|>\n"
+        "<|user|>\nTell me about the café on the corner.<|end|>\n<|assistant|>\n"
+    )
+    expected_input = len(tokenizer.encode(prompt, add_special_tokens=False))
+    assert run.started is not None and run.started.input_tokens == expected_input
+    assert run.end.input_tokens == expected_input
+    assert all(chunk.token_ids for chunk in run.chunks)
+    assert run.text == detokenized(tokenizer, run.tokens, final=True)
+    # Every message's text is exactly what a streaming detokenizer had completed by then.
+    seen: list[int] = []
+    emitted = ""
+    for chunk in run.chunks[:-1]:
+        seen += chunk.token_ids
+        emitted += chunk.text
+        assert emitted == detokenized(tokenizer, seen, final=False)
+
+
+def test_stops_at_eos(engine: Engine, tokenizer) -> None:
+    eos = tokenizer.convert_tokens_to_ids("<|end|>")
+    # Seed 1234 reaches EOS after 40 tokens on the reference machine; the others are a
+    # fallback should floating point differ elsewhere.
+    for seed in [SEEDED["seed"], *range(12)]:
+        run = engine.run(new_id(), max_tokens=300, **{**SEEDED, "seed": seed})
+        assert isinstance(run.end, JobFinished), run.end
+        if run.end.finish_reason == "stop":
+            break
+    else:
+        pytest.fail("no seed reached EOS within 300 tokens")
+    assert eos not in run.tokens
+    assert run.end.output_tokens == len(run.tokens) < 300
+    assert "<|end|>" not in run.text
+    assert run.text == detokenized(tokenizer, run.tokens, final=True)
+
+
+def test_greedy_is_deterministic(engine: Engine) -> None:
+    first = engine.run(new_id(), max_tokens=40)
+    second = engine.run(new_id(), max_tokens=40)
+    assert first.tokens == second.tokens and len(first.tokens) == 40
+    assert first.text == second.text
+    # Not a single token repeated: the test model's output varies.
+    assert len(set(first.tokens)) > 10
+
+
+def test_seeded_sampling_is_deterministic_per_seed(engine: Engine) -> None:
+    first = engine.run(new_id(), max_tokens=40, **SEEDED)
+    second = engine.run(new_id(), max_tokens=40, **SEEDED)
+    other = engine.run(new_id(), max_tokens=40, **{**SEEDED, "seed": 99})
+    greedy = engine.run(new_id(), max_tokens=40)
+    assert first.tokens == second.tokens and first.text == second.text
+    assert first.tokens != other.tokens
+    assert first.tokens != greedy.tokens
+
+
+@pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
+def test_resume_reproduces_uninterrupted_run(engine: Engine, tokenizer, sampling: dict) -> None:
+    max_tokens = 48
+    full = engine.run(new_id(), max_tokens=max_tokens, **sampling)
+    assert isinstance(full.end, JobFinished)
+    # Greedy runs to max_tokens; the seeded run reaches EOS first (resuming that is covered
+    # too), at least on the reference machine.
+    n = len(full.tokens)
+    assert n == full.end.output_tokens > 33
+
+    # Resume points: a spread, plus every point where the detokenizer was holding text back
+    # (an incomplete UTF-8 character or a lone space), the hard case for resume_text.
+    held_back = [
+        k
+        for k in range(1, n)
+        if detokenized(tokenizer, full.tokens[:k], final=False)
+        != detokenized(tokenizer, full.tokens[:k], final=True)
+    ]
+    assert held_back, "the test model's output never ends mid-character; pick another prompt"
+    for k in sorted({1, 7, 20, 33, n - 1, *held_back[:3]}):
+        resume_text = detokenized(tokenizer, full.tokens[:k], final=False)
+        resumed = engine.run(
+            new_id(),
+            max_tokens=max_tokens,
+            resume_token_ids=full.tokens[:k],
+            resume_text=resume_text,
+            **sampling,
+        )
+        assert isinstance(resumed.end, JobFinished), (k, resumed.end)
+        assert resumed.end.finish_reason == full.end.finish_reason
+        assert resumed.end.output_tokens == n
+        assert resumed.started is not None
+        assert resumed.started.input_tokens == full.started.input_tokens
+        assert full.tokens[:k] + resumed.tokens == full.tokens, k
+        assert resume_text + resumed.text == full.text, k
+
+
+def test_resume_at_max_tokens_only_flushes(engine: Engine, tokenizer) -> None:
+    full = engine.run(new_id(), max_tokens=12)
+    resume_text = detokenized(tokenizer, full.tokens, final=False)
+    resumed = engine.run(
+        new_id(), max_tokens=12, resume_token_ids=full.tokens, resume_text=resume_text
+    )
+    assert resumed.tokens == []
+    assert resumed.end.finish_reason == "length" and resumed.end.output_tokens == 12
+    assert resume_text + resumed.text == full.text
+
+
+# --- cancel --------------------------------------------------------------------------------
+
+
+def test_cancel_stops_a_running_job_within_a_step(slow_engine: Engine) -> None:
+    eng = slow_engine
+    job_id = new_id("cancel")
+    eng.client.submit(eng.job(job_id, max_tokens=500))
+    eng.recorder.wait_for(
+        lambda m: (
+            isinstance(m, JobTokens)
+            and m.job_id == job_id
+            and sum(
+                len(c.token_ids) for c in eng.recorder.for_job(job_id) if isinstance(c, JobTokens)
+            )
+            >= 3
+        )
+    )
+    mark = eng.recorder.mark()
+    eng.client.cancel(job_id)
+    run = eng.wait_end(job_id, timeout=5)
+    assert isinstance(run.end, JobCancelled), run.end
+    after = [
+        t
+        for m in eng.recorder.messages[mark:]
+        if isinstance(m, JobTokens) and m.job_id == job_id
+        for t in m.token_ids
+    ]
+    assert len(after) <= 2
+    assert run.end.output_tokens == len(run.tokens) < 20
+    assert job_id not in eng.client.in_flight
+
+
+def test_cancel_a_queued_job(slow_engine: Engine) -> None:
+    eng = slow_engine
+    running, queued = new_id("running"), new_id("queued")
+    eng.client.submit(eng.job(running, max_tokens=500))
+    eng.client.submit(eng.job(queued, max_tokens=500, resume_token_ids=[5, 6], resume_text="x"))
+    eng.recorder.wait_for(lambda m: isinstance(m, JobTokens) and m.job_id == running)
+    eng.client.cancel(queued)
+    cancelled = eng.recorder.wait_for(
+        lambda m: isinstance(m, END_TYPES) and m.job_id == queued, timeout=5
+    )
+    assert isinstance(cancelled, JobCancelled) and cancelled.output_tokens == 2
+    assert eng.client.in_flight == [running]  # the running job is untouched
+    assert not any(isinstance(m, JobStarted) for m in eng.recorder.for_job(queued))
+    eng.client.cancel(running)
+    assert isinstance(eng.wait_end(running, timeout=5).end, JobCancelled)
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+def test_failures_are_reported_and_the_worker_keeps_serving(engine: Engine, tmp_path: Path) -> None:
+    missing = engine.run(new_id(), model_path=str(tmp_path / "no-such-model"))
+    assert isinstance(missing.end, JobFailed) and missing.end.code == "model_not_found"
+    assert missing.started is None
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    failed = engine.run(new_id(), model_path=str(broken))
+    assert isinstance(failed.end, JobFailed) and failed.end.code == "model_load_failed"
+
+    invalid = engine.run(new_id(), max_tokens=0)
+    assert isinstance(invalid.end, JobFailed) and invalid.end.code == "invalid_request"
+
+    ok = engine.run(new_id(), max_tokens=5)
+    assert isinstance(ok.end, JobFinished) and len(ok.tokens) == 5
+    assert engine.client.in_flight == []
+
+
+# --- the worker process --------------------------------------------------------------------
+
+
+def test_killed_worker_reports_in_flight_jobs_and_restarts(test_model_dir: Path) -> None:
+    eng = start_engine(test_model_dir, token_delay=0.05)
+    try:
+        running, queued = new_id("running"), new_id("queued")
+        eng.client.submit(eng.job(running, max_tokens=500))
+        eng.client.submit(eng.job(queued))
+        eng.recorder.wait_for(lambda m: isinstance(m, JobTokens) and m.job_id == running)
+        pid = eng.client.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        exited = eng.recorder.wait_for(lambda m: isinstance(m, WorkerExited), timeout=10)
+        assert exited == WorkerExited(pid, -signal.SIGKILL, [running, queued])
+        assert not eng.client.alive and eng.client.in_flight == []
+        with pytest.raises(EngineNotRunning):
+            eng.client.submit(eng.job(new_id()))
+
+        # Restart from a thread that ends once the new worker is up: Linux delivers the
+        # worker's parent-death signal when the spawning *thread* exits, so this checks that
+        # the client does not spawn from the calling thread.
+        mark = eng.recorder.mark()
+
+        def restart_and_wait() -> None:
+            eng.client.restart()
+            eng.recorder.wait_for(lambda m: isinstance(m, WorkerReady), since=mark)
+
+        restarter = threading.Thread(target=restart_and_wait)
+        restarter.start()
+        restarter.join()
+        time.sleep(0.2)
+        ready = eng.recorder.wait_for(lambda m: isinstance(m, WorkerReady), since=mark)
+        assert ready.pid == eng.client.pid != pid and eng.client.alive
+        run = eng.run(new_id(), max_tokens=3)
+        assert isinstance(run.end, JobFinished) and len(run.tokens) == 3
+
+        # A deliberate stop cancels the running job and is not reported as a crash.
+        long_job = new_id("long")
+        eng.client.submit(eng.job(long_job, max_tokens=500))
+        eng.recorder.wait_for(lambda m: isinstance(m, JobTokens) and m.job_id == long_job)
+        eng.client.stop()
+        assert isinstance(eng.wait_end(long_job, timeout=1).end, JobCancelled)
+        assert not eng.client.alive
+        assert sum(isinstance(m, WorkerExited) for m in eng.recorder.messages) == 1
+    finally:
+        eng.client.stop()
+
+
+def _gone(pid: int) -> bool:
+    """True once `pid` has exited (a zombie waiting for a non-reaping init counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
+def test_worker_exits_when_its_parent_dies() -> None:
+    script = textwrap.dedent(
+        """
+        import os, sys, threading
+        from jupyter_lmsp.engine.client import EngineClient
+        from jupyter_lmsp.engine.messages import WorkerReady
+
+        if __name__ == "__main__":
+            ready = threading.Event()
+            client = EngineClient(lambda m: isinstance(m, WorkerReady) and ready.set())
+            client.start()
+            assert ready.wait(30)
+            print(client.pid, flush=True)
+            os._exit(0)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), *sys.path])}
+    parent = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=45
+    )
+    assert parent.returncode == 0, parent.stderr
+    worker_pid = int(parent.stdout.strip())
+    deadline = time.monotonic() + 10
+    while not _gone(worker_pid):
+        assert time.monotonic() < deadline, f"worker {worker_pid} outlived its parent"
+        time.sleep(0.05)
+
+
+def _openblas_env(tmp_path: Path) -> dict[str, str] | None:
+    """The worker environment that preloads OpenBLAS (ENGINEERING.md §2), if installed."""
+    import mlx
+
+    site = Path(mlx.__path__[0]).parent
+    openblas = site / "cmeel.prefix" / "lib" / "libopenblas.so.0"
+    gfortran = sorted((site / "mlx_cpu.libs").glob("libgfortran-*.so*"))
+    if not openblas.exists() or not gfortran:
+        return None
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "libgfortran.so.5").symlink_to(gfortran[0])
+    for quadmath in (site / "mlx_cpu.libs").glob("libquadmath-*.so*"):
+        (libs / quadmath.name).symlink_to(quadmath)
+    return {"LD_PRELOAD": str(openblas), "LD_LIBRARY_PATH": str(libs)}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux BLAS setup")
+def test_worker_environment(test_model_dir: Path, tmp_path: Path) -> None:
+    env = _openblas_env(tmp_path)
+    if env is None:
+        pytest.skip("cmeel-openblas is not installed")
+    before = dict(os.environ)
+    eng = start_engine(test_model_dir, env=env)
+    try:
+        assert dict(os.environ) == before  # the server's own environment is untouched
+        ready = next(m for m in eng.recorder.messages if isinstance(m, WorkerReady))
+        assert ready.blas == "openblas"
+        run = eng.run(new_id(), max_tokens=4)
+        assert isinstance(run.end, JobFinished) and len(run.tokens) == 4
+    finally:
+        eng.client.stop()

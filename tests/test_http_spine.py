@@ -1,0 +1,259 @@
+"""The background path end to end inside a real Jupyter Server (pytest-jupyter's jp_fetch):
+202 with a committed task, MLX generation on the test model, events as JSON pages and SSE,
+cancellation, and the task and service endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+
+MODEL = "tiny"
+
+
+@pytest.fixture
+def lmsp_data(tmp_path, test_model_dir):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / MODEL).symlink_to(test_model_dir)
+    return tmp_path
+
+
+@pytest.fixture
+def jp_server_config(lmsp_data):
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
+        "LMSPExtension": {
+            "data_dir": str(lmsp_data),
+            "default_model": MODEL,
+            "use_openblas": "no",
+            "keepalive_interval": 0.5,
+        },
+    }
+
+
+async def call(jp_fetch, method, path, body=None, **kw):
+    kwargs = {"method": method, **kw}
+    if body is not None:
+        kwargs["body"] = json.dumps(body)
+    elif method == "POST":
+        kwargs["body"] = "{}"
+    try:
+        response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
+    except HTTPClientError as e:
+        return e.code, json.loads(e.response.body), e.response.headers
+    return response.code, json.loads(response.body), response.headers
+
+
+async def wait_state(jp_fetch, task_id, states, timeout=60):
+    for _ in range(int(timeout / 0.05)):
+        _, task, _ = await call(jp_fetch, "GET", f"tasks/{task_id}")
+        if task["state"] in states:
+            return task
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} never reached {states}: {task}")
+
+
+async def test_background_response_is_committed_before_202(jp_fetch, lmsp_data):
+    status, resp, headers = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {"input": "Hello there", "background": True, "max_output_tokens": 12, "temperature": 0},
+    )
+    assert status == 202
+    assert resp["object"] == "response" and resp["status"] == "queued"
+    assert resp["output"] == [] and resp["model"] == MODEL
+    assert headers["Location"].endswith(f"/lmsp/v1/responses/{resp['id']}")
+    # A separate connection to the database file sees the task at once.
+    with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
+        row = conn.execute("select state from tasks where id = ?", (resp["task_id"],)).fetchone()
+        assert row is not None
+    task = await wait_state(jp_fetch, resp["task_id"], {"completed"})
+    assert task["kind"] == "response"
+    _, final, _ = await call(jp_fetch, "GET", f"responses/{resp['id']}")
+    assert final["status"] == "incomplete"
+    assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert final["usage"]["output_tokens"] == 12
+    text = final["output"][0]["content"][0]["text"]
+    assert text
+
+    _, page, _ = await call(
+        jp_fetch, "GET", f"tasks/{resp['task_id']}/events", params={"limit": 1000}
+    )
+    events = page["data"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    types = [e["type"] for e in events]
+    assert types[0] == "response.created"
+    assert types[-1] == "response.incomplete"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == text
+    assert types.index("response.loading") < types.index("response.in_progress")
+    assert (
+        sum(
+            t
+            in (
+                "response.completed",
+                "response.incomplete",
+                "response.failed",
+                "response.cancelled",
+            )
+            for t in types
+        )
+        == 1
+    )
+
+
+async def test_event_stream_sse_with_last_event_id(jp_fetch):
+    _, resp, _ = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {"input": "Stream me", "background": True, "max_output_tokens": 20, "temperature": 0},
+    )
+    task_id = resp["task_id"]
+    await wait_state(jp_fetch, task_id, {"completed"})
+    _, page, _ = await call(jp_fetch, "GET", f"tasks/{task_id}/events", params={"limit": 1000})
+    all_events = page["data"]
+
+    response = await jp_fetch(
+        "lmsp",
+        "v1",
+        "tasks",
+        task_id,
+        "events",
+        headers={"Accept": "text/event-stream", "Last-Event-ID": "3"},
+    )
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    frames = parse_sse(response.body.decode())
+    assert [f["id"] for f in frames] == [str(e["sequence_number"]) for e in all_events[4:]]
+    assert [json.loads(f["data"]) for f in frames] == all_events[4:]
+    assert all(f["event"] == json.loads(f["data"])["type"] for f in frames)
+
+
+async def test_live_sse_follows_generation_to_the_end(jp_fetch):
+    _, resp, _ = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {
+            "input": "Live",
+            "background": True,
+            "max_output_tokens": 40,
+            "temperature": 0.8,
+            "seed": 3,
+        },
+    )
+    response = await jp_fetch("lmsp", "v1", "responses", resp["id"], params={"stream": "true"})
+    frames = [json.loads(f["data"]) for f in parse_sse(response.body.decode())]
+    assert [f["sequence_number"] for f in frames] == list(range(len(frames)))
+    assert frames[0]["type"] == "response.created"
+    assert frames[-1]["type"] == "response.incomplete"
+    assert frames[-1]["response"]["output"][0]["content"][0]["text"] == "".join(
+        f["delta"] for f in frames if f["type"] == "response.output_text.delta"
+    )
+
+
+async def test_cancel_queued_and_running(jp_fetch):
+    # Two long tasks: the first runs, the second waits its turn in the queue.
+    ids = []
+    for _ in range(2):
+        _, resp, _ = await call(
+            jp_fetch,
+            "POST",
+            "responses",
+            {"input": "Long one", "background": True, "max_output_tokens": 5000, "temperature": 0},
+        )
+        ids.append(resp["task_id"])
+    await wait_state(jp_fetch, ids[0], {"running"})
+    status, queued, _ = await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
+    assert status == 200 and queued["state"] == "cancelled"
+    status, running, _ = await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
+    assert running["state"] in ("cancelling", "cancelled")
+    final = await wait_state(jp_fetch, ids[0], {"cancelled", "completed"})
+    assert final["state"] == "cancelled"
+    _, page, _ = await call(jp_fetch, "GET", f"tasks/{ids[0]}/events", params={"limit": 1000})
+    assert page["data"][-1]["type"] == "response.cancelled"
+    _, resp, _ = await call(jp_fetch, "GET", f"responses/{final['response_id']}")
+    assert resp["status"] == "cancelled"
+    # Cancelling a finished task changes nothing.
+    status, again, _ = await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
+    assert status == 200 and again["state"] == "cancelled"
+
+
+async def test_task_list_filters_and_pages(jp_fetch):
+    created = []
+    for i in range(3):
+        _, resp, _ = await call(
+            jp_fetch,
+            "POST",
+            "responses",
+            {"input": f"n{i}", "background": True, "max_output_tokens": 2},
+        )
+        created.append(resp["task_id"])
+    for task_id in created:
+        await wait_state(jp_fetch, task_id, {"completed"})
+    _, page1, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 2})
+    assert len(page1["data"]) == 2 and page1["has_more"]
+    _, page2, _ = await call(
+        jp_fetch, "GET", "tasks", params={"limit": 2, "after": page1["last_id"]}
+    )
+    seen = [t["id"] for t in page1["data"] + page2["data"]]
+    assert seen == list(reversed(created))
+    _, done, _ = await call(
+        jp_fetch, "GET", "tasks", params={"state": "completed", "kind": "response"}
+    )
+    assert {t["id"] for t in done["data"]} == set(created)
+    status, body, _ = await call(jp_fetch, "GET", "tasks", params={"state": "sleeping"})
+    assert status == 400 and body["error"]["param"] == "state"
+
+
+async def test_service_identity_and_errors(jp_fetch):
+    status, service, _ = await call(jp_fetch, "GET", "service")
+    assert status == 200
+    assert service["object"] == "service" and service["protocol"] == "lmsp/1.0"
+    assert service["id"].startswith("svc_") and service["default_model"] == MODEL
+    status, body, _ = await call(jp_fetch, "GET", "tasks/task_nope")
+    assert status == 404 and body["error"]["type"] == "not_found_error"
+    status, body, _ = await call(jp_fetch, "POST", "responses", {"input": "x", "model": "nope"})
+    assert status == 404 and body["error"]["code"] == "model_not_found"
+    status, body, _ = await call(jp_fetch, "POST", "responses", {"input": 3})
+    assert status == 400 and body["error"]["param"] == "input"
+    status, body, _ = await call(
+        jp_fetch, "POST", "responses", {"input": "x", "tools": [{"type": "web_search"}]}
+    )
+    assert status == 400 and body["error"]["code"] == "unsupported_parameter"
+    try:
+        await jp_fetch("lmsp", "v1", "responses", method="POST", body="{not json")
+    except HTTPClientError as e:
+        assert e.code == 400
+        assert json.loads(e.response.body)["error"]["code"] == "invalid_json"
+    else:
+        raise AssertionError("malformed JSON was accepted")
+
+
+async def test_unauthenticated_request_gets_401(jp_fetch, jp_base_url, http_server_client):
+    response = await http_server_client.fetch(f"{jp_base_url}lmsp/v1/service", raise_error=False)
+    assert response.code in (401, 403)
+    body = json.loads(response.body)
+    assert "error" in body
+    if response.code == 401:
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def parse_sse(text: str) -> list[dict[str, str]]:
+    frames = []
+    for block in text.split("\n\n"):
+        fields: dict[str, str] = {}
+        for line in block.splitlines():
+            if not line or line.startswith(":"):
+                continue
+            name, _, value = line.partition(": ")
+            fields[name] = value
+        if fields:
+            frames.append(fields)
+    return frames
