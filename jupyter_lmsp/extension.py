@@ -56,6 +56,12 @@ class LMSPExtension(ExtensionApp):
         0.0,
         help="Seconds the worker waits after each token (for demos and crash tests; 0 in use).",
     ).tag(config=True)
+    idempotency_ttl = Float(
+        24 * 3600.0, help="Seconds an Idempotency-Key and its result are kept."
+    ).tag(config=True)
+    max_batch_size = Integer(
+        1, help="Generations the inference worker runs at once (continuous batching)."
+    ).tag(config=True)
     use_openblas = Unicode(
         "auto", help="'auto' uses OpenBLAS for the worker on Linux when it can; 'no' never."
     ).tag(config=True)
@@ -75,6 +81,12 @@ class LMSPExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         self.db = Database(self.db_url)
         report = rules.recover_at_startup(self.db)
+        if report.released_claims:
+            self.log.info(
+                "LMSP recovery: released %d idempotency key(s) whose requests died before "
+                "committing any work",
+                report.released_claims,
+            )
         if report.examined:
             self.log.info(
                 "LMSP recovery: %d unfinished task(s) examined: %s",
@@ -89,6 +101,7 @@ class LMSPExtension(ExtensionApp):
             catalog,
             self._make_engine,
             snapshot_interval=self.snapshot_interval,
+            max_active=self.max_batch_size,
         )
         self.ctx = ServiceContext(
             db=self.db,
@@ -100,6 +113,7 @@ class LMSPExtension(ExtensionApp):
             max_output_tokens_default=self.max_output_tokens_default,
             keepalive_interval=self.keepalive_interval,
             max_body_bytes=self.max_body_bytes,
+            idempotency_ttl=self.idempotency_ttl,
         )
         self._purge_task: asyncio.Task[None] | None = None
 

@@ -27,7 +27,15 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, *, default_model: str = "tiny", **traits: Any) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        default_model: str = "tiny",
+        env: dict[str, str] | None = None,
+        **traits: Any,
+    ) -> None:
+        self.extra_env = env or {}
         self.data_dir = Path(data_dir)
         self.default_model = default_model
         self.traits = traits
@@ -63,6 +71,7 @@ class ServerProcess:
             args.append(f"--LMSPExtension.{name}={value}")
         env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1")
         env["JUPYTER_RUNTIME_DIR"] = str(self.data_dir / "runtime")
+        env.update(self.extra_env)
         log = open(self.log_path, "ab")  # noqa: SIM115  (kept open for the child's lifetime)
         self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout

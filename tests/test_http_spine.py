@@ -257,3 +257,70 @@ def parse_sse(text: str) -> list[dict[str, str]]:
         if fields:
             frames.append(fields)
     return frames
+
+
+async def test_previous_response_id_carries_the_conversation(jp_fetch):
+    _, first, _ = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {"input": "My name is Ada.", "max_output_tokens": 6, "temperature": 0},
+    )
+    assert first["status"] in ("completed", "incomplete")
+    _, second, _ = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {"input": "What is my name?", "previous_response_id": first["id"], "max_output_tokens": 6},
+    )
+    assert second["previous_response_id"] == first["id"]
+    # The second prompt holds the first turn (its input and its answer) before the new input.
+    assert (
+        second["usage"]["input_tokens"]
+        > first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+    )
+    status, body, _ = await call(
+        jp_fetch, "POST", "responses", {"input": "x", "previous_response_id": "resp_missing"}
+    )
+    assert status == 404 and body["error"]["param"] == "previous_response_id"
+
+
+async def test_input_items_pages_and_delete(jp_fetch):
+    messages = [{"role": "user", "content": f"message {i}"} for i in range(5)]
+    _, resp, _ = await call(
+        jp_fetch, "POST", "responses", {"input": messages, "max_output_tokens": 2}
+    )
+    seen, after = [], None
+    while True:
+        params = {"limit": 2, "order": "asc", **({"after": after} if after else {})}
+        _, page, _ = await call(
+            jp_fetch, "GET", f"responses/{resp['id']}/input_items", params=params
+        )
+        seen += [item["content"][0]["text"] for item in page["data"]]
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == [m["content"] for m in messages]
+    _, desc, _ = await call(jp_fetch, "GET", f"responses/{resp['id']}/input_items")
+    assert desc["data"][0]["content"][0]["text"] == "message 4"
+
+    status, deleted, _ = await call(jp_fetch, "DELETE", f"responses/{resp['id']}")
+    assert status == 200 and deleted == {
+        "id": resp["id"],
+        "object": "response.deleted",
+        "deleted": True,
+    }
+    status, _, _ = await call(jp_fetch, "GET", f"responses/{resp['id']}")
+    assert status == 404
+    status, _, _ = await call(jp_fetch, "GET", f"tasks/{resp['task_id']}")
+    assert status == 404
+
+    _, running, _ = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {"input": "long", "background": True, "max_output_tokens": 5000},
+    )
+    status, body, _ = await call(jp_fetch, "DELETE", f"responses/{running['id']}")
+    assert status == 400 and body["error"]["code"] == "response_not_finished"
+    await call(jp_fetch, "POST", f"responses/{running['id']}/cancel")

@@ -6,8 +6,10 @@ request it does not recognise gets LMSP's 401 with `WWW-Authenticate: Bearer`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from jupyter_server.auth.decorator import allow_unauthenticated
@@ -15,9 +17,11 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
-from ..protocol.errors import LMSPError, invalid, too_large, unauthenticated
+from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthenticated
 from ..protocol.requests import parse_json_body
+from ..services import idempotency
 from ..services.context import ServiceContext
+from ..store.tables import IdempotencyKey
 
 OWNER = "owner"
 
@@ -31,14 +35,83 @@ _STATUS_TYPES = {
     413: ("invalid_request_error", "request_too_large"),
 }
 
-__all__ = ["OWNER", "LMSPHandler", "allow_unauthenticated"]
+__all__ = ["OWNER", "LMSPHandler", "allow_unauthenticated", "idempotent"]
+
+
+def idempotent(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Honour `Idempotency-Key` on a POST (LMSP B8).
+
+    A replayed result is written as first written, with `Idempotent-Replayed: true`. A result
+    the method writes as JSON is recorded after it (unless the work already recorded it in its
+    own transaction); a 4xx is recorded too, a 5xx releases the key so a retry can run.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: LMSPHandler, *args: Any) -> None:
+        key = self.request.headers.get(idempotency.HEADER)
+        if key is None:
+            await _maybe_await(method(self, *args))
+            return
+        digest = idempotency.request_digest(
+            self.request.method or "POST", self.request.path, self.request.body
+        )
+        found = idempotency.begin(self.ctx, self.caller, key, digest)
+        if isinstance(found, idempotency.Replay):
+            self.set_header("Idempotent-Replayed", "true")
+            for name, value in found.headers.items():
+                self.set_header(name, value)
+            self.write_json(found.body, found.status)
+            return
+        if isinstance(found, IdempotencyKey):
+            self.set_header("Idempotent-Replayed", "true")
+            await self.replay_response_result(found)
+            return
+        self.keyed = found
+        try:
+            await _maybe_await(method(self, *args))
+        except LMSPError as e:
+            if e.status < 500:
+                idempotency.record(self.ctx, found, e.status, e.body())
+            else:
+                idempotency.release(self.ctx, found)
+            raise
+        except BaseException:
+            idempotency.release(self.ctx, found)
+            raise
+        if self.written_json is not None:
+            idempotency.record(self.ctx, found, *self.written_json)
+
+    return wrapper
+
+
+async def _maybe_await(value: Any) -> Any:
+    if inspect.isawaitable(value):
+        return await value
+    return value
 
 
 class LMSPHandler(APIHandler):
     ctx: ServiceContext
+    keyed: idempotency.KeyedRequest | None = None
+    written_json: tuple[int, Any] | None = None
 
     def initialize(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
+
+    async def replay_response_result(self, row: IdempotencyKey) -> None:
+        """Replay a request whose result is a response (overridden where that can happen)."""
+        raise conflict(
+            "idempotency_key_in_use",
+            "A request with this 'Idempotency-Key' is still being handled; retry shortly.",
+            retry_after=1,
+        )
+
+    def check_xsrf_cookie(self) -> None:
+        # A POST with no or wrong credentials (e.g. the openai SDK with a bad api_key) is a 401
+        # (LMSP B1), not Jupyter's XSRF 403: the XSRF check only matters for a known user.
+        if getattr(self, "_jupyter_current_user", True) is None:
+            raise unauthenticated()
+        super().check_xsrf_cookie()
 
     async def prepare(self) -> None:  # type: ignore[override]
         await super().prepare()
@@ -46,6 +119,11 @@ class LMSPHandler(APIHandler):
             raise unauthenticated()
         if not self.ctx.runner.started:
             self.ctx.runner.start()
+
+    @property
+    def api_prefix(self) -> str:
+        """The URL path of `lmsp/v1` under this server's base_url."""
+        return f"{self.base_url.rstrip('/')}/lmsp/v1"
 
     @property
     def caller(self) -> str:
@@ -79,6 +157,7 @@ class LMSPHandler(APIHandler):
     # -- output ----------------------------------------------------------------------------
 
     def write_json(self, obj: Any, status: int = 200) -> None:
+        self.written_json = (status, obj)
         self.set_status(status)
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(obj))

@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..services.context import ServiceContext
-from .responses import ResponseCancelHandler, ResponseHandler, ResponsesHandler
+from .responses import (
+    ResponseCancelHandler,
+    ResponseHandler,
+    ResponseInputItemsHandler,
+    ResponsesHandler,
+)
 from .service import ModelHandler, ModelsHandler, ServiceHandler
 from .tasks import TaskCancelHandler, TaskEventsHandler, TaskHandler, TasksHandler
 
@@ -21,6 +26,7 @@ def routes(ctx: ServiceContext) -> list[tuple[str, Any, dict[str, Any]]]:
         ("/responses", ResponsesHandler),
         (f"/responses/{ID}", ResponseHandler),
         (f"/responses/{ID}/cancel", ResponseCancelHandler),
+        (f"/responses/{ID}/input_items", ResponseInputItemsHandler),
         ("/tasks", TasksHandler),
         (f"/tasks/{ID}", TaskHandler),
         (f"/tasks/{ID}/cancel", TaskCancelHandler),

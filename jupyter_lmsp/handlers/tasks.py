@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..protocol.errors import invalid
 from ..services import tasks
-from .base import LMSPHandler, allow_unauthenticated
+from .base import LMSPHandler, allow_unauthenticated, idempotent
 
 
 class TasksHandler(LMSPHandler):
@@ -30,6 +30,7 @@ class TaskHandler(LMSPHandler):
 
 class TaskCancelHandler(LMSPHandler):
     @allow_unauthenticated
+    @idempotent
     def post(self, task_id: str) -> None:
         self.write_json(tasks.cancel_task(self.ctx, task_id))
 

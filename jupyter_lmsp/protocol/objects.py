@@ -87,6 +87,24 @@ def response_object(response: Response, task: Task) -> dict[str, Any]:
     }
 
 
+def input_item(response_id: str, index: int, message: dict[str, str]) -> dict[str, Any]:
+    """One message of a response's input, as `GET /responses/{id}/input_items` lists it."""
+    role = message["role"]
+    return {
+        "id": f"msg_in_{response_id.split('_', 1)[1]}_{index}",
+        "type": "message",
+        "role": role,
+        "status": "completed",
+        # An assistant turn is listed as an output message (the openai SDK's
+        # ResponseOutputMessage: its output_text part needs `annotations`).
+        "content": [
+            output_text_part(message["content"])
+            if role == "assistant"
+            else {"type": "input_text", "text": message["content"]}
+        ],
+    }
+
+
 def task_object(task: Task) -> dict[str, Any]:
     return {
         "id": task.id,

@@ -21,3 +21,4 @@ class ServiceContext:
     max_output_tokens_default: int = 1024
     keepalive_interval: float = 15.0
     max_body_bytes: int = 1024 * 1024
+    idempotency_ttl: float = 24 * 3600.0

@@ -1,4 +1,5 @@
-"""Responses: creating one (a task that generates it), reading it, cancelling it (LMSP B5)."""
+"""Responses: creating one (a task that generates it), reading it, its input items, cancelling
+and deleting it (LMSP B5)."""
 
 from __future__ import annotations
 
@@ -7,25 +8,38 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..protocol.errors import not_found
+from ..protocol.errors import LMSPError, invalid, not_found
 from ..protocol.ids import new_id
-from ..protocol.objects import response_object
+from ..protocol.objects import input_item, response_object
 from ..protocol.requests import ResponseRequest
-from ..protocol.states import TaskState
+from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.tables import Response, Task
 from .context import ServiceContext
 from .follow import follow_events
+from .idempotency import KeyedRequest
 
 
-def create_response(ctx: ServiceContext, request: ResponseRequest, owner: str) -> dict[str, Any]:
+def create_response(
+    ctx: ServiceContext,
+    request: ResponseRequest,
+    owner: str,
+    keyed: KeyedRequest | None = None,
+    location_prefix: str = "",
+) -> dict[str, Any]:
     """Commit the response and its task (queued), hand the task to the runner, and return the
-    response object as committed. The caller may answer 202 as soon as this returns."""
+    response object as committed. The caller may answer 202 as soon as this returns.
+
+    With an idempotency key, its result is written in the same transaction: the 202 body for a
+    background response, otherwise a link to the response whose final form is the result.
+    """
     model = ctx.catalog.resolve(request.model)
+    context = _context_before(ctx, request.previous_response_id, owner)
     now = time.time()
     response_id = new_id("resp")
     task_id = new_id("task")
-    messages = list(request.messages)
+    turn = context + list(request.messages)
+    messages = list(turn)
     if request.instructions:
         messages.insert(0, {"role": "system", "content": request.instructions})
     response = Response(
@@ -48,6 +62,8 @@ def create_response(ctx: ServiceContext, request: ResponseRequest, owner: str) -
         response_id=response_id,
         params=json.dumps(
             {
+                "input_messages": request.messages,
+                "context": turn,
                 "messages": messages,
                 "max_tokens": request.max_output_tokens or ctx.max_output_tokens_default,
                 "temperature": request.temperature,
@@ -58,39 +74,130 @@ def create_response(ctx: ServiceContext, request: ResponseRequest, owner: str) -
         created_at=now,
         updated_at=now,
     )
-    committed = rules.create_task(ctx.db, task, response)
+    record = None
+    if keyed is not None:
+        if request.background:
+            task.state = TaskState.QUEUED
+            body = response_object(response, task)
+            record = keyed.result(
+                202, body, {"Location": f"{location_prefix}/responses/{response_id}"}
+            )
+        else:
+            record = keyed.result(None, response_id=response_id)
+    committed = rules.create_task(ctx.db, task, response, idempotency=record)
     ctx.runner.publish(committed)
     ctx.runner.submit(task_id)
     return response_object(response, committed.task)
 
 
-def get_response(ctx: ServiceContext, response_id: str) -> dict[str, Any]:
-    found = queries.get_response(ctx.db, response_id)
-    if found is None:
-        raise not_found("response", response_id)
-    return response_object(*found)
+def _context_before(
+    ctx: ServiceContext, previous_response_id: str | None, owner: str
+) -> list[dict[str, str]]:
+    """The conversation a follow-up turn continues: the earlier turns' messages and answers."""
+    if previous_response_id is None:
+        return []
+    found = queries.get_response(ctx.db, previous_response_id)
+    if found is None or found[0].owner != owner:
+        raise not_found("response", previous_response_id, param="previous_response_id")
+    response, task = found
+    if TaskState(task.state) not in TERMINAL_STATES:
+        raise invalid(
+            f"The response '{previous_response_id}' has not finished yet.",
+            param="previous_response_id",
+            code="previous_response_not_finished",
+        )
+    params = json.loads(task.params)
+    context = list(params.get("context", params.get("messages", [])))
+    answer = "".join(
+        part.get("text", "")
+        for item in json.loads(response.output)
+        for part in item.get("content", [])
+    )
+    context.append({"role": "assistant", "content": answer})
+    return context
 
 
-def cancel_response(ctx: ServiceContext, response_id: str) -> dict[str, Any]:
+def _find(ctx: ServiceContext, response_id: str, owner: str) -> tuple[Response, Task]:
     found = queries.get_response(ctx.db, response_id)
-    if found is None:
+    if found is None or found[0].owner != owner:
         raise not_found("response", response_id)
-    committed = ctx.runner.cancel(found[1].id)
+    return found
+
+
+def get_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
+    return response_object(*_find(ctx, response_id, owner))
+
+
+def is_finished(ctx: ServiceContext, response_id: str, owner: str) -> bool:
+    return TaskState(_find(ctx, response_id, owner)[1].state) in TERMINAL_STATES
+
+
+def was_streamed(ctx: ServiceContext, response_id: str, owner: str) -> bool:
+    return bool(json.loads(_find(ctx, response_id, owner)[0].request).get("stream"))
+
+
+def cancel_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
+    _, task = _find(ctx, response_id, owner)
+    committed = ctx.runner.cancel(task.id)
     assert committed.response is not None
     return response_object(committed.response, committed.task)
 
 
+def delete_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
+    """Delete a finished response with its task and events; an unfinished one must be
+    cancelled first (its task may not be deleted while unfinished, section 11.2)."""
+    _, task = _find(ctx, response_id, owner)
+    if not rules.delete_finished_task(ctx.db, task.id):
+        raise LMSPError(
+            400,
+            "response_not_finished",
+            f"The response '{response_id}' is still {task.state}; cancel it before deleting it.",
+        )
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+def list_input_items(
+    ctx: ServiceContext,
+    response_id: str,
+    owner: str,
+    *,
+    after: str | None = None,
+    limit: int = 20,
+    order: str = "desc",
+) -> dict[str, Any]:
+    if not 1 <= limit <= 100:
+        raise invalid("'limit' must be between 1 and 100.", param="limit")
+    if order not in ("asc", "desc"):
+        raise invalid("'order' must be 'asc' or 'desc'.", param="order")
+    response, task = _find(ctx, response_id, owner)
+    messages = json.loads(task.params).get("input_messages", [])
+    items = [input_item(response.id, i, m) for i, m in enumerate(messages)]
+    if order == "desc":
+        items.reverse()
+    if after is not None:
+        ids = [item["id"] for item in items]
+        if after not in ids:
+            raise invalid(f"No input item '{after}' in this response.", param="after")
+        items = items[ids.index(after) + 1 :]
+    page = items[:limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(items) > limit,
+    }
+
+
 def response_events(
-    ctx: ServiceContext, response_id: str, after: int = -1
+    ctx: ServiceContext, response_id: str, owner: str, after: int = -1
 ) -> AsyncIterator[dict[str, Any] | None]:
-    found = queries.get_response(ctx.db, response_id)
-    if found is None:
-        raise not_found("response", response_id)
-    return follow_events(ctx.db, ctx.bus, found[1].id, after, idle=ctx.keepalive_interval)
+    _, task = _find(ctx, response_id, owner)
+    return follow_events(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
 
 
-async def wait_for_response(ctx: ServiceContext, response_id: str) -> dict[str, Any]:
+async def wait_for_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
     """The finished response object, once its task reached a terminal state."""
-    async for _ in response_events(ctx, response_id):
+    async for _ in response_events(ctx, response_id, owner):
         pass
-    return get_response(ctx, response_id)
+    return get_response(ctx, response_id, owner)

@@ -76,6 +76,7 @@ class Outcome:
 @dataclass
 class RecoveryReport:
     examined: int = 0
+    released_claims: int = 0
     transitions: dict[str, int] = field(default_factory=dict)
     committed: list[Committed] = field(default_factory=list)
 
@@ -300,6 +301,19 @@ def purge_expired(db: Database, retention_seconds: float, now: float | None = No
     return report
 
 
+def delete_finished_task(db: Database, task_id: str) -> bool:
+    """Delete one finished task with its events and response (a client's explicit delete).
+    An unfinished task is left alone and False returned: only finished tasks are deleted."""
+    with db.write() as session:
+        task = session.get(Task, task_id)
+        if task is None or TaskState(task.state) not in TERMINAL_STATES:
+            return False
+        session.execute(delete(TaskEvent).where(TaskEvent.task_id == task_id))  # type: ignore[arg-type]
+        session.execute(delete(Response).where(Response.task_id == task_id))  # type: ignore[arg-type]
+        session.delete(task)
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
 # 11.2 / 11.3: recovery at start-up
 
@@ -309,11 +323,12 @@ def recover_at_startup(db: Database) -> RecoveryReport:
 
     All of it is one transaction: each task's new state and its event are committed together,
     and before the service accepts a request. `running` tasks with policy `resume` stay
-    `running`; the runner continues them from their snapshot.
+    `running`; the runner continues them from their snapshot. Idempotency keys claimed by
+    requests that died before committing any work are released in the same transaction.
     """
     unfinished = [str(s) for s in RECOVERY_TABLE]
     query = select(Task).where(Task.state.in_(unfinished)).order_by(Task.created_at)  # type: ignore[attr-defined]
-    return _recover(db, query, SERVER_RESTARTED)
+    return _recover(db, query, SERVER_RESTARTED, release_stale_claims=True)
 
 
 def recover_after_worker_exit(db: Database, task_ids: Sequence[str]) -> RecoveryReport:
@@ -326,10 +341,19 @@ def recover_after_worker_exit(db: Database, task_ids: Sequence[str]) -> Recovery
     return _recover(db, query, WORKER_CRASHED)
 
 
-def _recover(db: Database, query: Any, error: dict[str, str]) -> RecoveryReport:
+def _recover(
+    db: Database, query: Any, error: dict[str, str], release_stale_claims: bool = False
+) -> RecoveryReport:
     now = time.time()
     report = RecoveryReport()
     with db.write() as session:
+        if release_stale_claims:
+            report.released_claims = session.execute(
+                delete(IdempotencyKey).where(
+                    IdempotencyKey.status_code.is_(None),  # type: ignore[union-attr]
+                    IdempotencyKey.response_id.is_(None),  # type: ignore[union-attr]
+                )
+            ).rowcount
         tasks = list(session.execute(query).scalars())
         response_ids = [t.response_id for t in tasks if t.response_id]
         responses: dict[str, Response] = {}

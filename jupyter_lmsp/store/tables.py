@@ -103,6 +103,9 @@ class IdempotencyKey(SQLModel, table=True):
     caller: str = Field(primary_key=True)
     key: str = Field(primary_key=True)
     request_digest: str
+    # Set for a request whose result is a response still being generated (plain or streamed):
+    # the result is that response once it finishes.
+    response_id: str | None = None
     status_code: int | None = None
     body: str | None = Field(default=None, sa_column=Column(Text))
     headers: str | None = Field(default=None, sa_column=Column(Text))
