@@ -16,6 +16,7 @@ from jupyter_server.extension.application import ExtensionApp
 from traitlets import Float, Integer, Unicode, default
 
 from . import __version__
+from .auth.ratelimit import RateLimiter
 from .engine.client import EngineClient
 from .handlers import routes
 from .services.bus import EventBus
@@ -62,6 +63,15 @@ class LMSPExtension(ExtensionApp):
     max_batch_size = Integer(
         1, help="Generations the inference worker runs at once (continuous batching)."
     ).tag(config=True)
+    pairing_ttl = Float(600.0, help="Seconds a pairing request waits for the owner.").tag(
+        config=True
+    )
+    pairing_rate_per_minute = Float(
+        30.0, help="Unauthenticated pairing requests allowed per minute and address."
+    ).tag(config=True)
+    pairing_burst = Integer(10, help="Unauthenticated pairing requests allowed in a burst.").tag(
+        config=True
+    )
     use_openblas = Unicode(
         "auto", help="'auto' uses OpenBLAS for the worker on Linux when it can; 'no' never."
     ).tag(config=True)
@@ -114,6 +124,8 @@ class LMSPExtension(ExtensionApp):
             keepalive_interval=self.keepalive_interval,
             max_body_bytes=self.max_body_bytes,
             idempotency_ttl=self.idempotency_ttl,
+            pairing_ttl=self.pairing_ttl,
+            pairing_limiter=RateLimiter(self.pairing_rate_per_minute, self.pairing_burst),
         )
         self._purge_task: asyncio.Task[None] | None = None
 

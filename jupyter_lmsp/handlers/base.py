@@ -1,7 +1,13 @@
-"""The base handler: JSON bodies within the size limit, LMSP error bodies, SSE writing, auth.
+"""The base handler: who is calling, JSON bodies within the size limit, LMSP error bodies,
+SSE writing, and the decorators every endpoint method wears.
 
-Authentication is Jupyter Server's own (its token, or cookie + XSRF for the browser); a
-request it does not recognise gets LMSP's 401 with `WWW-Authenticate: Bearer`.
+Two kinds of caller (LMSP B3). A paired client sends `Authorization: Bearer lmsp_…`; its
+request skips Jupyter's XSRF and origin checks (it carries no cookie to forge). Anyone else is
+authenticated by Jupyter Server itself (its token, or the browser's cookie + XSRF) and acts as
+the owner. A request neither recognises gets 401 with `WWW-Authenticate: Bearer`.
+
+Method decorators, outermost first: `@allow_unauthenticated` (Jupyter's: we authenticate
+ourselves), then `@public` or `@requires(scope)`, then `@idempotent`.
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -17,13 +24,19 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 from tornado.iostream import StreamClosedError
 
+from ..auth import secrets as codes
+from ..auth.scopes import OWNER as OWNER_CALLER
+from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthenticated
 from ..protocol.requests import parse_json_body
 from ..services import idempotency
 from ..services.context import ServiceContext
+from ..store import clients
 from ..store.tables import IdempotencyKey
 
-OWNER = "owner"
+# How stale `last_used_at` may get before a request writes it again (one write a minute per
+# client, not one per request).
+TOUCH_INTERVAL = 60.0
 
 _STATUS_TYPES = {
     400: ("invalid_request_error", "invalid_request"),
@@ -35,7 +48,28 @@ _STATUS_TYPES = {
     413: ("invalid_request_error", "request_too_large"),
 }
 
-__all__ = ["OWNER", "LMSPHandler", "allow_unauthenticated", "idempotent"]
+__all__ = ["LMSPHandler", "allow_unauthenticated", "idempotent", "public", "requires"]
+
+
+def public(method: Callable[..., Any]) -> Callable[..., Any]:
+    """An endpoint that needs no credentials (starting a pairing, polling for its token)."""
+    method._lmsp_public = True  # type: ignore[attr-defined]
+    return method
+
+
+def requires(scope: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An endpoint that needs `scope` (the owner holds every scope)."""
+
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapper(self: LMSPHandler, *args: Any) -> Any:
+            self.caller.require(scope)
+            return method(self, *args)
+
+        wrapper._lmsp_scope = scope  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
 
 
 def idempotent(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,7 +89,7 @@ def idempotent(method: Callable[..., Any]) -> Callable[..., Any]:
         digest = idempotency.request_digest(
             self.request.method or "POST", self.request.path, self.request.body
         )
-        found = idempotency.begin(self.ctx, self.caller, key, digest)
+        found = idempotency.begin(self.ctx, self.caller.id, key, digest)
         if isinstance(found, idempotency.Replay):
             self.set_header("Idempotent-Replayed", "true")
             for name, value in found.headers.items():
@@ -106,19 +140,49 @@ class LMSPHandler(APIHandler):
             retry_after=1,
         )
 
+    lmsp_caller: Caller | None = None
+    bearer_client: bool = False
+
+    async def prepare(self) -> None:  # type: ignore[override]
+        self._authenticate_bearer()
+        await super().prepare()
+        if self.lmsp_caller is None and self.current_user:
+            self.lmsp_caller = OWNER_CALLER
+        if self.lmsp_caller is None and not self._is_public():
+            raise unauthenticated()
+        if not self.ctx.runner.started:
+            self.ctx.runner.start()
+
+    def _authenticate_bearer(self) -> None:
+        scheme, _, credential = self.request.headers.get("Authorization", "").partition(" ")
+        credential = credential.strip()
+        if scheme.lower() != "bearer" or not credential.startswith(codes.TOKEN_PREFIX):
+            return  # not ours: Jupyter's own authentication decides
+        client = clients.client_for_token(self.ctx.db, credential)
+        if client is None:
+            raise unauthenticated("The access token is unknown or was revoked.")
+        self.bearer_client = True
+        self.lmsp_caller = Caller(client.id, frozenset(json.loads(client.scopes)), client.name)
+        if client.last_used_at is None or client.last_used_at < time.time() - TOUCH_INTERVAL:
+            clients.touch_client(self.ctx.db, client.id)
+
+    def _is_public(self) -> bool:
+        method = getattr(self, (self.request.method or "get").lower(), None)
+        return bool(getattr(method, "_lmsp_public", False))
+
     def check_xsrf_cookie(self) -> None:
+        # XSRF protects cookie-authenticated browsers. A bearer token or a credential-free
+        # public endpoint has no ambient authority to forge.
+        if self.bearer_client or self._is_public():
+            return None
         # A POST with no or wrong credentials (e.g. the openai SDK with a bad api_key) is a 401
         # (LMSP B1), not Jupyter's XSRF 403: the XSRF check only matters for a known user.
         if getattr(self, "_jupyter_current_user", True) is None:
             raise unauthenticated()
-        super().check_xsrf_cookie()
+        return super().check_xsrf_cookie()
 
-    async def prepare(self) -> None:  # type: ignore[override]
-        await super().prepare()
-        if not self.current_user:
-            raise unauthenticated()
-        if not self.ctx.runner.started:
-            self.ctx.runner.start()
+    def skip_check_origin(self) -> bool:
+        return self.bearer_client or super().skip_check_origin()
 
     @property
     def api_prefix(self) -> str:
@@ -126,9 +190,15 @@ class LMSPHandler(APIHandler):
         return f"{self.base_url.rstrip('/')}/lmsp/v1"
 
     @property
-    def caller(self) -> str:
-        """Whose resources this request acts on (the Jupyter user is the owner)."""
-        return OWNER
+    def caller(self) -> Caller:
+        """Who is calling: the owner (the Jupyter user) or a paired client."""
+        if self.lmsp_caller is None:
+            raise unauthenticated()
+        return self.lmsp_caller
+
+    @property
+    def remote_address(self) -> str:
+        return self.request.remote_ip or "unknown"
 
     # -- input -----------------------------------------------------------------------------
 

@@ -8,11 +8,12 @@ from ..protocol.errors import conflict
 from ..protocol.requests import parse_response_request
 from ..services import responses
 from ..store.tables import IdempotencyKey
-from .base import LMSPHandler, allow_unauthenticated, idempotent
+from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
 
 
 class ResponsesHandler(LMSPHandler):
     @allow_unauthenticated
+    @requires("responses:write")
     @idempotent
     async def post(self) -> None:
         request = parse_response_request(self.json_body())
@@ -47,6 +48,7 @@ class ResponsesHandler(LMSPHandler):
 
 class ResponseHandler(LMSPHandler):
     @allow_unauthenticated
+    @requires("responses:read")
     async def get(self, response_id: str) -> None:
         if self.flag_argument("stream"):
             after = self.int_argument("starting_after", -1)
@@ -57,12 +59,14 @@ class ResponseHandler(LMSPHandler):
             self.write_json(responses.get_response(self.ctx, response_id, self.caller))
 
     @allow_unauthenticated
+    @requires("responses:write")
     def delete(self, response_id: str) -> None:
         self.write_json(responses.delete_response(self.ctx, response_id, self.caller))
 
 
 class ResponseCancelHandler(LMSPHandler):
     @allow_unauthenticated
+    @requires("responses:write")
     @idempotent
     def post(self, response_id: str) -> None:
         self.write_json(responses.cancel_response(self.ctx, response_id, self.caller))
@@ -70,6 +74,7 @@ class ResponseCancelHandler(LMSPHandler):
 
 class ResponseInputItemsHandler(LMSPHandler):
     @allow_unauthenticated
+    @requires("responses:read")
     def get(self, response_id: str) -> None:
         self.write_json(
             responses.list_input_items(

@@ -5,6 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 from ..services.context import ServiceContext
+from .chat import ChatCompletionsHandler
+from .openapi import OpenAPIHandler
+from .pairing import (
+    ClientHandler,
+    ClientsHandler,
+    PairingDecisionHandler,
+    PairingsHandler,
+    PairingTokenHandler,
+)
 from .responses import (
     ResponseCancelHandler,
     ResponseHandler,
@@ -31,5 +40,12 @@ def routes(ctx: ServiceContext) -> list[tuple[str, Any, dict[str, Any]]]:
         (f"/tasks/{ID}", TaskHandler),
         (f"/tasks/{ID}/cancel", TaskCancelHandler),
         (f"/tasks/{ID}/events", TaskEventsHandler),
+        ("/pairings", PairingsHandler),
+        (f"/pairings/{ID}/(approve|deny)", PairingDecisionHandler),
+        (f"/pairings/{ID}/token", PairingTokenHandler),
+        ("/clients", ClientsHandler),
+        (f"/clients/{ID}", ClientHandler),
+        ("/chat/completions", ChatCompletionsHandler),
+        ("/openapi.json", OpenAPIHandler),
     ]
     return [(PREFIX + path, handler, {"ctx": ctx}) for path, handler in table]

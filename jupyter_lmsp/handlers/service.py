@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..protocol.errors import not_found
-from .base import LMSPHandler, allow_unauthenticated
+from .base import LMSPHandler, allow_unauthenticated, requires
 
 CAPABILITIES = [
     "responses",
@@ -39,12 +39,14 @@ class ServiceHandler(LMSPHandler):
 
 class ModelsHandler(LMSPHandler):
     @allow_unauthenticated
+    @requires("models:read")
     def get(self) -> None:
         self.write_json({"object": "list", "data": [m.to_wire() for m in self.ctx.catalog.list()]})
 
 
 class ModelHandler(LMSPHandler):
     @allow_unauthenticated
+    @requires("models:read")
     def get(self, model_id: str) -> None:
         for model in self.ctx.catalog.list():
             if model.id == model_id:

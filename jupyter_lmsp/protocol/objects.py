@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..store.tables import Response, Task
+from ..store.tables import Client, Pairing, Response, Task
 from .states import TERMINAL_STATES, TaskState, response_status
 
 
@@ -121,4 +121,33 @@ def task_object(task: Task) -> dict[str, Any]:
         "created_at": task.created_at,
         "updated_at": task.updated_at,
         "finished_at": task.finished_at,
+    }
+
+
+def pairing_object(pairing: Pairing) -> dict[str, Any]:
+    """A pairing request as the owner sees it (never the device code)."""
+    return {
+        "id": pairing.id,
+        "object": "pairing",
+        "client_name": pairing.client_name,
+        "requested_scopes": json.loads(pairing.requested_scopes),
+        "granted_scopes": json.loads(pairing.granted_scopes) if pairing.granted_scopes else None,
+        "user_code": pairing.user_code,
+        "status": pairing.status,
+        "client_id": pairing.client_id,
+        "created_at": int(pairing.created_at),
+        "expires_at": int(pairing.expires_at),
+    }
+
+
+def client_object(client: Client) -> dict[str, Any]:
+    """A paired client as the owner sees it (never its token or hash)."""
+    return {
+        "id": client.id,
+        "object": "client",
+        "name": client.name,
+        "scopes": json.loads(client.scopes),
+        "created_at": int(client.created_at),
+        "last_used_at": int(client.last_used_at) if client.last_used_at else None,
+        "revoked_at": int(client.revoked_at) if client.revoked_at else None,
     }

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..auth.ratelimit import RateLimiter
 from ..store.database import Database
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -22,3 +23,5 @@ class ServiceContext:
     keepalive_interval: float = 15.0
     max_body_bytes: int = 1024 * 1024
     idempotency_ttl: float = 24 * 3600.0
+    pairing_ttl: float = 600.0
+    pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))

@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, invalid, not_found
 from ..protocol.ids import new_id
 from ..protocol.objects import input_item, response_object
@@ -23,7 +24,7 @@ from .idempotency import KeyedRequest
 def create_response(
     ctx: ServiceContext,
     request: ResponseRequest,
-    owner: str,
+    caller: Caller,
     keyed: KeyedRequest | None = None,
     location_prefix: str = "",
 ) -> dict[str, Any]:
@@ -34,7 +35,7 @@ def create_response(
     background response, otherwise a link to the response whose final form is the result.
     """
     model = ctx.catalog.resolve(request.model)
-    context = _context_before(ctx, request.previous_response_id, owner)
+    context = _context_before(ctx, request.previous_response_id, caller)
     now = time.time()
     response_id = new_id("resp")
     task_id = new_id("task")
@@ -45,7 +46,7 @@ def create_response(
     response = Response(
         id=response_id,
         task_id=task_id,
-        owner=owner,
+        owner=caller.id,
         model=model.id,
         request=json.dumps(request.stored_request()),
         previous_response_id=request.previous_response_id,
@@ -57,7 +58,7 @@ def create_response(
         kind="response",
         state=TaskState.QUEUED,
         on_restart=request.on_restart,
-        owner=owner,
+        owner=caller.id,
         model=model.id,
         response_id=response_id,
         params=json.dumps(
@@ -91,13 +92,13 @@ def create_response(
 
 
 def _context_before(
-    ctx: ServiceContext, previous_response_id: str | None, owner: str
+    ctx: ServiceContext, previous_response_id: str | None, caller: Caller
 ) -> list[dict[str, str]]:
     """The conversation a follow-up turn continues: the earlier turns' messages and answers."""
     if previous_response_id is None:
         return []
     found = queries.get_response(ctx.db, previous_response_id)
-    if found is None or found[0].owner != owner:
+    if found is None or not caller.can_see(found[0].owner):
         raise not_found("response", previous_response_id, param="previous_response_id")
     response, task = found
     if TaskState(task.state) not in TERMINAL_STATES:
@@ -117,36 +118,37 @@ def _context_before(
     return context
 
 
-def _find(ctx: ServiceContext, response_id: str, owner: str) -> tuple[Response, Task]:
+def _find(ctx: ServiceContext, response_id: str, caller: Caller) -> tuple[Response, Task]:
+    """The response and its task, if this caller may see them (others' are simply absent)."""
     found = queries.get_response(ctx.db, response_id)
-    if found is None or found[0].owner != owner:
+    if found is None or not caller.can_see(found[0].owner):
         raise not_found("response", response_id)
     return found
 
 
-def get_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
-    return response_object(*_find(ctx, response_id, owner))
+def get_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
+    return response_object(*_find(ctx, response_id, caller))
 
 
-def is_finished(ctx: ServiceContext, response_id: str, owner: str) -> bool:
-    return TaskState(_find(ctx, response_id, owner)[1].state) in TERMINAL_STATES
+def is_finished(ctx: ServiceContext, response_id: str, caller: Caller) -> bool:
+    return TaskState(_find(ctx, response_id, caller)[1].state) in TERMINAL_STATES
 
 
-def was_streamed(ctx: ServiceContext, response_id: str, owner: str) -> bool:
-    return bool(json.loads(_find(ctx, response_id, owner)[0].request).get("stream"))
+def was_streamed(ctx: ServiceContext, response_id: str, caller: Caller) -> bool:
+    return bool(json.loads(_find(ctx, response_id, caller)[0].request).get("stream"))
 
 
-def cancel_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
-    _, task = _find(ctx, response_id, owner)
+def cancel_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
+    _, task = _find(ctx, response_id, caller)
     committed = ctx.runner.cancel(task.id)
     assert committed.response is not None
     return response_object(committed.response, committed.task)
 
 
-def delete_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
+def delete_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
     """Delete a finished response with its task and events; an unfinished one must be
     cancelled first (its task may not be deleted while unfinished, section 11.2)."""
-    _, task = _find(ctx, response_id, owner)
+    _, task = _find(ctx, response_id, caller)
     if not rules.delete_finished_task(ctx.db, task.id):
         raise LMSPError(
             400,
@@ -159,7 +161,7 @@ def delete_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[s
 def list_input_items(
     ctx: ServiceContext,
     response_id: str,
-    owner: str,
+    caller: Caller,
     *,
     after: str | None = None,
     limit: int = 20,
@@ -169,7 +171,7 @@ def list_input_items(
         raise invalid("'limit' must be between 1 and 100.", param="limit")
     if order not in ("asc", "desc"):
         raise invalid("'order' must be 'asc' or 'desc'.", param="order")
-    response, task = _find(ctx, response_id, owner)
+    response, task = _find(ctx, response_id, caller)
     messages = json.loads(task.params).get("input_messages", [])
     items = [input_item(response.id, i, m) for i, m in enumerate(messages)]
     if order == "desc":
@@ -190,14 +192,16 @@ def list_input_items(
 
 
 def response_events(
-    ctx: ServiceContext, response_id: str, owner: str, after: int = -1
+    ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
 ) -> AsyncIterator[dict[str, Any] | None]:
-    _, task = _find(ctx, response_id, owner)
+    _, task = _find(ctx, response_id, caller)
     return follow_events(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
 
 
-async def wait_for_response(ctx: ServiceContext, response_id: str, owner: str) -> dict[str, Any]:
+async def wait_for_response(
+    ctx: ServiceContext, response_id: str, caller: Caller
+) -> dict[str, Any]:
     """The finished response object, once its task reached a terminal state."""
-    async for _ in response_events(ctx, response_id, owner):
+    async for _ in response_events(ctx, response_id, caller):
         pass
-    return get_response(ctx, response_id, owner)
+    return get_response(ctx, response_id, caller)

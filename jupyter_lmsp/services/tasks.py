@@ -1,14 +1,20 @@
-"""Tasks: listing, reading, cancelling, and reading or following a task's event log (LMSP B6)."""
+"""Tasks: listing, reading, cancelling, and reading or following a task's event log (LMSP B6).
+
+A paired client sees only the tasks it created; anyone else's are absent (404), never
+forbidden, so their existence does not leak.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ..auth.scopes import Caller
 from ..protocol.errors import invalid, not_found
 from ..protocol.objects import task_object
 from ..protocol.states import TaskState
 from ..store import queries
+from ..store.tables import Task
 from .context import ServiceContext
 from .follow import follow_events
 
@@ -17,6 +23,7 @@ MAX_PAGE = 100
 
 def list_tasks(
     ctx: ServiceContext,
+    caller: Caller,
     *,
     states: list[str] | None = None,
     kind: str | None = None,
@@ -28,7 +35,9 @@ def list_tasks(
             raise invalid(f"Unknown task state '{state}'.", param="state")
     if not 1 <= limit <= MAX_PAGE:
         raise invalid(f"'limit' must be between 1 and {MAX_PAGE}.", param="limit")
-    page = queries.list_tasks(ctx.db, states=states, kind=kind, after=after, limit=limit)
+    page = queries.list_tasks(
+        ctx.db, states=states, kind=kind, owner=caller.owner_filter, after=after, limit=limit
+    )
     data = [task_object(t) for t in page.tasks]
     return {
         "object": "list",
@@ -39,22 +48,26 @@ def list_tasks(
     }
 
 
-def get_task(ctx: ServiceContext, task_id: str) -> dict[str, Any]:
+def _find(ctx: ServiceContext, task_id: str, caller: Caller) -> Task:
     task = queries.get_task(ctx.db, task_id)
-    if task is None:
+    if task is None or not caller.can_see(task.owner):
         raise not_found("task", task_id)
-    return task_object(task)
+    return task
 
 
-def cancel_task(ctx: ServiceContext, task_id: str) -> dict[str, Any]:
-    if queries.get_task(ctx.db, task_id) is None:
-        raise not_found("task", task_id)
+def get_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:
+    return task_object(_find(ctx, task_id, caller))
+
+
+def cancel_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:
+    _find(ctx, task_id, caller)
     return task_object(ctx.runner.cancel(task_id).task)
 
 
-def event_page(ctx: ServiceContext, task_id: str, after: int, limit: int) -> dict[str, Any]:
-    if queries.get_task(ctx.db, task_id) is None:
-        raise not_found("task", task_id)
+def event_page(
+    ctx: ServiceContext, task_id: str, caller: Caller, after: int, limit: int
+) -> dict[str, Any]:
+    _find(ctx, task_id, caller)
     if not 1 <= limit <= 1000:
         raise invalid("'limit' must be between 1 and 1000.", param="limit")
     events = queries.list_events(ctx.db, task_id, after, limit + 1)
@@ -67,8 +80,7 @@ def event_page(ctx: ServiceContext, task_id: str, after: int, limit: int) -> dic
 
 
 def task_events(
-    ctx: ServiceContext, task_id: str, after: int = -1
+    ctx: ServiceContext, task_id: str, caller: Caller, after: int = -1
 ) -> AsyncIterator[dict[str, Any] | None]:
-    if queries.get_task(ctx.db, task_id) is None:
-        raise not_found("task", task_id)
+    _find(ctx, task_id, caller)
     return follow_events(ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval)

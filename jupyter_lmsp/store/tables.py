@@ -29,6 +29,28 @@ class Client(SQLModel, table=True):
     revoked_at: float | None = None
 
 
+class Pairing(SQLModel, table=True):
+    """A pairing request (LMSP B3, shaped like the RFC 8628 device flow). Only a hash of the
+    device code is kept; the user code is not a secret (the owner reads it in the sidebar)."""
+
+    __tablename__ = "pairings"
+
+    id: str = Field(primary_key=True)
+    client_name: str
+    requested_scopes: str = Field(sa_column=Column(Text, nullable=False))
+    granted_scopes: str | None = Field(default=None, sa_column=Column(Text))
+    user_code: str = Field(index=True)
+    device_code_hash: str
+    status: str = "pending"  # pending | approved | denied | claimed
+    interval: int = 5
+    failed_attempts: int = 0
+    last_polled_at: float | None = None
+    client_id: str | None = None
+    created_at: float
+    expires_at: float
+    decided_at: float | None = None
+
+
 class Model(SQLModel, table=True):
     __tablename__ = "models"
 

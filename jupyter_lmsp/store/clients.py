@@ -1,0 +1,177 @@
+"""Paired clients and pairing requests (the `clients` table of 11.1, and `pairings`).
+
+Every function is one transaction. Polling for a token (`poll_pairing`) checks the device
+code, the state, the expiry and the polling interval and, when the owner approved, creates the
+client and marks the pairing claimed, all in one transaction: a token is released exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from ..auth import secrets as codes
+from .database import Database
+from .tables import Client, Pairing
+
+MAX_FAILED_POLLS = 5
+SLOW_DOWN_STEP = 5
+
+
+def create_pairing(db: Database, pairing: Pairing) -> Pairing:
+    with db.write() as session:
+        session.add(pairing)
+    return pairing
+
+
+def list_pairings(db: Database, status: str | None = "pending") -> list[Pairing]:
+    now = time.time()
+    with db.read() as session:
+        query = select(Pairing).order_by(Pairing.created_at)  # type: ignore[arg-type]
+        if status is not None:
+            query = query.where(Pairing.status == status)  # type: ignore[arg-type]
+        if status == "pending":
+            query = query.where(Pairing.expires_at > now)  # type: ignore[arg-type,operator]
+        return list(session.execute(query).scalars())
+
+
+def find_pairing(db: Database, id_or_user_code: str) -> Pairing | None:
+    with db.read() as session:
+        pairing = session.get(Pairing, id_or_user_code)
+        if pairing is not None:
+            return pairing
+        code = codes.normalize_user_code(id_or_user_code)
+        query = select(Pairing).where(
+            Pairing.user_code == code,  # type: ignore[arg-type]
+            Pairing.status == "pending",  # type: ignore[arg-type]
+            Pairing.expires_at > time.time(),  # type: ignore[arg-type,operator]
+        )
+        return session.execute(query).scalars().first()
+
+
+def decide_pairing(
+    db: Database, pairing_id: str, approve: bool, scopes: list[str] | None = None
+) -> tuple[Pairing | None, str]:
+    """Approve (with `scopes`, a subset of those requested) or deny a pending pairing.
+
+    Returns the pairing and "ok", or None/the pairing and why nothing changed:
+    "not_found", "expired", "decided", "scopes_not_requested".
+    """
+    now = time.time()
+    with db.write() as session:
+        pairing = session.get(Pairing, pairing_id)
+        if pairing is None:
+            return None, "not_found"
+        if pairing.status != "pending":
+            return pairing, "decided"
+        if pairing.expires_at <= now:
+            return pairing, "expired"
+        requested = json.loads(pairing.requested_scopes)
+        if approve:
+            granted = requested if scopes is None else scopes
+            if not set(granted) <= set(requested):
+                return pairing, "scopes_not_requested"
+            pairing.granted_scopes = json.dumps(granted)
+        pairing.status = "approved" if approve else "denied"
+        pairing.decided_at = now
+        session.add(pairing)
+    return pairing, "ok"
+
+
+@dataclass
+class PollResult:
+    outcome: str  # token | authorization_pending | slow_down | access_denied | expired_token
+    #               | invalid_grant | not_found
+    pairing: Pairing | None = None
+    client: Client | None = None
+    access_token: str | None = None
+
+
+def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
+    now = time.time()
+    with db.write() as session:
+        pairing = session.get(Pairing, pairing_id)
+        if pairing is None:
+            return PollResult("not_found")
+        if not codes.matches(device_code, pairing.device_code_hash):
+            # Wrong codes count against the pairing: after a few, it is dead, so a guesser
+            # gets MAX_FAILED_POLLS tries at a 256-bit secret.
+            pairing.failed_attempts += 1
+            if pairing.failed_attempts >= MAX_FAILED_POLLS and pairing.status == "pending":
+                pairing.expires_at = min(pairing.expires_at, now)
+            session.add(pairing)
+            return PollResult("invalid_grant", pairing)
+        if pairing.status == "claimed":
+            return PollResult("expired_token", pairing)
+        if pairing.status == "denied":
+            return PollResult("access_denied", pairing)
+        if pairing.expires_at <= now:
+            return PollResult("expired_token", pairing)
+        if pairing.status == "pending":
+            too_soon = (
+                pairing.last_polled_at is not None
+                and now - pairing.last_polled_at < pairing.interval
+            )
+            pairing.last_polled_at = now
+            if too_soon:
+                pairing.interval += SLOW_DOWN_STEP
+            session.add(pairing)
+            return PollResult("slow_down" if too_soon else "authorization_pending", pairing)
+        # approved: release the token, once
+        token = codes.new_access_token()
+        client = Client(
+            id=f"client_{pairing.id.split('_', 1)[1]}",
+            name=pairing.client_name,
+            token_hash=codes.secret_hash(token),
+            scopes=pairing.granted_scopes or "[]",
+            created_at=now,
+        )
+        session.add(client)
+        pairing.status = "claimed"
+        pairing.client_id = client.id
+        pairing.last_polled_at = now
+        session.add(pairing)
+    return PollResult("token", pairing, client, token)
+
+
+def client_for_token(db: Database, token: str) -> Client | None:
+    """The live (not revoked) client whose token this is."""
+    wanted = codes.secret_hash(token)
+    with db.read() as session:
+        query = select(Client).where(Client.token_hash == wanted)  # type: ignore[arg-type]
+        client = session.execute(query).scalars().first()
+    if client is None or client.revoked_at is not None:
+        return None
+    if not codes.matches(token, client.token_hash):
+        return None
+    return client
+
+
+def touch_client(db: Database, client_id: str, now: float | None = None) -> None:
+    with db.write() as session:
+        client = session.get(Client, client_id)
+        if client is not None:
+            client.last_used_at = time.time() if now is None else now
+            session.add(client)
+
+
+def list_clients(db: Database, include_revoked: bool = False) -> list[Client]:
+    with db.read() as session:
+        query = select(Client).order_by(Client.created_at)  # type: ignore[arg-type]
+        if not include_revoked:
+            query = query.where(Client.revoked_at.is_(None))  # type: ignore[union-attr]
+        return list(session.execute(query).scalars())
+
+
+def revoke_client(db: Database, client_id: str) -> Client | None:
+    with db.write() as session:
+        client = session.get(Client, client_id)
+        if client is None:
+            return None
+        if client.revoked_at is None:
+            client.revoked_at = time.time()
+            session.add(client)
+        return client
