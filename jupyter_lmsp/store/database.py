@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import QueuePool
 from sqlmodel import Session, SQLModel
 
 from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
@@ -36,13 +36,16 @@ class Database:
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        # NullPool: each transaction opens its own connection, so threads never share one.
-        # Opening an SQLite connection costs microseconds; sharing one across threads costs
-        # correctness.
+        # A small pool: a transaction checks a connection out and back in, so threads take
+        # turns with connections but never share one at the same time. Keeping connections
+        # open also keeps the WAL files in place between transactions, instead of SQLite
+        # deleting and recreating them whenever the last connection closes.
         self.engine: Engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
-            poolclass=NullPool,
+            poolclass=QueuePool,
+            pool_size=4,
+            max_overflow=16,
         )
         event.listen(self.engine, "connect", _on_connect)
         event.listen(self.engine, "begin", _on_begin)
