@@ -22,6 +22,7 @@ from .handlers import routes
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
 from .services.context import ServiceContext
+from .services.registration import ModelRegistrar
 from .services.runner import TaskRunner
 from .store import Database, queries, rules
 from .store.database import sqlite_url
@@ -103,7 +104,9 @@ class LMSPExtension(ExtensionApp):
                 report.examined,
                 ", ".join(f"{k} x{v}" for k, v in sorted(report.transitions.items())),
             )
-        catalog = ModelCatalog(Path(self.model_dir), self.default_model or None)
+        catalog = ModelCatalog(self.db, Path(self.model_dir), self.default_model or None)
+        for model_id in catalog.sync_model_dir():
+            self.log.info("LMSP: registered model directory %s", model_id)
         bus = EventBus()
         runner = TaskRunner(
             self.db,
@@ -113,11 +116,14 @@ class LMSPExtension(ExtensionApp):
             snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
         )
+        registrar = ModelRegistrar(self.db, bus, catalog)
+        runner.cancel_listeners.append(registrar.kill)
         self.ctx = ServiceContext(
             db=self.db,
             bus=bus,
             catalog=catalog,
             runner=runner,
+            registrar=registrar,
             service_id=queries.service_identity(self.db),
             version=__version__,
             max_output_tokens_default=self.max_output_tokens_default,
@@ -134,6 +140,8 @@ class LMSPExtension(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.ctx.runner.start()
+        if not self.ctx.registrar.started:
+            self.ctx.registrar.start()
         self._purge_task = asyncio.create_task(self._purge_periodically())
 
     async def stop_extension(self) -> None:

@@ -152,6 +152,8 @@ class LMSPHandler(APIHandler):
             raise unauthenticated()
         if not self.ctx.runner.started:
             self.ctx.runner.start()
+        if not self.ctx.registrar.started:
+            self.ctx.registrar.start()
 
     def _authenticate_bearer(self) -> None:
         scheme, _, credential = self.request.headers.get("Authorization", "").partition(" ")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from ..protocol.errors import not_found
-from .base import LMSPHandler, allow_unauthenticated, requires
+from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
 
 CAPABILITIES = [
     "responses",
@@ -41,15 +40,25 @@ class ModelsHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("models:read")
     def get(self) -> None:
-        self.write_json({"object": "list", "data": [m.to_wire() for m in self.ctx.catalog.list()]})
+        self.write_json({"object": "list", "data": self.ctx.catalog.list()})
+
+    @allow_unauthenticated
+    @requires("models:write")
+    @idempotent
+    def post(self) -> None:
+        task = self.ctx.registrar.create(self.json_body(), self.caller)
+        # The registration task was committed before this 202 (section 11.2).
+        self.set_header("Location", f"{self.api_prefix}/tasks/{task['id']}")
+        self.write_json(task, 202)
 
 
 class ModelHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("models:read")
     def get(self, model_id: str) -> None:
-        for model in self.ctx.catalog.list():
-            if model.id == model_id:
-                self.write_json(model.to_wire())
-                return
-        raise not_found("model", model_id, param="model")
+        self.write_json(self.ctx.catalog.get(model_id))
+
+    @allow_unauthenticated
+    @requires("models:write")
+    def delete(self, model_id: str) -> None:
+        self.write_json(self.ctx.catalog.delete(model_id))

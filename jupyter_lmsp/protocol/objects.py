@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..store.tables import Client, Pairing, Response, Task
+from ..store.tables import Client, Model, Pairing, Response, Task
 from .states import TERMINAL_STATES, TaskState, response_status
 
 
@@ -150,4 +150,21 @@ def client_object(client: Client) -> dict[str, Any]:
         "created_at": int(client.created_at),
         "last_used_at": int(client.last_used_at) if client.last_used_at else None,
         "revoked_at": int(client.revoked_at) if client.revoked_at else None,
+    }
+
+
+def model_object(model: Model, state: str | None = None) -> dict[str, Any]:
+    """A registered model in the OpenAI list shape, with LMSP's registry fields (B4)."""
+    return {
+        "id": model.id,
+        "object": "model",
+        "created": int(model.created_at),
+        "owned_by": model.owned_by,
+        "format": model.format,
+        "path": model.path,
+        "size_bytes": model.size_bytes,
+        "digest": model.digest,
+        "files": json.loads(model.files),
+        "state": state or model.state,
+        "source": model.source,
     }

@@ -1,51 +1,77 @@
-"""Which models the service can run: MLX model directories under the configured model folder.
+"""The model registry (LMSP B4): which models exist, their digests, and their state.
 
-A model's id is its directory name. (The registry with digests, kept in the `models` table,
-replaces this scan when models can be registered; see docs/protocol.md.)
+Rows live in the `models` table (metadata and digests only); the files stay in their
+directories. At start-up, MLX model directories found under the model folder that are not yet
+registered are registered in place (hashed once). Registering from another source is a task
+(`services.registration`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import logging
+import shutil
+import time
 from pathlib import Path
+from typing import Any
 
-from ..protocol.errors import LMSPError
+from ..models.digests import file_digests, model_digest
+from ..protocol.errors import LMSPError, not_found
+from ..protocol.objects import model_object
+from ..store import models as store
+from ..store.database import Database
+from ..store.tables import Model
 
-
-@dataclass(frozen=True)
-class ModelEntry:
-    id: str
-    path: Path
-
-    def to_wire(self) -> dict:
-        size = sum(f.stat().st_size for f in self.path.iterdir() if f.is_file())
-        return {
-            "id": self.id,
-            "object": "model",
-            "created": int(self.path.stat().st_mtime),
-            "owned_by": "owner",
-            "format": "mlx",
-            "path": str(self.path),
-            "size_bytes": size,
-            "state": "available",
-        }
+log = logging.getLogger(__name__)
 
 
 class ModelCatalog:
-    def __init__(self, model_dir: Path, default_model: str | None) -> None:
+    def __init__(self, db: Database, model_dir: Path, default_model: str | None) -> None:
+        self.db = db
         self.model_dir = Path(model_dir)
         self.default_model = default_model or None
 
-    def list(self) -> list[ModelEntry]:
+    def sync_model_dir(self) -> list[str]:
+        """Register, in place, every MLX model directory under the model folder not yet known."""
         if not self.model_dir.is_dir():
             return []
-        return [
-            ModelEntry(d.name, d)
-            for d in sorted(self.model_dir.iterdir())
-            if d.is_dir() and (d / "config.json").is_file()
-        ]
+        known = {m.id for m in store.list_models(self.db)}
+        added = []
+        for d in sorted(self.model_dir.iterdir()):
+            if d.name in known or d.name.startswith(".") or not (d / "config.json").is_file():
+                continue
+            started = time.monotonic()
+            files = file_digests(d)
+            store.save_model(
+                self.db,
+                Model(
+                    id=d.name,
+                    format="mlx",
+                    path=str(d),
+                    size_bytes=sum(f["size"] for f in files),
+                    digest=model_digest(files),
+                    files=json.dumps(files),
+                    state="available",
+                    source=str(d),
+                    created_at=time.time(),
+                ),
+            )
+            log.info(
+                "LMSP: registered model %s (%.1fs to hash)", d.name, time.monotonic() - started
+            )
+            added.append(d.name)
+        return added
 
-    def resolve(self, model_id: str | None) -> ModelEntry:
+    def list(self) -> list[dict[str, Any]]:
+        return [model_object(m, self._state(m)) for m in store.list_models(self.db)]
+
+    def get(self, model_id: str) -> dict[str, Any]:
+        model = store.get_model(self.db, model_id)
+        if model is None:
+            raise not_found("model", model_id, param="model")
+        return model_object(model, self._state(model))
+
+    def resolve(self, model_id: str | None) -> Model:
         """The model to run for a request's `model` (the default when None)."""
         wanted = model_id or self.default_model
         if not wanted:
@@ -55,8 +81,8 @@ class ModelCatalog:
                 "No model given and no default model is configured.",
                 param="model",
             )
-        path = self.model_dir / wanted
-        if "/" in wanted or wanted.startswith(".") or not (path / "config.json").is_file():
+        model = store.get_model(self.db, wanted)
+        if model is None:
             raise LMSPError(
                 404,
                 "model_not_found",
@@ -64,4 +90,39 @@ class ModelCatalog:
                 type="not_found_error",
                 param="model",
             )
-        return ModelEntry(wanted, path)
+        state = self._state(model)
+        if state in ("missing", "corrupt"):
+            raise LMSPError(
+                409 if state == "corrupt" else 404,
+                f"model_{state}",
+                f"The model '{wanted}' is {state}: "
+                + (
+                    "its files no longer match their digests."
+                    if state == "corrupt"
+                    else f"its directory {model.path} is gone."
+                ),
+                type="conflict_error" if state == "corrupt" else "not_found_error",
+                param="model",
+            )
+        return model
+
+    def mark(self, model_id: str, state: str) -> None:
+        store.set_model_state(self.db, model_id, state)
+
+    def delete(self, model_id: str) -> dict[str, Any]:
+        """Forget a model; files the service made itself (in its model folder) go too."""
+        model = store.delete_model(self.db, model_id)
+        if model is None:
+            raise not_found("model", model_id, param="model")
+        path = Path(model.path)
+        owned = path.parent == self.model_dir and not path.is_symlink()
+        if owned and path.is_dir() and json.loads(model.files) and model.source != str(path):
+            shutil.rmtree(path, ignore_errors=True)
+        return {"id": model_id, "object": "model", "deleted": True}
+
+    def _state(self, model: Model) -> str:
+        if model.state == "corrupt":
+            return "corrupt"
+        if not Path(model.path, "config.json").is_file():
+            return "missing"
+        return model.state

@@ -8,6 +8,7 @@ from ..auth.ratelimit import RateLimiter
 from ..store.database import Database
 from .bus import EventBus
 from .catalog import ModelCatalog
+from .registration import ModelRegistrar
 from .runner import TaskRunner
 
 
@@ -17,6 +18,7 @@ class ServiceContext:
     bus: EventBus
     catalog: ModelCatalog
     runner: TaskRunner
+    registrar: ModelRegistrar
     service_id: str
     version: str
     max_output_tokens_default: int = 1024

@@ -74,6 +74,8 @@ class TaskRunner:
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
         self.worker_info: dict[str, Any] = {"state": "stopped"}
+        # Called with a task id once its cancel is committed (model registrations listen).
+        self.cancel_listeners: list[Callable[[str], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -114,8 +116,11 @@ class TaskRunner:
     def cancel(self, task_id: str) -> rules.Committed:
         committed = rules.request_cancel(self.db, task_id)
         self.publish(committed)
-        if committed.task.state == TaskState.CANCELLING and task_id in self.active:
-            self.engine.cancel(task_id)
+        if committed.task.state == TaskState.CANCELLING:
+            if task_id in self.active:
+                self.engine.cancel(task_id)
+            for listener in self.cancel_listeners:
+                listener(task_id)
         return committed
 
     # -- dispatch --------------------------------------------------------------------------

@@ -92,12 +92,15 @@ def list_events(
         return [json.loads(data) for data in session.execute(query).scalars()]
 
 
-def tasks_to_run(db: Database) -> list[Task]:
-    """Unfinished tasks the runner must pick up after start-up, oldest first."""
+def tasks_to_run(db: Database, kind: str = "response") -> list[Task]:
+    """Unfinished tasks of `kind` to pick up after start-up, oldest first."""
     with db.read() as session:
         query = (
             select(Task)
-            .where(Task.state.in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]))  # type: ignore[attr-defined]
+            .where(
+                Task.state.in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]),  # type: ignore[attr-defined]
+                Task.kind == kind,  # type: ignore[arg-type]
+            )
             .order_by(Task.created_at)  # type: ignore[arg-type]
         )
         return list(session.execute(query).scalars())

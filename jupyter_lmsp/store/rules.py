@@ -71,6 +71,10 @@ class Outcome:
     error: dict[str, Any] | None = None
     incomplete_reason: str | None = None
     usage: dict[str, Any] | None = None
+    # What a task that is not a response produced (a registered model), shown in its terminal
+    # event; `also` writes it durably, in the same transaction, if the task ends as reported.
+    result: dict[str, Any] | None = None
+    also: Callable[[Any], None] | None = None
 
 
 @dataclass
@@ -252,6 +256,8 @@ def finish(db: Database, task_id: str, outcome: Outcome) -> Committed:
             return Committed(task, response, [], changed=False)
         if state == TaskState.CANCELLING:
             outcome = Outcome(TaskState.CANCELLED, usage=outcome.usage)
+        if outcome.also is not None:
+            outcome.also(session)
         events = _terminate(session, task, response, outcome, now)
     return Committed(task, response, events)
 
@@ -489,7 +495,14 @@ def _terminate(
         kind = ev.INCOMPLETE if incomplete else _TERMINAL_EVENT[outcome.state]
         events.append(ev.lifecycle(kind, response_object(response, task)))
     else:
-        events.append({"type": f"task.{outcome.state}", "task_id": task.id, "error": outcome.error})
+        events.append(
+            {
+                "type": f"task.{outcome.state}",
+                "task_id": task.id,
+                "error": outcome.error,
+                "result": outcome.result,
+            }
+        )
     return _append(session, task, events, now, pending_rows)
 
 
