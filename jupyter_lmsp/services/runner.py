@@ -107,7 +107,10 @@ class TaskRunner:
         if not self.started:
             return  # start() picks it up from the database
         self.queue.append(task_id)
-        self._dispatch()
+        # Dispatch on the next loop iteration: the request that committed the task writes its
+        # reply first, without waiting for the `loading` transaction.
+        assert self.loop is not None
+        self.loop.call_soon(self._dispatch)
 
     def publish(self, committed: rules.Committed) -> None:
         if committed.events:
