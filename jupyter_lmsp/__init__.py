@@ -11,6 +11,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """The prebuilt JupyterLab sidebar (built from labextension/ into jupyter_lmsp/labextension),
+    for `jupyter labextension develop .`."""
+    return [{"src": "labextension", "dest": "jupyter-lmsp-labextension"}]
+
+
 def _jupyter_server_extension_points() -> list[dict[str, Any]]:
     from .extension import LMSPExtension
 

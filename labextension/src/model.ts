@@ -1,0 +1,444 @@
+/**
+ * The sidebar's state: the service, its tasks (kept live by their event streams), models,
+ * pairing requests and paired clients. Views render it; `changed` says when to render again.
+ *
+ * While the panel is shown, everything is refreshed every few seconds and each unfinished task
+ * (at most MAX_STREAMS at a time: browsers allow ~6 connections per host) is followed through
+ * its event stream. While it is hidden, only pairing requests are polled, so the plugin can
+ * notify the user of a new one.
+ */
+
+import { Signal } from '@lumino/signaling';
+import type { ISignal } from '@lumino/signaling';
+
+import { LMSPClient } from './api';
+import { TaskFollower } from './sse';
+import type { FollowMode } from './sse';
+import { isTerminal, stateAfterEvent } from './taskstate';
+import type { IClient, IModel, IPairing, IService, ITask, ITaskEvent } from './types';
+
+export const MAX_STREAMS = 4;
+const REFRESH_MS = 2500;
+const PAIRING_POLL_MS = 3000;
+const TASK_PAGE = 20;
+
+/** A task as the sidebar shows it. */
+export interface ITaskView {
+  task: ITask;
+  /** Characters of output text seen in the event stream (when followed from the start). */
+  chars: number | null;
+  /** Output tokens, from the terminal event's usage. */
+  tokens: number | null;
+  /** How its events arrive now. */
+  mode: FollowMode;
+  /** The last sequence number delivered by its event stream (-1: none yet). */
+  seen: number;
+  /** From `task.progress` events (model registration): what it does, how far (0–1). */
+  stage: string | null;
+  fraction: number | null;
+}
+
+export interface IMessage {
+  kind: 'info' | 'error';
+  text: string;
+}
+
+export interface ISection<T> {
+  data: T;
+  error: string | null;
+  loaded: boolean;
+}
+
+function section<T>(data: T): ISection<T> {
+  return { data, error: null, loaded: false };
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+export class SidebarModel {
+  readonly client: LMSPClient;
+  service: ISection<IService | null> = section(null);
+  tasks: ISection<ITaskView[]> = section([]);
+  models: ISection<IModel[]> = section([]);
+  pairings: ISection<IPairing[]> = section([]);
+  clients: ISection<IClient[]> = section([]);
+  /** The last outcome of a user action (register, cancel, approve, …). */
+  message: IMessage | null = null;
+  /** Keys of actions in flight (e.g. `cancel:task_…`), to disable their buttons. */
+  readonly busy = new Set<string>();
+
+  private readonly followers = new Map<string, TaskFollower>();
+  private readonly views = new Map<string, ITaskView>();
+  private readonly seenPairings = new Set<string>();
+  private active = false;
+  private pairingFailures = 0;
+  private pairingSkips = 0;
+  private disposed = false;
+  private refreshTimer: ReturnType<typeof setInterval> | null = null;
+  private pairingTimer: ReturnType<typeof setInterval> | null = null;
+  private tickTimer: ReturnType<typeof setInterval> | null = null;
+  private readonly _changed = new Signal<this, void>(this);
+  private readonly _pairingsArrived = new Signal<this, IPairing[]>(this);
+  private readonly _pairingsGone = new Signal<this, string[]>(this);
+
+  constructor(client?: LMSPClient) {
+    this.client = client ?? new LMSPClient();
+  }
+
+  /** Something to render changed. */
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  /** Pending pairing requests seen for the first time. */
+  get pairingsArrived(): ISignal<this, IPairing[]> {
+    return this._pairingsArrived;
+  }
+
+  /** Ids of pairing requests that are no longer pending (decided or expired). */
+  get pairingsGone(): ISignal<this, string[]> {
+    return this._pairingsGone;
+  }
+
+  get isActive(): boolean {
+    return this.active;
+  }
+
+  /** Start the background pairing poll (for notifications). */
+  start(): void {
+    if (this.pairingTimer === null && !this.disposed) {
+      this.pollPairings();
+      this.pairingTimer = setInterval(() => this.pollPairings(), PAIRING_POLL_MS);
+    }
+  }
+
+  /** One tick of the background poll: not while the browser tab is hidden; slower (up to a
+   * minute) while the service does not answer, e.g. when the server extension is disabled. */
+  private pollPairings(): void {
+    if (this.active || document.visibilityState === 'hidden') {
+      return; // the panel's own refresh polls them while it is shown
+    }
+    if (this.pairingSkips > 0) {
+      this.pairingSkips -= 1;
+      return;
+    }
+    void this.refreshPairings().then(ok => {
+      this.pairingFailures = ok ? 0 : this.pairingFailures + 1;
+      this.pairingSkips = Math.min(19, 2 ** this.pairingFailures - 1);
+    });
+  }
+
+  /** The panel was shown (true) or hidden (false). */
+  setActive(active: boolean): void {
+    if (active === this.active || this.disposed) {
+      return;
+    }
+    this.active = active;
+    if (active) {
+      void this.refresh();
+      this.refreshTimer = setInterval(() => {
+        if (document.visibilityState !== 'hidden') {
+          void this.refresh();
+        }
+      }, REFRESH_MS);
+      this.tickTimer = setInterval(() => this.emit(), 1000);
+    } else {
+      for (const timer of [this.refreshTimer, this.tickTimer]) {
+        if (timer !== null) {
+          clearInterval(timer);
+        }
+      }
+      this.refreshTimer = this.tickTimer = null;
+      this.stopFollowers();
+    }
+  }
+
+  dispose(): void {
+    this.setActive(false);
+    if (this.pairingTimer !== null) {
+      clearInterval(this.pairingTimer);
+      this.pairingTimer = null;
+    }
+    this.disposed = true;
+    Signal.clearData(this);
+  }
+
+  async refresh(): Promise<void> {
+    await Promise.all([
+      this.load('service', () => this.client.service()),
+      this.refreshTasks(),
+      this.load('models', async () => (await this.client.models()).data),
+      this.refreshPairings(),
+      this.load('clients', async () => (await this.client.clients()).data)
+    ]);
+  }
+
+  // -- tasks -------------------------------------------------------------------------------
+
+  async refreshTasks(): Promise<void> {
+    await this.load('tasks', async () => {
+      const page = await this.client.tasks(TASK_PAGE);
+      return page.data.map(task => this.merge(task));
+    });
+    this.follow();
+  }
+
+  /** The view of a task with a (possibly stale) task object from a list or a POST. */
+  private merge(task: ITask): ITaskView {
+    const view = this.views.get(task.id);
+    if (!view) {
+      const fresh: ITaskView = {
+        task,
+        chars: null,
+        tokens: null,
+        mode: 'idle',
+        seen: -1,
+        stage: null,
+        fraction: null
+      };
+      this.views.set(task.id, fresh);
+      return fresh;
+    }
+    // An event stream may be ahead of this object: keep whichever saw more of the log.
+    if (task.last_sequence_number >= view.task.last_sequence_number) {
+      view.task = task;
+    }
+    return view;
+  }
+
+  /** Follow unfinished tasks (oldest first, at most MAX_STREAMS) while the panel is shown. */
+  private follow(): void {
+    if (!this.active) {
+      return;
+    }
+    const unfinished = this.tasks.data
+      .filter(v => !isTerminal(v.task.state))
+      .sort((a, b) => a.task.created_at - b.task.created_at);
+    for (const view of unfinished) {
+      if (this.followers.size >= MAX_STREAMS) {
+        break;
+      }
+      if (this.followers.has(view.task.id)) {
+        continue;
+      }
+      // From the start the first time (to count its text); after that, from the last event
+      // the stream delivered (`Last-Event-ID`), not from the list's newer count.
+      const after = view.chars === null ? -1 : view.seen;
+      if (view.chars === null) {
+        view.chars = 0;
+      }
+      const follower = new TaskFollower({
+        client: this.client,
+        taskId: view.task.id,
+        after,
+        onEvent: event => this.onTaskEvent(view, event),
+        onMode: mode => {
+          view.mode = mode;
+          this.emit();
+        },
+        onDone: reason => {
+          this.followers.delete(view.task.id);
+          if (reason === 'terminal') {
+            // The object itself, for finished_at and error.
+            void this.client
+              .task(view.task.id)
+              .then(task => {
+                this.merge(task);
+                this.emit();
+              })
+              .catch(() => undefined); // the next refresh brings it
+            if (view.task.kind === 'model') {
+              // A registration finished: the model list changed.
+              void this.load('models', async () => (await this.client.models()).data);
+            }
+          }
+          if (reason !== 'stopped') {
+            this.follow();
+          }
+        }
+      });
+      this.followers.set(view.task.id, follower);
+      follower.start();
+    }
+  }
+
+  private onTaskEvent(view: ITaskView, event: ITaskEvent): void {
+    view.seen = event.sequence_number;
+    const state = stateAfterEvent(event.type);
+    // A replay after a reconnect may be behind the task object a list refresh brought.
+    const current = event.sequence_number >= view.task.last_sequence_number;
+    const task = { ...view.task };
+    if (current) {
+      task.last_sequence_number = event.sequence_number;
+      if (state) {
+        task.state = state;
+      }
+    }
+    task.updated_at = Date.now() / 1000;
+    view.task = task;
+    if (event.type === 'response.output_text.delta' && typeof event.delta === 'string') {
+      view.chars = (view.chars ?? 0) + event.delta.length;
+    }
+    if (event.type === 'task.progress') {
+      view.stage = typeof event.stage === 'string' ? event.stage : view.stage;
+      view.fraction = typeof event.fraction === 'number' ? event.fraction : view.fraction;
+    }
+    const tokens = event.response?.usage?.output_tokens;
+    if (typeof tokens === 'number') {
+      view.tokens = tokens;
+    }
+    this.emit();
+  }
+
+  private stopFollowers(): void {
+    for (const follower of this.followers.values()) {
+      follower.stop();
+    }
+    this.followers.clear();
+    for (const view of this.views.values()) {
+      view.mode = 'idle';
+    }
+  }
+
+  async cancel(taskId: string): Promise<void> {
+    await this.act(`cancel:${taskId}`, async () => {
+      const task = await this.client.cancelTask(taskId);
+      this.merge(task);
+      return null;
+    });
+  }
+
+  // -- models ------------------------------------------------------------------------------
+
+  async registerModel(source: string): Promise<boolean> {
+    const path = source.trim();
+    if (!path) {
+      this.message = { kind: 'error', text: 'Give the path of a model directory or file.' };
+      this.emit();
+      return false;
+    }
+    return this.act('register', async () => {
+      const result = await this.client.registerModel(path);
+      await Promise.all([
+        this.refreshTasks(),
+        this.load('models', async () => (await this.client.models()).data)
+      ]);
+      const taskId =
+        typeof result.task_id === 'string'
+          ? result.task_id
+          : result.object === 'task' && typeof result.id === 'string'
+            ? result.id
+            : null;
+      return `Registering ${path}${taskId ? ` (task ${taskId.slice(-8)})` : ''}…`;
+    });
+  }
+
+  // -- pairings and clients ----------------------------------------------------------------
+
+  async refreshPairings(): Promise<boolean> {
+    const ok = await this.load('pairings', async () => (await this.client.pairings()).data);
+    if (!ok) {
+      return false;
+    }
+    const pending = this.pairings.data;
+    const fresh = pending.filter(p => !this.seenPairings.has(p.id));
+    const ids = new Set(pending.map(p => p.id));
+    const gone = [...this.seenPairings].filter(id => !ids.has(id));
+    for (const id of gone) {
+      this.seenPairings.delete(id);
+    }
+    for (const p of fresh) {
+      this.seenPairings.add(p.id);
+    }
+    if (gone.length) {
+      this._pairingsGone.emit(gone);
+    }
+    if (fresh.length) {
+      this._pairingsArrived.emit(fresh);
+    }
+    return true;
+  }
+
+  async approve(pairingId: string, scopes?: string[]): Promise<void> {
+    await this.act(`pairing:${pairingId}`, async () => {
+      const pairing = await this.client.approvePairing(pairingId, scopes);
+      await Promise.all([
+        this.refreshPairings(),
+        this.load('clients', async () => (await this.client.clients()).data)
+      ]);
+      return `Approved "${pairing.client_name}" (${(pairing.granted_scopes ?? []).join(', ')}).`;
+    });
+  }
+
+  async deny(pairingId: string): Promise<void> {
+    await this.act(`pairing:${pairingId}`, async () => {
+      const pairing = await this.client.denyPairing(pairingId);
+      await this.refreshPairings();
+      return `Denied "${pairing.client_name}".`;
+    });
+  }
+
+  async revoke(clientId: string): Promise<void> {
+    await this.act(`revoke:${clientId}`, async () => {
+      const client = await this.client.revokeClient(clientId);
+      await this.load('clients', async () => (await this.client.clients()).data);
+      return `Revoked "${client.name}".`;
+    });
+  }
+
+  /** Forget the last action's outcome (the user closed it). */
+  clearMessage(): void {
+    this.message = null;
+    this.emit();
+  }
+
+  // -- plumbing ----------------------------------------------------------------------------
+
+  private async load<K extends 'service' | 'tasks' | 'models' | 'pairings' | 'clients'>(
+    key: K,
+    get: () => Promise<this[K]['data']>
+  ): Promise<boolean> {
+    const target = this[key] as ISection<this[K]['data']>;
+    try {
+      target.data = await get();
+      target.error = null;
+      return true;
+    } catch (error) {
+      target.error = messageOf(error);
+      return false;
+    } finally {
+      target.loaded = true;
+      this.emit();
+    }
+  }
+
+  /** Run a user action; its outcome (or the server's error message) becomes `message`. */
+  private async act(key: string, run: () => Promise<string | null>): Promise<boolean> {
+    if (this.busy.has(key)) {
+      return false;
+    }
+    this.busy.add(key);
+    this.emit();
+    try {
+      const text = await run();
+      if (text !== null) {
+        this.message = { kind: 'info', text };
+      }
+      return true;
+    } catch (error) {
+      this.message = { kind: 'error', text: messageOf(error) };
+      return false;
+    } finally {
+      this.busy.delete(key);
+      this.emit();
+    }
+  }
+
+  private emit(): void {
+    if (!this.disposed) {
+      this._changed.emit();
+    }
+  }
+}

@@ -1,0 +1,309 @@
+"""The JupyterLab sidebar (labextension/) in a real browser: `jupyter lab` with the installed
+extension, driven by Playwright on Debian's headless Chromium (nothing is downloaded).
+
+1. The panel shows the service and the models; a background task appears, is followed through
+   its event stream (also across a hide/show of the panel, which reconnects with
+   `Last-Event-ID`), and its state changes live to `completed`; its event log opens.
+2. A task is cancelled from the panel.
+3. A model is registered from a path typed into the panel; a bad path shows the server's error.
+4. A pairing request started by a separate process (tests/pairing_client.py) raises a
+   notification while the panel is closed, is approved from the panel with narrowed scopes,
+   and that process receives its token and calls the service; the client is then revoked.
+
+Screenshots go to `test-artifacts/labextension/`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labserver import LabServer
+from serverproc import TOKEN
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "labextension"
+PLUGIN = "jupyter-lmsp-labextension:sidebar"
+SIDEBAR = "#jp-lmsp-sidebar"
+# Records every state a task row shows, in order, so a test can tell a live change from a jump.
+STATE_RECORDER = """() => {
+  window.__lmspStates = {};
+  const record = row => {
+    const id = row.dataset.taskId, state = row.dataset.state;
+    const seen = (window.__lmspStates[id] = window.__lmspStates[id] || []);
+    if (seen[seen.length - 1] !== state) seen.push(state);
+  };
+  new MutationObserver(changes => {
+    for (const c of changes) {
+      const nodes = c.type === 'attributes' ? [c.target] : [...c.addedNodes];
+      for (const n of nodes) {
+        if (n.nodeType !== 1) continue;
+        if (n.matches('.jp-LMSP-task')) record(n);
+        n.querySelectorAll('.jp-LMSP-task').forEach(record);
+      }
+    }
+  }).observe(document.body, {
+    subtree: true, childList: true, attributes: true, attributeFilter: ['data-state']
+  });
+  document.querySelectorAll('.jp-LMSP-task').forEach(record);
+}"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Iterator[LabServer]:
+    if not CHROMIUM.exists():
+        pytest.skip("chromium is not installed at /usr/bin/chromium (`make chromium` failed)")
+    pytest.importorskip("playwright.sync_api")
+    shutil.rmtree(ARTIFACTS, ignore_errors=True)
+    ARTIFACTS.mkdir(parents=True)
+    server = LabServer(tmp_path_factory.mktemp("sidebar"), engine_token_delay=0.03)
+    (server.data / "models" / "tiny").symlink_to(test_model_dir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def page(lab: LabServer) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{lab.url}lab?token={TOKEN}")
+            page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+            page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+            assert page.evaluate(f"() => window.jupyterapp.hasPlugin('{PLUGIN}')"), errors
+            page.evaluate(STATE_RECORDER)
+            yield page
+            assert not [e for e in errors if "lmsp" in e.lower()], errors
+        finally:
+            browser.close()
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def panel_visible(page: Any) -> bool:
+    return page.locator(SIDEBAR).is_visible()
+
+
+def show_panel(page: Any) -> None:
+    """Click the sidebar's tab in JupyterLab's left bar (a second click would close it)."""
+    if not panel_visible(page):
+        page.locator(f'.jp-SideBar.jp-mod-left li[data-id="{SIDEBAR[1:]}"]').click()
+    page.locator(SIDEBAR).wait_for(state="visible")
+
+
+def hide_panel(page: Any) -> None:
+    """Close the sidebar by switching the left area to the file browser."""
+    page.locator('.jp-SideBar.jp-mod-left li[data-id="filebrowser"]').click()
+    page.locator(SIDEBAR).wait_for(state="hidden")
+
+
+def task_row(page: Any, task_id: str) -> Any:
+    return page.locator(f'{SIDEBAR} .jp-LMSP-task[data-task-id="{task_id}"]')
+
+
+def start_background(lab: LabServer, text: str, tokens: int) -> dict[str, Any]:
+    with lab.client() as c:
+        r = c.post(
+            "/responses",
+            json={"input": text, "background": True, "max_output_tokens": tokens, "temperature": 0},
+        )
+        assert r.status_code == 202, r.text
+        return r.json()
+
+
+def utf16_len(text: str) -> int:
+    """A string's length as JavaScript counts it."""
+    return len(text.encode("utf-16-le")) // 2
+
+
+def test_service_models_and_a_task_followed_live_to_completed(lab: LabServer, page: Any):
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    panel = page.locator(SIDEBAR)
+    expect(panel.locator("[data-field=protocol]")).to_have_text("lmsp/1.0")
+    expect(panel.locator("[data-field=default_model]")).to_have_text("tiny")
+    expect(panel.locator("[data-field=worker] .jp-LMSP-state")).to_have_attribute(
+        "data-state", "ready", timeout=30_000
+    )
+    with lab.client() as c:
+        service = c.get("/service").json()
+        tiny = c.get("/models/tiny").json()
+    expect(panel.locator("[data-field=id]")).to_have_text(service["id"])
+    model = panel.locator('.jp-LMSP-modelRow[data-model-id="tiny"]')
+    expect(model.locator(".jp-LMSP-digest")).to_have_text(tiny["digest"][: len("sha256:") + 12])
+    expect(model.locator(".jp-LMSP-state")).to_have_text(tiny["state"])
+
+    response = start_background(lab, "Watch me run.", 200)
+    task_id = response["task_id"]
+    row = task_row(page, task_id)
+    # Followed through its event stream while it runs.
+    expect(row).to_have_attribute("data-mode", "stream", timeout=20_000)
+    expect(row).to_have_attribute("data-state", "running", timeout=20_000)
+    page.wait_for_function(
+        f"""() => Number(document.querySelector('[data-task-id="{task_id}"]')
+              ?.dataset.chars) > 0"""
+    )
+    shot(page, "1-task-running")
+    # Close and reopen the panel mid-run: the stream is dropped and resumed from the last
+    # event seen (Last-Event-ID); nothing may be lost or counted twice.
+    hide_panel(page)
+    time.sleep(1.0)
+    show_panel(page)
+    expect(row).to_have_attribute("data-state", "completed", timeout=60_000)
+    expect(row.locator(".jp-LMSP-progress")).to_have_text("200 tokens")
+    shot(page, "2-task-completed")
+    states = page.evaluate("() => window.__lmspStates")[task_id]
+    assert "running" in states and states[-1] == "completed", states
+    assert states.index("running") < states.index("completed"), states
+
+    with lab.client() as c:
+        done = c.get(f"/responses/{response['id']}").json()
+        task = c.get(f"/tasks/{task_id}").json()
+    text = "".join(part["text"] for item in done["output"] for part in item["content"])
+    assert int(row.get_attribute("data-chars")) == utf16_len(text)
+
+    # The task's event log opens in the main area with every event, in order.
+    row.locator("[data-action=open-log]").click()
+    log = page.locator(f'.jp-LMSP-log[data-task-id="{task_id}"]')
+    expect(log).to_have_attribute("data-state", "completed", timeout=20_000)
+    rows = log.locator("tbody tr")
+    expect(rows).to_have_count(task["last_sequence_number"] + 1)
+    types = rows.evaluate_all("rs => rs.map(r => r.dataset.type)")
+    # It stopped at max_output_tokens: the task is `completed`, the response `incomplete`.
+    assert types[0] == "response.created" and types[-1] == "response.incomplete", types
+    numbers = rows.evaluate_all("rs => rs.map(r => Number(r.cells[0].textContent))")
+    assert numbers == list(range(task["last_sequence_number"] + 1))
+    shot(page, "3-event-log")
+    page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
+
+
+def test_cancel_from_the_panel(lab: LabServer, page: Any):
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    response = start_background(lab, "Cancel me later.", 1000)
+    row = task_row(page, response["task_id"])
+    expect(row).to_have_attribute("data-state", "running", timeout=20_000)
+    row.locator("[data-action=cancel]").click()
+    expect(row).to_have_attribute("data-state", "cancelled", timeout=20_000)
+    expect(row.locator("[data-action=cancel]")).to_be_disabled()
+    shot(page, "4-task-cancelled")
+    with lab.client() as c:
+        task = c.get(f"/tasks/{response['task_id']}").json()
+        assert task["state"] == "cancelled"
+        assert c.get(f"/responses/{response['id']}").json()["status"] == "cancelled"
+    states = page.evaluate("() => window.__lmspStates")[response["task_id"]]
+    assert states[-1] == "cancelled" and "running" in states, states
+
+
+def test_register_a_model_from_a_path(lab: LabServer, page: Any, test_model_dir: Path):
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    panel = page.locator(SIDEBAR)
+    source = panel.locator(".jp-LMSP-register input[name=source]")
+
+    missing = lab.root / "no-such-model"
+    source.fill(str(missing))
+    panel.locator("[data-action=register]").click()
+    with lab.client() as c:
+        refused = c.post("/models", json={"source": str(missing)})
+    assert refused.status_code >= 400
+    # Whatever the server says (404 today; 405 before registration existed) is shown as is.
+    expect(panel.locator(".jp-LMSP-error")).to_have_text(refused.json()["error"]["message"])
+
+    copy = lab.root / "imports" / "tiny-copy"
+    shutil.copytree(test_model_dir, copy)
+    source.fill(str(copy))
+    panel.locator("[data-action=register]").click()
+    expect(panel.locator(".jp-LMSP-info")).to_contain_text(f"Registering {copy}")
+    row = panel.locator('.jp-LMSP-modelRow[data-model-id="tiny-copy"]')
+    expect(row).to_be_visible(timeout=30_000)
+    with lab.client() as c:
+        registered = c.get("/models/tiny-copy").json()
+    expect(row.locator(".jp-LMSP-digest")).to_have_text(registered["digest"][:19])
+    shot(page, "5-model-registered")
+
+
+def test_pairing_from_a_separate_process_approved_in_the_panel(lab: LabServer, page: Any):
+    from playwright.sync_api import expect
+
+    hide_panel(page)
+    script = Path(__file__).with_name("pairing_client.py")
+    api = f"{lab.url}lmsp/v1"
+    scopes = "responses:write,responses:read,models:read"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), api, "notes-app", scopes],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = json.loads(proc.stdout.readline())
+        code = first["user_code"]
+        # The panel is closed: a JupyterLab notification tells the user.
+        toast = page.locator(".jp-toast-message", has_text=code)
+        expect(toast).to_be_visible(timeout=20_000)
+        shot(page, "6-pairing-notification")
+        page.locator(".Toastify__toast", has_text=code).get_by_role("button", name="Review").click()
+        card = page.locator(f'{SIDEBAR} .jp-LMSP-pairing[data-user-code="{code}"]')
+        expect(card).to_be_visible()
+        expect(card.locator(".jp-LMSP-clientName")).to_have_text("notes-app")
+        # Narrow the grant: no models:read.
+        card.locator('input[data-scope="models:read"]').uncheck()
+        shot(page, "7-pairing-request")
+        card.locator("[data-action=approve]").click()
+        expect(card).to_have_count(0)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["scopes"] == ["responses:read", "responses:write"]
+    assert result["status"] in ("completed", "incomplete")
+    expect(page.locator(".jp-toast-message", has_text=code)).to_have_count(0)
+
+    client_row = page.locator(
+        f'{SIDEBAR} .jp-LMSP-clientRow[data-client-id="{result["client_id"]}"]'
+    )
+    expect(client_row).to_be_visible(timeout=10_000)
+    expect(client_row).to_contain_text("notes-app")
+    expect(client_row).to_contain_text(re.compile(r"used \d+s ago"))  # its openai SDK call
+    expect(client_row).to_contain_text("responses:read responses:write")
+    shot(page, "8-client-paired")
+
+    client_row.locator("[data-action=revoke]").click()
+    page.locator(".jp-Dialog").get_by_role("button", name="Revoke").click()
+    expect(client_row).to_have_count(0, timeout=10_000)
+    with lab.client() as c:
+        clients = c.get("/clients").json()["data"]
+    assert result["client_id"] not in {c["id"] for c in clients}  # revoked ones are not listed
