@@ -51,7 +51,7 @@ class ServerProcess:
     def api(self) -> str:
         return f"{self.url}/lmsp/v1"
 
-    def start(self, timeout: float = 60) -> ServerProcess:
+    def start(self, timeout: float = 180) -> ServerProcess:
         args = [
             sys.executable,
             "-m",
@@ -78,6 +78,9 @@ class ServerProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            if b"jupyter_lmsp | error" in self.log_path.read_bytes():
+                self.proc.kill()
+                raise RuntimeError(f"extension failed: {self.log_path.read_text()[-3000:]}")
             try:
                 if self.client().get("/service").status_code == 200:
                     return self

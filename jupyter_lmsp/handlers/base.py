@@ -278,9 +278,20 @@ class LMSPHandler(APIHandler):
                 message = message or "Forbidden (XSRF check failed)."
             if status_code == 401:
                 self.set_header("WWW-Authenticate", 'Bearer realm="lmsp"')
+            if status_code == 405:
+                # RFC 9110: a 405 lists the methods the resource does support.
+                self.set_header("Allow", ", ".join(self.allowed_methods()))
             body = {"error": {"type": error_type, "code": code, "message": message, "param": None}}
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
+
+    def allowed_methods(self) -> list[str]:
+        """The HTTP methods this handler implements."""
+        return [
+            m
+            for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
+            if getattr(type(self), m.lower()) is not getattr(web.RequestHandler, m.lower())
+        ]
 
     def log_exception(self, typ, value, tb) -> None:  # type: ignore[no-untyped-def,override]
         if isinstance(value, LMSPError):

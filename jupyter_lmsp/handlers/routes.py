@@ -6,6 +6,7 @@ from typing import Any
 
 from ..services.context import ServiceContext
 from .chat import ChatCompletionsHandler
+from .fallback import FallbackHandler
 from .openapi import OpenAPIHandler
 from .pairing import (
     ClientHandler,
@@ -47,5 +48,7 @@ def routes(ctx: ServiceContext) -> list[tuple[str, Any, dict[str, Any]]]:
         (f"/clients/{ID}", ClientHandler),
         ("/chat/completions", ChatCompletionsHandler),
         ("/openapi.json", OpenAPIHandler),
+        # Last: whatever no route above matches (an unknown path, a malformed id).
+        ("/.*", FallbackHandler),
     ]
     return [(PREFIX + path, handler, {"ctx": ctx}) for path, handler in table]

@@ -8,9 +8,14 @@ CAPABILITIES = [
     "responses",
     "responses.background",
     "responses.stream",
+    "responses.idempotency",
+    "chat.completions",
     "tasks",
     "tasks.events",
     "resume",
+    "models.registry",
+    "pairing",
+    "openapi",
 ]
 
 

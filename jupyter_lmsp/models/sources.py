@@ -40,6 +40,18 @@ def hf_cache_dir() -> Path:
 
 
 def resolve_source(source: str) -> Source:
+    try:
+        return _resolve_source(source)
+    except (OSError, RuntimeError) as e:
+        # `~nobody/...` (expanduser), a name too long, a folder we may not read: not a source
+        # this service can use, and not a server error.
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise SourceError(
+            "source_not_found", f"The source cannot be read: {reason.rstrip('.')}."
+        ) from None
+
+
+def _resolve_source(source: str) -> Source:
     path = Path(source).expanduser()
     if path.suffix.lower() == ".gguf":
         if not path.is_file():

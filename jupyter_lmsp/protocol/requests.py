@@ -228,7 +228,8 @@ def _content(item: dict[str, Any], i: int) -> str:
 def _harmless(name: str, value: Any) -> bool:
     allowed = HARMLESS_DEFAULTS[name]
     if isinstance(allowed, tuple):
-        return value in allowed
+        # Same type as well as equal: `0 in (False, True)` is true in Python, not in JSON.
+        return any(type(value) is type(v) and value == v for v in allowed)
     return value == allowed or value is None
 
 
@@ -236,6 +237,8 @@ def _opt(body: dict[str, Any], name: str, kind: type) -> Any:
     value = body.get(name)
     if value is None:
         return None
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON (and JSON Schema) make no difference between 8 and 8.0
     if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         raise invalid(f"'{name}' must be an integer.", param=name, code="invalid_type")
     if not isinstance(value, kind):

@@ -1,0 +1,411 @@
+"""Chat Completions on the wire: parsing `POST /chat/completions` bodies into a typed request, and
+building the `chat.completion` and `chat.completion.chunk` objects (LMSP B5, for clients of the
+older OpenAI API).
+
+As with the Responses API (protocol/requests.py), a field the service cannot honour is refused
+by name with a 400 rather than ignored; neutral values that SDKs and frameworks send by default
+(`n: 1`, `frequency_penalty: 0`, `tools: []`, ...) are accepted. Error `param`s use the Chat
+Completions names (`messages[2].content`, `max_tokens`).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import LMSPError, invalid
+
+CHAT_FIELDS = {
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stream",
+    "stream_options",
+    "n",
+    "stop",
+    "metadata",
+    "store",
+    # Labels and hints with no effect on the output: checked to be strings, then unused.
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+}
+# Accepted only with these values: they ask for nothing beyond what the service does anyway.
+# A tuple lists the accepted values; null is always accepted.
+NEUTRAL_VALUES: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "functions": ([],),
+    "tool_choice": ("none", "auto"),
+    "function_call": ("none", "auto"),
+    "parallel_tool_calls": (True, False),
+    "response_format": ({"type": "text"},),
+    "modalities": (["text"],),
+    "service_tier": ("auto", "default"),
+    "prediction": (),
+    "audio": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+}
+ROLES = ("system", "developer", "user", "assistant")
+MESSAGE_FIELDS = {"role", "content", "name"}
+# Message keys the SDK's typed params allow, accepted only when empty.
+NEUTRAL_MESSAGE_FIELDS = {"refusal", "tool_calls", "function_call", "audio"}
+TEXT_PART_TYPES = ("text",)
+MAX_METADATA_KEYS = 16
+MAX_SEED = 2**63
+
+
+@dataclass
+class ChatRequest:
+    model: str | None
+    # As the engine takes them: role in system/user/assistant, content a string.
+    messages: list[dict[str, str]]
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    seed: int
+    stream: bool
+    include_usage: bool
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
+    for name, value in body.items():
+        if name in CHAT_FIELDS:
+            continue
+        if name in NEUTRAL_VALUES:
+            if _neutral(value, NEUTRAL_VALUES[name]):
+                continue
+            raise LMSPError(
+                400,
+                "unsupported_parameter",
+                f"The parameter '{name}' with this value is not supported by this service.",
+                param=name,
+            )
+        raise LMSPError(400, "unknown_parameter", f"Unknown parameter: '{name}'.", param=name)
+
+    model = _opt(body, "model", str)
+    if "messages" not in body:
+        raise invalid(
+            "'messages' is required.", param="messages", code="missing_required_parameter"
+        )
+    messages = parse_messages(body["messages"])
+
+    max_tokens = _opt(body, "max_tokens", int)
+    max_completion_tokens = _opt(body, "max_completion_tokens", int)
+    for name, limit in (
+        ("max_tokens", max_tokens),
+        ("max_completion_tokens", max_completion_tokens),
+    ):
+        if limit is not None and limit < 1:
+            raise invalid(f"'{name}' must be at least 1.", param=name)
+    if (
+        max_tokens is not None
+        and max_completion_tokens is not None
+        and max_tokens != max_completion_tokens
+    ):
+        raise invalid(
+            "'max_tokens' and 'max_completion_tokens' disagree; give only one of them.",
+            param="max_tokens",
+        )
+    limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
+
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise invalid("'top_p' must be greater than 0.", param="top_p")
+    seed = _opt(body, "seed", int)
+    if seed is not None and not 0 <= seed < MAX_SEED:
+        raise invalid("'seed' must be between 0 and 2**63-1.", param="seed")
+
+    n = _opt(body, "n", int)
+    if n is not None and n != 1:
+        raise LMSPError(
+            400,
+            "unsupported_parameter",
+            "Only one choice per request is supported ('n': 1).",
+            param="n",
+        )
+    stop = body.get("stop")
+    if stop is not None and stop != []:
+        # Stopping on a string needs the generation to end mid-token; the engine stops only
+        # at the model's end-of-sequence token or the token limit.
+        raise LMSPError(
+            400,
+            "unsupported_parameter",
+            "'stop' sequences are not supported by this service; generation ends at the "
+            "model's end-of-sequence token or at 'max_completion_tokens'.",
+            param="stop",
+        )
+    if _opt(body, "store", bool):
+        raise LMSPError(
+            400,
+            "unsupported_parameter",
+            "Stored chat completions ('store': true) are not supported; every chat completion "
+            "is kept as an LMSP response, readable at /responses/{response_id}.",
+            param="store",
+        )
+    for name in ("user", "safety_identifier", "prompt_cache_key"):
+        _opt(body, name, str)
+
+    stream = bool(_opt(body, "stream", bool) or False)
+    options = _opt(body, "stream_options", dict)
+    if options is not None and not stream:
+        raise invalid(
+            "'stream_options' is only allowed with 'stream': true.", param="stream_options"
+        )
+    include_usage = False
+    for name, value in (options or {}).items():
+        if name == "include_usage" and (value is None or isinstance(value, bool)):
+            include_usage = bool(value)
+        elif name == "include_obfuscation" and (value is None or value is False):
+            continue
+        else:
+            raise LMSPError(
+                400,
+                "unsupported_parameter",
+                f"'stream_options.{name}' with this value is not supported.",
+                param=f"stream_options.{name}",
+            )
+
+    metadata = _opt(body, "metadata", dict) or {}
+    if len(metadata) > MAX_METADATA_KEYS or not all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+        for k, v in metadata.items()
+    ):
+        raise invalid(
+            "'metadata' is at most 16 string keys (64 chars) with string values (512 chars).",
+            param="metadata",
+        )
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=limit,
+        temperature=temperature,
+        top_p=top_p,
+        # As for responses: always a seed, so the run is reproducible from its stored request.
+        seed=seed if seed is not None else secrets.randbits(31),
+        stream=stream,
+        include_usage=include_usage,
+        metadata=metadata,
+    )
+
+
+def parse_messages(value: Any) -> list[dict[str, str]]:
+    """`messages`: roles system, developer (treated as system), user, assistant; content a string
+    or a list of text parts."""
+    if not isinstance(value, list) or not value:
+        raise invalid("'messages' must be a non-empty list of messages.", param="messages")
+    messages = []
+    for i, item in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(item, dict):
+            raise invalid(f"'{where}' must be an object.", param=where)
+        role = item.get("role")
+        if role in ("tool", "function"):
+            raise LMSPError(
+                400,
+                "unsupported_input",
+                f"'{where}.role' is '{role}'; tool calling is not supported.",
+                param=f"{where}.role",
+            )
+        if role not in ROLES:
+            raise invalid(
+                f"'{where}.role' must be system, developer, user or assistant.",
+                param=f"{where}.role",
+            )
+        for key, extra in item.items():
+            if key in MESSAGE_FIELDS:
+                continue
+            if key in NEUTRAL_MESSAGE_FIELDS and extra in (None, []):
+                continue
+            code = "unsupported_parameter" if key in NEUTRAL_MESSAGE_FIELDS else "unknown_parameter"
+            raise LMSPError(400, code, f"'{where}.{key}' is not supported.", param=f"{where}.{key}")
+        name = item.get("name")
+        if name is not None and not isinstance(name, str):
+            raise invalid(
+                f"'{where}.name' must be a string.", param=f"{where}.name", code="invalid_type"
+            )
+        messages.append(
+            {"role": "system" if role == "developer" else role, "content": _content(item, where)}
+        )
+    return messages
+
+
+def _content(item: dict[str, Any], where: str) -> str:
+    content = item.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for j, part in enumerate(content):
+            if (
+                isinstance(part, dict)
+                and part.get("type") in TEXT_PART_TYPES
+                and isinstance(part.get("text"), str)
+            ):
+                texts.append(part["text"])
+            else:
+                raise LMSPError(
+                    400,
+                    "unsupported_input",
+                    f"'{where}.content[{j}]' must be a text part "
+                    '({"type": "text", "text": ...}); other kinds are not supported.',
+                    param=f"{where}.content[{j}]",
+                )
+        return "".join(texts)
+    raise invalid(
+        f"'{where}.content' must be a string or a list of text parts.",
+        param=f"{where}.content",
+    )
+
+
+def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
+    # Compared by kind as well as value: plain equality would let 0 pass for False and True
+    # for 1, which a JSON Schema (and the caller) would not.
+    return value is None or any(_kind(v) == _kind(value) and v == value for v in allowed)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return type(value).__name__
+
+
+def _opt(body: dict[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if kind is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON (and JSON Schema) make no difference between 8 and 8.0
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise invalid(f"'{name}' must be an integer.", param=name, code="invalid_type")
+    if not isinstance(value, kind):
+        raise invalid(f"'{name}' must be of type {kind.__name__}.", param=name, code="invalid_type")
+    return value
+
+
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise invalid(f"'{name}' must be a number.", param=name, code="invalid_type")
+    if not lo <= value <= hi:
+        raise invalid(f"'{name}' must be between {lo} and {hi}.", param=name)
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# objects
+
+
+def completion_id(response_id: str) -> str:
+    """The chat completion's id, derived from its response's (`resp_X` → `chatcmpl-X`)."""
+    return "chatcmpl-" + response_id.split("_", 1)[1]
+
+
+def finish_reason(response: dict[str, Any]) -> str:
+    details = response.get("incomplete_details") or {}
+    return "length" if details.get("reason") == "max_output_tokens" else "stop"
+
+
+def output_text(response: dict[str, Any]) -> str:
+    return "".join(
+        part.get("text", "")
+        for item in response.get("output", [])
+        if item.get("type") == "message"
+        for part in item.get("content", [])
+        if part.get("type") == "output_text"
+    )
+
+
+def chat_usage(usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A Responses `usage` object in the Chat Completions shape."""
+    usage = usage or {}
+    prompt = usage.get("input_tokens", 0)
+    completion = usage.get("output_tokens", 0)
+    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached, "audio_tokens": 0},
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+def _envelope(response: dict[str, Any], object_: str) -> dict[str, Any]:
+    return {
+        "id": completion_id(response["id"]),
+        "object": object_,
+        "created": response["created_at"],
+        "model": response["model"],
+        "system_fingerprint": None,
+        "service_tier": None,
+        # LMSP fields: where the work that produced it can be read.
+        "response_id": response["id"],
+        "task_id": response["task_id"],
+        "seed": response.get("seed"),
+    }
+
+
+def completion_object(response: dict[str, Any]) -> dict[str, Any]:
+    """The `chat.completion` for a finished (completed or incomplete) response object."""
+    return {
+        **_envelope(response, "chat.completion"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {
+                    "role": "assistant",
+                    "content": output_text(response),
+                    "refusal": None,
+                    "annotations": [],
+                },
+                "logprobs": None,
+                "finish_reason": finish_reason(response),
+            }
+        ],
+        "usage": chat_usage(response.get("usage")),
+    }
+
+
+def chunk_object(
+    response: dict[str, Any],
+    *,
+    delta: dict[str, Any] | None = None,
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+    include_usage: bool = False,
+    usage_only: bool = False,
+) -> dict[str, Any]:
+    """One `chat.completion.chunk`. With `include_usage`, every chunk has `usage` (null but
+    in the last one, whose `choices` is empty), as the OpenAI API sends them."""
+    chunk = _envelope(response, "chat.completion.chunk")
+    chunk["choices"] = (
+        []
+        if usage_only
+        else [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]
+    )
+    if include_usage:
+        chunk["usage"] = chat_usage(usage) if usage_only else None
+    return chunk

@@ -1,0 +1,381 @@
+"""Chat Completions (`POST /lmsp/v1/chat/completions`) inside a real Jupyter Server (jp_fetch):
+the `chat.completion` shape, the chunk stream ending in `[DONE]`, the task behind each
+completion, cancellation (by the task API and by a client that goes away), idempotent replays,
+and 400/404 errors in the LMSP shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "tiny"
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Say something."},
+]
+# Greedy decoding of the test model on this prompt runs long without an end-of-sequence token,
+# so a generation of LONG tokens is still going when the tests cancel it.
+LONG_PROMPT = [{"role": "user", "content": "Tell me a long story about the sea."}]
+LONG = 4000
+
+
+@pytest.fixture
+def lmsp_data(tmp_path, test_model_dir):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / MODEL).symlink_to(test_model_dir)
+    return tmp_path
+
+
+@pytest.fixture
+def jp_server_config(lmsp_data, request):
+    # `@pytest.mark.token_delay(s)` slows generation so a test can act while it runs.
+    marker = request.node.get_closest_marker("token_delay")
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
+        "LMSPExtension": {
+            "data_dir": str(lmsp_data),
+            "default_model": MODEL,
+            "use_openblas": "no",
+            "keepalive_interval": 0.5,
+            "engine_token_delay": marker.args[0] if marker else 0.0,
+        },
+    }
+
+
+async def call(jp_fetch, method, path, body=None, raw=False, **kw):
+    kwargs: dict[str, Any] = {"method": method, **kw}
+    if body is not None:
+        kwargs["body"] = body if isinstance(body, str) else json.dumps(body)
+    elif method == "POST":
+        kwargs["body"] = "{}"
+    try:
+        response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
+    except HTTPClientError as e:
+        return e.code, json.loads(e.response.body), e.response.headers
+    text = response.body.decode()
+    return response.code, text if raw else json.loads(text), response.headers
+
+
+async def chat(jp_fetch, body, **kw):
+    return await call(jp_fetch, "POST", "chat/completions", body, **kw)
+
+
+def data_lines(text: str) -> list[str]:
+    """The `data:` payloads of a chat stream; the stream has nothing but `data:` lines and
+    comments."""
+    payloads = []
+    for block in text.split("\n\n"):
+        for line in block.splitlines():
+            if not line or line.startswith(":"):
+                continue
+            assert line.startswith("data: "), f"not a data line: {line!r}"
+            payloads.append(line[len("data: ") :])
+    return payloads
+
+
+def assert_error(status, body, expected_status, code=None, param=None):
+    assert status == expected_status, body
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"type", "code", "message", "param"}
+    assert body["error"]["message"]
+    if code is not None:
+        assert body["error"]["code"] == code, body
+    if param is not None:
+        assert body["error"]["param"] == param, body
+
+
+async def wait_state(jp_fetch, task_id, states, timeout=30.0):
+    task: dict[str, Any] = {}
+    for _ in range(int(timeout / 0.05)):
+        _, task, _ = await call(jp_fetch, "GET", f"tasks/{task_id}")
+        if task["state"] in states:
+            return task
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} never reached {states}: {task}")
+
+
+async def test_plain_completion_shape_and_its_task(jp_fetch):
+    status, c, headers = await chat(
+        jp_fetch, {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "temperature": 0}
+    )
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert c["object"] == "chat.completion"
+    assert c["id"].startswith("chatcmpl-") and c["model"] == MODEL
+    assert isinstance(c["created"], int)
+    [choice] = c["choices"]
+    assert choice["index"] == 0
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    usage = c["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert 0 < usage["completion_tokens"] <= 8
+    if choice["finish_reason"] == "length":
+        assert usage["completion_tokens"] == 8
+    else:
+        assert choice["finish_reason"] == "stop"
+
+    # The work behind it is an ordinary response and task (non-background, policy `fail`).
+    assert c["id"] == "chatcmpl-" + c["response_id"].split("_", 1)[1]
+    _, task, _ = await call(jp_fetch, "GET", f"tasks/{c['task_id']}")
+    assert task["kind"] == "response" and task["state"] == "completed"
+    assert task["on_restart"] == "fail"
+    _, resp, _ = await call(jp_fetch, "GET", f"responses/{c['response_id']}")
+    assert resp["background"] is False
+    assert resp["output"][0]["content"][0]["text"] == choice["message"]["content"]
+    assert resp["usage"]["output_tokens"] == usage["completion_tokens"]
+    assert resp["max_output_tokens"] == 8 and resp["temperature"] == 0
+
+
+async def test_stream_chunks_then_done(jp_fetch):
+    body = {"messages": MESSAGES, "max_completion_tokens": 12, "temperature": 0}
+    _, plain, _ = await chat(jp_fetch, body)
+    status, text, headers = await chat(
+        jp_fetch, {**body, "stream": True, "stream_options": {"include_usage": True}}, raw=True
+    )
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    payloads = data_lines(text)
+    assert payloads[-1] == "[DONE]" and payloads.count("[DONE]") == 1
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    assert len({ch["id"] for ch in chunks}) == 1 and len({ch["created"] for ch in chunks}) == 1
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # include_usage: every chunk has `usage`, null but in the last, whose `choices` is empty.
+    *with_choices, usage_chunk = chunks
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"] == plain["usage"]
+    assert all(ch["usage"] is None for ch in with_choices)
+    finishes = [ch["choices"][0]["finish_reason"] for ch in with_choices]
+    assert finishes[-1] == plain["choices"][0]["finish_reason"]
+    assert all(f is None for f in finishes[:-1])
+    assert with_choices[-1]["choices"][0]["delta"] == {}
+    streamed = "".join(ch["choices"][0]["delta"].get("content", "") for ch in with_choices)
+    # Greedy decoding: the stream and the plain completion say the same.
+    assert streamed == plain["choices"][0]["message"]["content"]
+
+    # Without include_usage there is no usage at all.
+    _, text, _ = await chat(jp_fetch, {**body, "stream": True}, raw=True)
+    chunks = [json.loads(p) for p in data_lines(text)[:-1]]
+    assert all("usage" not in ch for ch in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+async def test_message_forms(jp_fetch):
+    plain = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+    parts = {
+        "messages": [
+            {"role": "developer", "content": [{"type": "text", "text": "You are terse."}]},
+            {
+                "role": "user",
+                "name": "ann",
+                "content": [
+                    {"type": "text", "text": "Say "},
+                    {"type": "text", "text": "something."},
+                ],
+            },
+        ],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
+    _, a, _ = await chat(jp_fetch, plain)
+    _, b, _ = await chat(jp_fetch, parts)
+    # Text parts are joined and `developer` is `system`: the model sees the same prompt.
+    assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    history = {
+        "messages": [
+            *MESSAGES,
+            {"role": "assistant", "content": "Fine.", "tool_calls": [], "refusal": None},
+            {"role": "user", "content": "More."},
+        ],
+        "max_tokens": 3,
+    }
+    status, c, _ = await chat(jp_fetch, history)
+    assert status == 200 and c["usage"]["prompt_tokens"] > a["usage"]["prompt_tokens"]
+
+
+async def test_seed_and_neutral_values(jp_fetch):
+    # A seed reproduces sampled text.
+    body = {"messages": MESSAGES, "max_tokens": 10, "temperature": 1.0, "seed": 1234}
+    _, a, _ = await chat(jp_fetch, body)
+    _, b, _ = await chat(jp_fetch, body)
+    assert a["seed"] == 1234
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+
+    # Values that ask for nothing the service does not do anyway are accepted.
+    status, c, _ = await chat(
+        jp_fetch,
+        {
+            "messages": MESSAGES,
+            "max_tokens": 2,
+            "n": 1,
+            "stop": None,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0,
+            "logprobs": False,
+            "tools": [],
+            "tool_choice": "auto",
+            "parallel_tool_calls": True,
+            "response_format": {"type": "text"},
+            "user": "someone",
+            "store": False,
+            "metadata": {"k": "v"},
+            "service_tier": "auto",
+        },
+    )
+    assert status == 200, c
+    _, resp, _ = await call(jp_fetch, "GET", f"responses/{c['response_id']}")
+    assert resp["metadata"] == {"k": "v"}
+
+
+# (body, error code, error param): each gets a 400 in the LMSP shape.
+BAD_REQUESTS = [
+    ({}, "missing_required_parameter", "messages"),
+    ({"messages": []}, "invalid_value", "messages"),
+    ({"messages": "hi"}, "invalid_value", "messages"),
+    ({"messages": [{"role": "robot", "content": "x"}]}, "invalid_value", "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, "invalid_value", "messages[0].content"),
+    (
+        {"messages": [{"role": "tool", "content": "x", "tool_call_id": "a"}]},
+        "unsupported_input",
+        "messages[0].role",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        "unsupported_input",
+        "messages[0].content[0]",
+    ),
+    (
+        {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]}]},
+        "unsupported_parameter",
+        "messages[0].tool_calls",
+    ),
+    ({"messages": MESSAGES, "n": 2}, "unsupported_parameter", "n"),
+    ({"messages": MESSAGES, "stop": ["\n"]}, "unsupported_parameter", "stop"),
+    ({"messages": MESSAGES, "max_tokens": 0}, "invalid_value", "max_tokens"),
+    ({"messages": MESSAGES, "max_tokens": "8"}, "invalid_type", "max_tokens"),
+    ({"messages": MESSAGES, "max_tokens": 4, "max_completion_tokens": 5}, None, "max_tokens"),
+    ({"messages": MESSAGES, "temperature": 3}, "invalid_value", "temperature"),
+    ({"messages": MESSAGES, "top_p": 0}, "invalid_value", "top_p"),
+    ({"messages": MESSAGES, "seed": -1}, "invalid_value", "seed"),
+    (
+        {"messages": MESSAGES, "frequency_penalty": 0.5},
+        "unsupported_parameter",
+        "frequency_penalty",
+    ),
+    ({"messages": MESSAGES, "logprobs": 0}, "unsupported_parameter", "logprobs"),
+    ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
+    ({"messages": MESSAGES, "store": True}, "unsupported_parameter", "store"),
+    (
+        {"messages": MESSAGES, "stream_options": {"include_usage": True}},
+        "invalid_value",
+        "stream_options",
+    ),
+    ({"messages": MESSAGES, "colour": "blue"}, "unknown_parameter", "colour"),
+    ({"messages": MESSAGES, "metadata": {"k": 1}}, "invalid_value", "metadata"),
+]
+
+
+async def test_bad_requests(jp_fetch):
+    # One server for all the cases: none of them reaches the model.
+    for body, code, param in BAD_REQUESTS:
+        status, error, _ = await chat(jp_fetch, body)
+        assert_error(status, error, 400, code, param)
+    _, page, _ = await call(jp_fetch, "GET", "tasks")
+    assert page["data"] == []
+
+    status, error, _ = await chat(jp_fetch, "{nope")
+    assert_error(status, error, 400, "invalid_json")
+    status, error, _ = await chat(jp_fetch, "[1, 2]")
+    assert_error(status, error, 400, "invalid_json")
+    status, error, _ = await chat(jp_fetch, {"model": "nope", "messages": MESSAGES})
+    assert_error(status, error, 404, "model_not_found", "model")
+    assert error["error"]["type"] == "not_found_error"
+    status, error, _ = await call(jp_fetch, "GET", "chat/completions")
+    assert_error(status, error, 405)
+
+
+@pytest.mark.token_delay(0.02)
+async def test_cancelled_by_the_task_api(jp_fetch):
+    # A stream's first chunk arrives once the task is committed and names it.
+    first = asyncio.get_running_loop().create_future()
+    received: list[bytes] = []
+
+    def on_data(data: bytes) -> None:
+        received.append(data)
+        if not first.done():
+            first.set_result(None)
+
+    body = {"messages": LONG_PROMPT, "max_tokens": LONG, "temperature": 0, "stream": True}
+    stream = asyncio.ensure_future(
+        jp_fetch(
+            "lmsp",
+            "v1",
+            "chat",
+            "completions",
+            method="POST",
+            body=json.dumps(body),
+            streaming_callback=on_data,
+        )
+    )
+    await asyncio.wait_for(first, 30)
+    head = json.loads(data_lines(b"".join(received).decode())[0])
+    await wait_state(jp_fetch, head["task_id"], {"running"})
+    status, _, _ = await call(jp_fetch, "POST", f"tasks/{head['task_id']}/cancel")
+    assert status == 200
+    await asyncio.wait_for(stream, 30)
+    payloads = data_lines(b"".join(received).decode())
+    assert payloads[-1] == "[DONE]"
+    error = json.loads(payloads[-2])
+    assert_error(409, error, 409, "response_cancelled")
+    assert all(json.loads(p)["choices"][0]["finish_reason"] is None for p in payloads[:-2])
+    await wait_state(jp_fetch, head["task_id"], {"cancelled"})
+
+
+@pytest.mark.token_delay(0.02)
+async def test_client_going_away_cancels_the_task(jp_fetch):
+    body = {"messages": LONG_PROMPT, "max_tokens": LONG, "temperature": 0}
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch(
+            "lmsp",
+            "v1",
+            "chat",
+            "completions",
+            method="POST",
+            body=json.dumps(body),
+            request_timeout=1.0,
+        )
+    assert e.value.code == 599  # the client gave up
+    _, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 1})
+    [task] = page["data"]
+    task = await wait_state(jp_fetch, task["id"], {"cancelled", "completed"})
+    assert task["state"] == "cancelled"
+
+
+async def test_idempotency_key_replays(jp_fetch):
+    headers = {"Idempotency-Key": "chat-1"}
+    body = {"messages": MESSAGES, "max_tokens": 5}
+    _, first, h1 = await chat(jp_fetch, body, headers=headers)
+    _, again, h2 = await chat(jp_fetch, body, headers=headers)
+    assert again == first
+    assert "Idempotent-Replayed" not in h1 and h2["Idempotent-Replayed"] == "true"
+    status, error, _ = await chat(jp_fetch, {**body, "max_tokens": 6}, headers=headers)
+    assert_error(status, error, 422, "idempotency_key_mismatch")
+
+    # A streamed one is replayed from the task's stored events: the same chunks.
+    headers = {"Idempotency-Key": "chat-2"}
+    body = {"messages": MESSAGES, "max_tokens": 5, "stream": True}
+    _, text1, _ = await chat(jp_fetch, body, headers=headers, raw=True)
+    _, text2, h2 = await chat(jp_fetch, body, headers=headers, raw=True)
+    assert h2["Idempotent-Replayed"] == "true"
+    assert data_lines(text1) == data_lines(text2)
+    _, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 100})
+    assert len(page["data"]) == 2  # nothing new was started

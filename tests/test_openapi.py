@@ -1,0 +1,403 @@
+"""The OpenAPI 3.1 document (`GET /lmsp/v1/openapi.json`) is kept true: it is valid OpenAPI 3.1,
+documents exactly the routes of handlers/routes.py with their methods and scopes, its request
+schemas accept exactly what the parsers accept on a table of bodies, and real answers of a
+running server (jp_fetch) validate against its response schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from openapi_spec_validator import OpenAPIV31SpecValidator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+from tornado import web
+from tornado.httpclient import HTTPClientError
+
+from jupyter_lmsp.handlers.fallback import FallbackHandler
+from jupyter_lmsp.handlers.routes import PREFIX, routes
+from jupyter_lmsp.protocol.chat import CHAT_FIELDS, NEUTRAL_VALUES, parse_chat_request
+from jupyter_lmsp.protocol.errors import LMSPError
+from jupyter_lmsp.protocol.openapi import OPERATION_SCOPES, openapi_document
+from jupyter_lmsp.protocol.requests import (
+    HARMLESS_DEFAULTS,
+    RESPONSE_FIELDS,
+    parse_response_request,
+)
+
+pytest_plugins = ["pytest_jupyter.jupyter_server"]
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "tiny"
+METHODS = ("get", "post", "put", "patch", "delete")
+DOC_URI = "urn:lmsp:openapi"
+
+DOC = openapi_document()
+
+
+def validator(name: str) -> Draft202012Validator:
+    """A validator for `#/components/schemas/{name}`, resolving refs inside the document."""
+    registry: Registry = Registry().with_resource(
+        DOC_URI, Resource.from_contents(DOC, default_specification=DRAFT202012)
+    )
+    return Draft202012Validator(
+        {"$ref": f"{DOC_URI}#/components/schemas/{name}"}, registry=registry
+    )
+
+
+def assert_valid(name: str, instance: Any) -> None:
+    errors = sorted(validator(name).iter_errors(instance), key=lambda e: list(e.path))
+    assert not errors, f"{name}: " + "; ".join(
+        f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]
+    )
+
+
+# -- the document itself --------------------------------------------------------------------
+
+
+def test_document_is_valid_openapi_31():
+    OpenAPIV31SpecValidator(DOC).validate()
+    assert DOC["openapi"].startswith("3.1")
+    ids = [op["operationId"] for item in DOC["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids))
+    assert set(OPERATION_SCOPES) <= set(ids)
+
+
+def routed_operations() -> dict[str, dict[str, Any]]:
+    """`{path template with {} for ids: {method: handler method}}` from the route table."""
+    found: dict[str, dict[str, Any]] = {}
+    for pattern, handler, _ in routes(None):  # type: ignore[arg-type]
+        assert pattern.startswith(PREFIX)
+        if handler is FallbackHandler:
+            continue  # not an endpoint: the LMSP 404 for paths nothing else matches
+        templates = [pattern[len(PREFIX) :]]
+        # `(approve|deny)`: one documented path per alternative.
+        while any(re.search(r"\(([a-z_]+(\|[a-z_]+)+)\)", t) for t in templates):
+            expanded = []
+            for t in templates:
+                m = re.search(r"\(([a-z_]+(?:\|[a-z_]+)+)\)", t)
+                if m is None:
+                    expanded.append(t)
+                    continue
+                expanded += [t[: m.start()] + alt + t[m.end() :] for alt in m.group(1).split("|")]
+            templates = expanded
+        for template in templates:
+            path = re.sub(r"\([^)]*\)", "{}", template)
+            methods = {
+                m: getattr(handler, m)
+                for m in METHODS
+                if getattr(handler, m) is not getattr(web.RequestHandler, m)
+            }
+            assert methods, f"{pattern} routes a handler with no methods"
+            found[path] = methods
+    return found
+
+
+def test_every_route_is_documented_and_nothing_else():
+    routed = routed_operations()
+    documented = {re.sub(r"\{[^}]+\}", "{}", p): item for p, item in DOC["paths"].items()}
+    assert set(documented) == set(routed), (
+        f"undocumented: {sorted(set(routed) - set(documented))}; "
+        f"not routed: {sorted(set(documented) - set(routed))}"
+    )
+    for path, methods in routed.items():
+        item = documented[path]
+        assert set(item) == set(methods), f"{path}: documented {set(item)}, routed {set(methods)}"
+        for name, method in methods.items():
+            op = item[name]
+            public = getattr(method, "_lmsp_public", False)
+            scope = getattr(method, "_lmsp_scope", None)
+            assert (op.get("security") == []) == public, f"{name.upper()} {path}: public?"
+            assert OPERATION_SCOPES.get(op["operationId"]) == scope, (
+                f"{name.upper()} {path}: handler requires {scope}"
+            )
+            if scope:
+                assert {"bearer": [scope]} in op["security"]
+            params = [p for p in op.get("parameters", []) if p.get("in") == "path"]
+            assert len(params) == path.count("{}")
+            assert "401" in op["responses"] or public
+
+
+def test_request_schemas_name_every_accepted_field():
+    responses = DOC["components"]["schemas"]["CreateResponseRequest"]["properties"]
+    assert set(responses) == RESPONSE_FIELDS | set(HARMLESS_DEFAULTS)
+    chat = DOC["components"]["schemas"]["CreateChatCompletionRequest"]["properties"]
+    assert set(chat) == CHAT_FIELDS | set(NEUTRAL_VALUES)
+
+
+MSG = [{"role": "user", "content": "hi"}]
+# (body, accepted): the schema and the parser must agree on each.
+CHAT_BODIES: list[tuple[dict[str, Any], bool]] = [
+    ({"messages": MSG}, True),
+    ({"messages": MSG, "model": None, "max_tokens": None, "stop": None, "n": None}, True),
+    ({"messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]}]}, True),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, True),
+    ({"messages": [{"role": "user", "content": "x", "name": "ann"}]}, True),
+    ({"messages": MSG, "max_completion_tokens": 3, "temperature": 0, "top_p": 1}, True),
+    ({"messages": MSG, "seed": 2**63 - 1, "n": 1, "stop": []}, True),
+    ({"messages": MSG, "stream": True, "stream_options": {"include_usage": True}}, True),
+    ({"messages": MSG, "frequency_penalty": 0.0, "logprobs": False, "tools": []}, True),
+    ({"messages": MSG, "tool_choice": "none", "response_format": {"type": "text"}}, True),
+    ({"messages": MSG, "metadata": {"a": "b"}, "store": False, "user": "u"}, True),
+    ({}, False),
+    ({"messages": []}, False),
+    ({"messages": [{"role": "tool", "content": "x"}]}, False),
+    ({"messages": [{"role": "user", "content": None}]}, False),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, False),
+    ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, False),
+    ({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{}]}]}, False),
+    ({"messages": MSG, "max_tokens": 0}, False),
+    ({"messages": MSG, "max_tokens": True}, False),
+    ({"messages": MSG, "temperature": 2.5}, False),
+    ({"messages": MSG, "top_p": 0}, False),
+    ({"messages": MSG, "seed": 2**63}, False),
+    ({"messages": MSG, "seed": -1}, False),
+    ({"messages": MSG, "n": 2}, False),
+    ({"messages": MSG, "stop": "x"}, False),
+    ({"messages": MSG, "frequency_penalty": 1}, False),
+    ({"messages": MSG, "logprobs": 0}, False),
+    ({"messages": MSG, "parallel_tool_calls": 1}, False),
+    ({"messages": MSG, "store": True}, False),
+    ({"messages": MSG, "metadata": {"a": 1}}, False),
+    ({"messages": MSG, "metadata": {f"k{i}": "v" for i in range(17)}}, False),
+    ({"messages": MSG, "stream": True, "stream_options": {"other": 1}}, False),
+    ({"messages": MSG, "prediction": {"type": "content"}}, False),
+    ({"messages": MSG, "max_tokens": 3.0}, True),
+    ({"messages": MSG, "stream_options": None}, True),
+    ({"messages": MSG, "stream_options": {}}, False),
+    ({"messages": MSG, "stream": False, "stream_options": {"include_usage": True}}, False),
+    ({"messages": MSG, "stream": True, "stream_options": {"include_obfuscation": 0}}, False),
+    ({"messages": MSG, "unknown": 1}, False),
+]
+RESPONSE_BODIES: list[tuple[dict[str, Any], bool]] = [
+    ({"input": "hi"}, True),
+    ({"input": MSG, "instructions": "be brief", "max_output_tokens": 5}, True),
+    (
+        {
+            "input": [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "x"}],
+                }
+            ]
+        },
+        True,
+    ),
+    ({"input": "x", "tools": [], "tool_choice": "auto", "truncation": "disabled"}, True),
+    ({"input": "x", "on_restart": "retry", "seed": 0, "metadata": {"a": "b"}}, True),
+    ({"input": "x", "text": {"format": {"type": "text"}}, "include": None}, True),
+    ({}, False),
+    ({"input": 3}, False),
+    ({"input": []}, False),
+    ({"input": [{"type": "function_call"}]}, False),
+    ({"input": "x", "max_output_tokens": 0}, False),
+    ({"input": "x", "on_restart": "never"}, False),
+    ({"input": "x", "tools": [{"type": "web_search"}]}, False),
+    ({"input": "x", "tool_choice": "required"}, False),
+    ({"input": "x", "truncation": "auto"}, False),
+    ({"input": "x", "user": "someone"}, False),
+    ({"input": "x", "seed": -5}, False),
+    ({"input": "x", "colour": 1}, False),
+    ({"input": "x", "max_output_tokens": 4.0}, True),
+    ({"input": "x", "background": True, "store": True}, True),
+    ({"input": "x", "background": None, "store": False}, True),
+    ({"input": "x", "background": True, "store": False}, False),
+    ({"input": "x", "parallel_tool_calls": 0}, False),
+]
+
+
+def accepted(parse: Any, body: dict[str, Any]) -> bool:
+    try:
+        parse(body)
+    except LMSPError as e:
+        assert e.status == 400
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("schema", "parse", "bodies"),
+    [
+        ("CreateChatCompletionRequest", parse_chat_request, CHAT_BODIES),
+        ("CreateResponseRequest", parse_response_request, RESPONSE_BODIES),
+    ],
+)
+def test_request_schemas_agree_with_the_parsers(schema, parse, bodies):
+    check = validator(schema)
+    for body, expected in bodies:
+        assert check.is_valid(body) is expected, f"schema on {body}"
+        assert accepted(parse, body) is expected, f"parser on {body}"
+
+
+# -- against a running server ---------------------------------------------------------------
+
+
+@pytest.fixture
+def jp_server_config(tmp_path, test_model_dir):
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / MODEL).symlink_to(test_model_dir)
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
+        "LMSPExtension": {
+            "data_dir": str(tmp_path),
+            "default_model": MODEL,
+            "use_openblas": "no",
+            "keepalive_interval": 0.5,
+        },
+    }
+
+
+async def call(jp_fetch, method, path, body=None, **kw):
+    kwargs: dict[str, Any] = {"method": method, **kw}
+    if body is not None:
+        kwargs["body"] = json.dumps(body)
+    try:
+        response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
+    except HTTPClientError as e:
+        return e.code, json.loads(e.response.body)
+    return response.code, json.loads(response.body)
+
+
+async def wait_task(jp_fetch, task_id: str) -> dict[str, Any]:
+    for _ in range(600):
+        _, task = await call(jp_fetch, "GET", f"tasks/{task_id}")
+        assert_valid("Task", task)
+        if task["state"] in ("completed", "failed", "cancelled"):
+            return task
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} did not finish")
+
+
+async def test_served_document_and_real_answers_match(
+    jp_fetch, jp_base_url, http_server_client, test_model_dir
+):
+    # Served without credentials, with this server's mount point.
+    raw = await http_server_client.fetch(f"{jp_base_url}lmsp/v1/openapi.json")
+    served = json.loads(raw.body)
+    OpenAPIV31SpecValidator(served).validate()
+    assert served["servers"] == [{"url": f"{jp_base_url.rstrip('/')}/lmsp/v1"}]
+    assert served["paths"] == DOC["paths"]
+
+    status, service = await call(jp_fetch, "GET", "service")
+    assert_valid("Service", service)
+    _, models = await call(jp_fetch, "GET", "models")
+    assert_valid("ModelList", models)
+    assert models["data"]
+    _, model = await call(jp_fetch, "GET", f"models/{MODEL}")
+    assert_valid("Model", model)
+    status, registering = await call(
+        jp_fetch, "POST", "models", {"source": str(test_model_dir), "id": "copy"}
+    )
+    assert status == 202
+    assert_valid("Task", registering)
+    assert (await wait_task(jp_fetch, registering["id"]))["state"] == "completed"
+    _, deleted = await call(jp_fetch, "DELETE", "models/copy")
+    assert_valid("ModelDeleted", deleted)
+
+    status, queued = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {"input": "Hello", "background": True, "max_output_tokens": 6, "metadata": {"k": "v"}},
+    )
+    assert status == 202
+    assert_valid("Response", queued)
+    task_id = queued["task_id"]
+    await wait_task(jp_fetch, task_id)
+    _, done = await call(jp_fetch, "GET", f"responses/{queued['id']}")
+    assert_valid("Response", done)
+    assert done["output"] and done["usage"]
+    _, page = await call(jp_fetch, "GET", f"tasks/{task_id}/events", params={"limit": 1000})
+    assert_valid("EventPage", page)
+    _, tasks = await call(jp_fetch, "GET", "tasks")
+    assert_valid("TaskList", tasks)
+    _, items = await call(jp_fetch, "GET", f"responses/{queued['id']}/input_items")
+    assert_valid("InputItemList", items)
+
+    _, completion = await call(
+        jp_fetch, "POST", "chat/completions", {"messages": MSG, "max_tokens": 4}
+    )
+    assert_valid("ChatCompletion", completion)
+    stream = await jp_fetch(
+        "lmsp",
+        "v1",
+        "chat",
+        "completions",
+        method="POST",
+        body=json.dumps(
+            {
+                "messages": MSG,
+                "max_tokens": 4,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ),
+    )
+    lines = [ln[6:] for ln in stream.body.decode().splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    for line in lines[:-1]:
+        assert_valid("ChatCompletionChunk", json.loads(line))
+
+    _, cancelled = await call(jp_fetch, "POST", f"tasks/{task_id}/cancel", {})
+    assert_valid("Task", cancelled)
+    _, deleted = await call(jp_fetch, "DELETE", f"responses/{queued['id']}")
+    assert_valid("ResponseDeleted", deleted)
+    _, clients = await call(jp_fetch, "GET", "clients")
+    assert_valid("ClientList", clients)
+    _, pairings = await call(jp_fetch, "GET", "pairings")
+    assert_valid("PairingList", pairings)
+
+    # Errors, from the parsers, the store and Tornado itself, in the documented shape.
+    for method, path, body, expected in [
+        ("GET", "tasks/task_nope", None, 404),
+        ("GET", "responses/resp_nope", None, 404),
+        ("POST", "responses", {"input": 3}, 400),
+        ("POST", "responses", {"input": "x", "model": "nope"}, 404),
+        ("POST", "chat/completions", {"messages": MSG, "n": 3}, 400),
+        ("GET", "tasks", None, 400),
+        ("PUT", "tasks", {}, 405),
+        ("POST", "models", {"source": "/nowhere/at/all"}, 404),
+        ("POST", "models", {"source": " "}, 400),
+        # Found by the fuzzer: these raised from pathlib (500) before.
+        ("POST", "models", {"source": "~no_such_user_here/model"}, 404),
+        ("POST", "models", {"source": "m" * 5000}, 404),
+        ("DELETE", "models/model_nope", None, 404),
+    ]:
+        params = {"limit": 0} if path == "tasks" and method == "GET" else None
+        status, error = await call(jp_fetch, method, path, body, params=params)
+        assert status == expected, (method, path, error)
+        assert_valid("Error", error)
+        if method != "PUT":
+            op = DOC["paths"][_template(path)][method.lower()]
+            assert str(status) in op["responses"], (method, path, status)
+    # A 405 says what is allowed (RFC 9110).
+    with pytest.raises(HTTPClientError) as e:
+        await jp_fetch("lmsp", "v1", "responses", method="PUT", body="{}")
+    assert e.value.code == 405 and e.value.response.headers["Allow"] == "POST"
+    # Paths no route matches: an LMSP 404 too, not Jupyter's HTML page.
+    for path in ("lmsp/v1/nothing/here", "lmsp/v1/tasks/b%C3%A4d", "lmsp/v1/models/a%20b"):
+        for method in ("GET", "POST"):
+            response = await http_server_client.fetch(
+                f"{jp_base_url}{path}",
+                method=method,
+                body="{}" if method == "POST" else None,
+                raise_error=False,
+            )
+            assert response.code == 404, (method, path, response.code)
+            assert response.headers["Content-Type"] == "application/json"
+            assert_valid("Error", json.loads(response.body))
+
+
+def _template(path: str) -> str:
+    """`tasks/task_nope` → the documented `/tasks/{task_id}`."""
+    wanted = re.sub(r"[a-z]+_[A-Za-z0-9]+", "{}", "/" + path)
+    for documented in DOC["paths"]:
+        if re.sub(r"\{[^}]+\}", "{}", documented) == wanted:
+            return documented
+    raise KeyError(path)
