@@ -6,7 +6,7 @@ PORT ?= 8888
 DEMO_MODEL := smollm2-135m-instruct
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
-.PHONY: install serve test lint format clean
+.PHONY: install serve test lint format clean chromium labextension lint-ts
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -32,8 +32,47 @@ format: install
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
-test: install lint
+# The browser tests drive Debian's chromium (never a browser downloaded at run time). Installed
+# once, when missing; if that is impossible here the browser tests skip and say why.
+CHROMIUM := /usr/bin/chromium
+chromium:
+	@test -x $(CHROMIUM) || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+		else echo "chromium: not root and no sudo; browser tests will be skipped"; exit 0; fi; \
+		{ $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
+		|| echo "chromium: apt-get install failed; browser tests will be skipped"; }
+
+# The JupyterLab extension (labextension/, TypeScript): built with JupyterLab's `jlpm` into
+# jupyter_lmsp/labextension/ (pip's build hook does the same on install) and copied over the
+# venv's installed copy, so the browser tests run the current sources. Rebuilt only when a
+# source is newer than the build; type-checked and linted on every `make test`.
+LABEXT_NAME := jupyter-lmsp-labextension
+LABEXT_SRC := $(wildcard labextension/src/*.ts labextension/src/*.tsx labextension/src/*/*.ts \
+	labextension/src/*/*.tsx labextension/style/*) \
+	labextension/package.json labextension/tsconfig.json labextension/yarn.lock
+LABEXT_OUT := jupyter_lmsp/labextension/package.json
+LABEXT_DEST := $(VENV)/share/jupyter/labextensions/$(LABEXT_NAME)
+JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
+
+labextension/node_modules/.yarn-state.yml: labextension/package.json labextension/yarn.lock | $(VENV)/.installed
+	cd labextension && $(JLPM) install --immutable
+	touch $@
+
+$(LABEXT_OUT): $(LABEXT_SRC) labextension/node_modules/.yarn-state.yml
+	cd labextension && $(JLPM) build:prod
+	rm -rf $(LABEXT_DEST)
+	mkdir -p $(dir $(LABEXT_DEST))
+	cp -R jupyter_lmsp/labextension $(LABEXT_DEST)
+	cp labextension/install.json $(LABEXT_DEST)/
+
+labextension: $(LABEXT_OUT)
+
+lint-ts: labextension/node_modules/.yarn-state.yml
+	cd labextension && $(JLPM) lint
+
+test: install lint labextension lint-ts chromium
 	$(VENV)/bin/pytest -ra
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf labextension/node_modules labextension/lib labextension/.yarn jupyter_lmsp/labextension

@@ -25,7 +25,9 @@ def lmsp_data(tmp_path, test_model_dir):
 
 
 @pytest.fixture
-def jp_server_config(lmsp_data):
+def jp_server_config(lmsp_data, request):
+    # `@pytest.mark.token_delay(s)` slows generation so a test can act while it runs.
+    marker = request.node.get_closest_marker("token_delay")
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
         "LMSPExtension": {
@@ -33,6 +35,8 @@ def jp_server_config(lmsp_data):
             "default_model": MODEL,
             "use_openblas": "no",
             "keepalive_interval": 0.5,
+            "engine_token_delay": marker.args[0] if marker else 0.0,
+            "max_batch_size": 1,
         },
     }
 
@@ -158,6 +162,7 @@ async def test_live_sse_follows_generation_to_the_end(jp_fetch):
     )
 
 
+@pytest.mark.token_delay(0.02)
 async def test_cancel_queued_and_running(jp_fetch):
     # Two long tasks: the first runs, the second waits its turn in the queue.
     ids = []

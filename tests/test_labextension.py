@@ -15,6 +15,7 @@ Screenshots go to `test-artifacts/labextension/`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import shutil
@@ -66,6 +67,21 @@ STATE_RECORDER = """() => {
   });
   document.querySelectorAll('.jp-LMSP-task').forEach(record);
 }"""
+
+
+@pytest.fixture
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """Overrides pytest-jupyter's autouse fixture of this name (loaded by other test modules):
+    between its sync calls Playwright marks its own loop as running, and the plugin's fixture
+    would take and close that loop at teardown. These tests need no asyncio loop of their own."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def jp_server_cleanup() -> None:
+    """Overrides pytest-jupyter's autouse cleanup: these tests make no in-process ServerApp."""
 
 
 @pytest.fixture(scope="module")

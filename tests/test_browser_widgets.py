@@ -1,0 +1,256 @@
+"""The TaskWatcher in a real browser: JupyterLab in headless Chromium (Debian's, driven by
+Playwright; nothing is downloaded) opens a notebook whose cell starts a background response and
+shows it. The kernel finds its server by itself (runtime file), as a user's kernel would.
+
+1. The text grows in the page while the task runs, the state reaches `completed`, and the text
+   shown is exactly the stored response's text (nothing doubled, nothing missing).
+2. A second notebook with a long generation: pressing the widget's Cancel button ends it
+   `cancelled`.
+3. A TaskBoard lists both tasks, filters them by state, and opens a row as a TaskWatcher.
+
+Screenshots go to `test-artifacts/browser/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from labserver import LabServer
+from serverproc import TOKEN
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
+# Only the widgets of the notebook in the visible tab.
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+WATCHER = f"{PANEL} .lmsp-watcher"
+BOARD = f"{PANEL} .lmsp-board"
+
+# The cell a user would write: connect (the kernel's own server), start, show.
+CELL = """\
+from jupyter_lmsp.client import connect
+
+lmsp = connect()
+job = lmsp.start_response(
+    "Tell me a story about a lighthouse.", max_output_tokens={tokens}, temperature=0, seed=3
+)
+job"""
+
+
+@pytest.fixture
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """Overrides pytest-jupyter's autouse fixture of this name for these tests.
+
+    Between its sync calls, Playwright marks its own loop as the running one; the plugin's
+    fixture then takes that loop for the test's and closes it at teardown ("Cannot close a
+    running event loop") once an earlier jp_fetch test has left its loop closed. These tests
+    use no asyncio themselves, so a private loop is enough.
+    """
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def jp_server_cleanup() -> None:
+    """Overrides pytest-jupyter's autouse cleanup: these tests make no in-process ServerApp
+    (and running its cleanup on a loop fails while Playwright's loop is marked running)."""
+
+
+def notebook(source: str) -> dict[str, Any]:
+    return {
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "start",
+                "metadata": {},
+                "outputs": [],
+                "source": source,
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path):
+    if not CHROMIUM.exists():
+        pytest.skip("chromium is not installed at /usr/bin/chromium (`make chromium` failed)")
+    pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    server = LabServer(tmp_path_factory.mktemp("lab"), engine_token_delay=0.04)
+    (server.data / "models" / "tiny").symlink_to(test_model_dir)
+    (server.notebooks / "watch.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=80))))
+    (server.notebooks / "cancel.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=2000))))
+    board = "from jupyter_lmsp.widgets import TaskBoard\n\nTaskBoard()"
+    (server.notebooks / "board.ipynb").write_text(json.dumps(notebook(board)))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def page(lab: LabServer):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            yield page
+        finally:
+            browser.close()
+
+
+def open_and_run(
+    page: Any, lab: LabServer, name: str, first: bool, selector: str = WATCHER
+) -> None:
+    """Open `name`, wait for its kernel to be connected and idle, run all its cells."""
+    if first:
+        page.goto(f"{lab.url}lab/tree/{name}?token={TOKEN}")
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=120_000)
+    else:
+        # Awaited, but returning nothing: the panel it resolves to cannot be serialised.
+        page.evaluate(
+            "async name => {"
+            " await window.jupyterapp.commands.execute('docmanager:open', {path: name}); }",
+            name,
+        )
+    page.wait_for_function(
+        """name => {
+            const w = window.jupyterapp.shell.currentWidget;
+            if (!w || !w.sessionContext || !w.context || w.context.path !== name) return false;
+            const ctx = w.sessionContext;
+            const kernel = ctx.session && ctx.session.kernel;
+            return ctx.isReady && kernel && kernel.connectionStatus === 'connected'
+                && kernel.status === 'idle';
+        }""",
+        arg=name,
+        timeout=120_000,
+    )
+    # Not awaited: the promise resolves only when the cells are done.
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.wait_for_selector(selector, timeout=120_000)
+
+
+def watcher_view(page: Any) -> dict[str, str]:
+    return page.evaluate(
+        """sel => {
+            const w = document.querySelector(sel);
+            const get = c => (w.querySelector(c) || {}).textContent || '';
+            return {state: get('.lmsp-state'), text: get('.lmsp-text'), task: get('.lmsp-id'),
+                    seq: get('.lmsp-seq'), tokens: get('.lmsp-tokens'), rate: get('.lmsp-rate')};
+        }""",
+        WATCHER,
+    )
+
+
+def test_watcher_shows_text_growing_until_completed(page, lab):
+    open_and_run(page, lab, "watch.ipynb", first=True)
+    lengths: list[int] = []
+    deadline = time.monotonic() + 120
+    view = watcher_view(page)
+    while view["state"] != "completed":
+        assert view["state"] in ("", "queued", "loading", "running"), view
+        assert time.monotonic() < deadline, f"never completed: {view}"
+        lengths.append(len(view["text"]))
+        time.sleep(0.1)
+        view = watcher_view(page)
+    page.wait_for_timeout(300)  # let the final trait update paint
+    view = watcher_view(page)
+    page.screenshot(path=str(ARTIFACTS / "watcher-completed.png"), full_page=True)
+
+    growth = sorted({n for n in lengths if n > 0})
+    assert len(growth) >= 3, f"the text did not visibly grow: {lengths}"
+    assert lengths == sorted(lengths), "the text shrank while running"
+    with lab.client() as c:
+        task = c.get(f"/tasks/{view['task']}").json()
+        response = c.get(f"/responses/{task['response_id']}").json()
+    assert task["state"] == "completed"
+    stored = "".join(part["text"] for item in response["output"] for part in item["content"])
+    assert view["text"] == stored
+    assert view["seq"] == f"seq {task['last_sequence_number']}"
+    assert view["tokens"] == f"{response['usage']['output_tokens']} tokens"
+    assert view["rate"].endswith("tok/s") and not view["rate"].startswith("–")
+
+
+def test_cancel_button_cancels_the_task(page, lab):
+    open_and_run(page, lab, "cancel.ipynb", first=False)
+    page.wait_for_function(
+        "sel => (document.querySelector(sel + ' .lmsp-text') || {}).textContent",
+        arg=WATCHER,
+        timeout=120_000,
+    )
+    page.click(f"{WATCHER} .lmsp-cancel")
+    page.wait_for_function(
+        "sel => document.querySelector(sel + ' .lmsp-state').textContent === 'cancelled'",
+        arg=WATCHER,
+        timeout=60_000,
+    )
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(ARTIFACTS / "watcher-cancelled.png"), full_page=True)
+    view = watcher_view(page)
+    with lab.client() as c:
+        task = c.get(f"/tasks/{view['task']}").json()
+        events = c.get(f"/tasks/{view['task']}/events", params={"limit": 1000}).json()["data"]
+    assert task["state"] == "cancelled"
+    assert events[-1]["type"] == "response.cancelled"
+    assert "response.cancelling" in [e["type"] for e in events]
+    # The Cancel button is gone once the task is over; the text so far stays.
+    assert page.locator(f"{WATCHER} .lmsp-cancel").is_hidden()
+    assert view["text"]
+
+
+def test_board_lists_filters_and_opens_tasks(page, lab):
+    open_and_run(page, lab, "board.ipynb", first=False, selector=BOARD)
+    rows = f"{BOARD} tr.lmsp-row"
+    page.wait_for_function(
+        "sel => document.querySelectorAll(sel).length >= 2", arg=rows, timeout=30_000
+    )
+    with lab.client() as c:
+        listed = c.get("/tasks", params={"limit": 100}).json()["data"]
+    shown = page.eval_on_selector_all(rows, "rs => rs.map(r => r.dataset.taskId)")
+    assert shown == [t["id"] for t in listed]  # newest first, like the service
+
+    page.select_option(f"{BOARD} select.lmsp-board-filter", "cancelled")
+    page.wait_for_function(
+        "sel => { const rs = document.querySelectorAll(sel);"
+        " return rs.length === 1 && rs[0].querySelector('.lmsp-state').textContent === 'cancelled'; }",
+        arg=rows,
+        timeout=30_000,
+    )
+    page.click(f"{rows} .lmsp-open")
+    page.wait_for_function(
+        "sel => (document.querySelector(sel + ' .lmsp-state') || {}).textContent === 'cancelled'",
+        arg=WATCHER,
+        timeout=30_000,
+    )
+    cancelled = [t["id"] for t in listed if t["state"] == "cancelled"]
+    assert watcher_view(page)["task"] == cancelled[0]
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(ARTIFACTS / "board.png"), full_page=True)
