@@ -8,6 +8,7 @@ inference worker process) starts once the event loop runs.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,15 @@ class LMSPExtension(ExtensionApp):
         24 * 3600.0, help="Seconds an Idempotency-Key and its result are kept."
     ).tag(config=True)
     max_batch_size = Integer(
-        1, help="Generations the inference worker runs at once (continuous batching)."
+        8, help="Generations the inference worker decodes together (continuous batching)."
+    ).tag(config=True)
+    prompt_cache_bytes = Integer(
+        1024**3, help="Memory the worker may keep KV caches of earlier prompts in (0: none)."
+    ).tag(config=True)
+    blas_threads = Integer(
+        0,
+        help="OpenBLAS threads in the worker (0: 1 on machines with 2 CPUs or fewer, where a "
+        "second BLAS thread stalls whenever anything else runs; else OpenBLAS's default).",
     ).tag(config=True)
     pairing_ttl = Float(600.0, help="Seconds a pairing request waits for the owner.").tag(
         config=True
@@ -151,11 +160,18 @@ class LMSPExtension(ExtensionApp):
         self.db.dispose()
 
     def _make_engine(self, on_message: Any) -> EngineClient:
-        env = None
+        env = {
+            "LMSP_MAX_BATCH_SIZE": str(max(1, self.max_batch_size)),
+            "LMSP_PROMPT_CACHE_BYTES": str(max(0, self.prompt_cache_bytes)),
+        }
+        threads = self.blas_threads or (1 if (os.cpu_count() or 1) <= 2 else 0)
+        if threads:
+            env["OPENBLAS_NUM_THREADS"] = str(threads)
         if self.use_openblas != "no":
             from .engine.blas import worker_environment
 
-            env, blas = worker_environment()
+            blas_env, blas = worker_environment()
+            env.update(blas_env or {})
             self.log.info("LMSP inference worker BLAS: %s", blas)
         return EngineClient(on_message, token_delay=self.engine_token_delay, env=env, log=self.log)
 

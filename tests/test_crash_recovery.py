@@ -85,7 +85,8 @@ def read_sse(server, path, last_event_id):
 
 
 def test_kill_before_generation_queued_tasks(data_dir):
-    server = ServerProcess(data_dir, **SLOW).start()
+    # One generation at a time, so the later tasks are still queued when the server dies.
+    server = ServerProcess(data_dir, max_batch_size=1, **SLOW).start()
     with server.client() as c:
         busy = create(c, max_output_tokens=400, temperature=0, on_restart="fail")
         wait_for(c, busy["task_id"], lambda t, log: len(deltas(log)) >= 2)

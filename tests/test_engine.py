@@ -145,8 +145,11 @@ def engine(test_model_dir: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
-    """A worker that sleeps 50 ms after each token, so there is time to act mid-run."""
-    eng = start_engine(test_model_dir, token_delay=0.05)
+    """A worker that sleeps 50 ms after each step, so there is time to act mid-run.
+
+    It runs at most two jobs at once, so a third one waits in its queue.
+    """
+    eng = start_engine(test_model_dir, token_delay=0.05, env={"LMSP_MAX_BATCH_SIZE": "2"})
     yield eng
     eng.client.stop()
 
@@ -340,19 +343,24 @@ def test_cancel_stops_a_running_job_within_a_step(slow_engine: Engine) -> None:
 
 def test_cancel_a_queued_job(slow_engine: Engine) -> None:
     eng = slow_engine
-    running, queued = new_id("running"), new_id("queued")
-    eng.client.submit(eng.job(running, max_tokens=500))
+    running = [new_id("running"), new_id("running")]
+    queued = new_id("queued")
+    for job_id in running:
+        eng.client.submit(eng.job(job_id, max_tokens=500))
+    # The worker runs two jobs at once: the third waits.
     eng.client.submit(eng.job(queued, max_tokens=500, resume_token_ids=[5, 6], resume_text="x"))
-    eng.recorder.wait_for(lambda m: isinstance(m, JobTokens) and m.job_id == running)
+    for job_id in running:
+        eng.recorder.wait_for(lambda m, j=job_id: isinstance(m, JobTokens) and m.job_id == j)
     eng.client.cancel(queued)
     cancelled = eng.recorder.wait_for(
         lambda m: isinstance(m, END_TYPES) and m.job_id == queued, timeout=5
     )
     assert isinstance(cancelled, JobCancelled) and cancelled.output_tokens == 2
-    assert eng.client.in_flight == [running]  # the running job is untouched
+    assert eng.client.in_flight == running  # the running jobs are untouched
     assert not any(isinstance(m, JobStarted) for m in eng.recorder.for_job(queued))
-    eng.client.cancel(running)
-    assert isinstance(eng.wait_end(running, timeout=5).end, JobCancelled)
+    for job_id in running:
+        eng.client.cancel(job_id)
+        assert isinstance(eng.wait_end(job_id, timeout=5).end, JobCancelled)
 
 
 # --- errors --------------------------------------------------------------------------------

@@ -164,3 +164,32 @@ async def test_register_gguf_converts_into_the_store(jp_fetch, lmsp_data):
     # The service made these files, so deleting the model deletes them.
     await call(jp_fetch, "DELETE", "models/smol")
     assert not (lmsp_data / "models" / "smol").exists()
+
+
+async def test_flipped_byte_fails_the_task_and_marks_the_model_corrupt(
+    jp_fetch, test_model_dir, tmp_path
+):
+    copy = tmp_path / "tampered"
+    shutil.copytree(test_model_dir, copy)
+    _, task = await call(jp_fetch, "POST", "models", {"source": str(copy), "id": "tampered"})
+    assert (await finished(jp_fetch, task["id"]))["state"] == "completed"
+    weights = next(copy.glob("*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+
+    status, failed = await call(
+        jp_fetch, "POST", "responses", {"model": "tampered", "input": "hi", "max_output_tokens": 3}
+    )
+    assert status == 200 and failed["status"] == "failed"
+    assert failed["error"]["code"] == "model_digest_mismatch"
+    assert weights.name in failed["error"]["message"]
+    _, model = await call(jp_fetch, "GET", "models/tampered")
+    assert model["state"] == "corrupt"
+    status, refused = await call(
+        jp_fetch, "POST", "responses", {"model": "tampered", "input": "hi", "max_output_tokens": 3}
+    )
+    assert status == 409 and refused["error"]["code"] == "model_corrupt"
+    # The service (and its worker) carry on with the intact model.
+    status, ok = await call(jp_fetch, "POST", "responses", {"input": "hi", "max_output_tokens": 3})
+    assert status == 200 and ok["status"] in ("completed", "incomplete")

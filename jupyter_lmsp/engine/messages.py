@@ -9,6 +9,7 @@ process produces it when the worker process dies unexpectedly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -33,6 +34,9 @@ class GenerateJob:
     seed: int = 0
     resume_token_ids: list[int] = field(default_factory=list)
     resume_text: str = ""
+    # The model's registered files ({"path", "size", "sha256"}): loading verifies them first
+    # and fails the job with `model_digest_mismatch` if any differs (LMSP B4).
+    expected_files: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -55,10 +59,15 @@ class WorkerReady:
 
 @dataclass
 class JobStarted:
-    """The model is loaded and the prompt is tokenized; generation begins."""
+    """The model is loaded and the prompt is tokenized; generation begins.
+
+    `cached_tokens` of the `input_tokens` come from the prompt cache (their KV cache was kept
+    from an earlier job sharing the prefix) and are not computed again.
+    """
 
     job_id: str
     input_tokens: int
+    cached_tokens: int = 0
 
 
 @dataclass

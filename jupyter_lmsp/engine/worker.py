@@ -6,11 +6,15 @@ messages of `messages`. Generation runs here rather than in a thread of the serv
 building each step's graph holds the GIL, which stalls the server's event loop.
 
 Layout:
-- `generate_job` is generation as a plain generator (one `Step` per token), built on
-  `mlx_lm.generate.generate_step`; a batching scheduler can later replace it without touching
-  the message handling.
-- `Worker` is the loop: a FIFO queue of jobs run one at a time, the pipe polled between decode
-  steps so cancels act within one step, tokens coalesced for at most ~20 ms.
+- `Worker` is the loop and the message handling: a FIFO of jobs admitted while fewer than
+  `max_batch_size` run, the pipe drained between scheduler steps so new jobs join and cancels
+  act within one decode step, tokens coalesced per job for at most ~20 ms.
+- Generation itself is `batching.BatchScheduler` (continuous batching over mlx-lm's
+  `BatchGenerator`, per-job samplers) with a `prompt_cache.PromptCache` of KV caches.
+
+Configuration: `worker_main`'s `max_batch_size` and `prompt_cache_bytes`, or, when those are not
+given, the environment variables `LMSP_MAX_BATCH_SIZE` and `LMSP_PROMPT_CACHE_BYTES` of the
+worker process (which `EngineClient(env=...)` can set).
 
 This module imports MLX only inside the worker process (in `worker_main` and the functions it
 calls), so the server process can import it to name the process target without loading MLX.
@@ -26,12 +30,17 @@ import signal
 import sys
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jupyter_lmsp.engine.batching import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_PREFILL_STEP,
+    BatchScheduler,
+    Update,
+)
 from jupyter_lmsp.engine.messages import (
     CancelJob,
     GenerateJob,
@@ -43,6 +52,7 @@ from jupyter_lmsp.engine.messages import (
     Shutdown,
     WorkerReady,
 )
+from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -61,20 +71,6 @@ IDLE_POLL_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
-@dataclass
-class Step:
-    """What one generation step produced.
-
-    `token_ids` holds the new token (empty on a final step that produced none, e.g. EOS);
-    `text` is the text it completed, possibly "" (a partial UTF-8 character is held back until
-    it is complete). `finish_reason` is set on the last step: "stop" (EOS) or "length".
-    """
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None
-
-
 class JobError(Exception):
     """A job failed for a reason the caller can act on; `code` goes into `JobFailed`."""
 
@@ -82,10 +78,6 @@ class JobError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-class _Cancelled(Exception):
-    """Raised from the prefill progress callback to abandon a long prefill."""
 
 
 class _ParentGone(Exception):
@@ -110,99 +102,31 @@ def encode_chat(tokenizer: TokenizerWrapper, messages: list[dict[str, str]]) -> 
     return ids
 
 
-def generate_job(
-    model: nn.Module,
-    tokenizer: TokenizerWrapper,
-    prompt_ids: list[int],
-    job: GenerateJob,
-    *,
-    prompt_progress_callback: Callable[[int, int], None] | None = None,
-) -> Iterator[Step]:
-    """Generate for `job`, one `Step` per token, continuing after `job.resume_token_ids`.
-
-    A resumed job re-prefills prompt + resumed tokens, samples from position
-    len(resume_token_ids) on, and primes the streaming detokenizer with the resumed tokens,
-    so its tokens and text continue an uninterrupted run's exactly. `job.resume_text` is the
-    text already emitted for the resumed tokens; only text beyond it is yielded.
-
-    Close the generator to stop early (that is how cancel works). Raising from
-    `prompt_progress_callback` abandons the prefill.
-    """
-    import mlx.core as mx
-    from mlx_lm.generate import generate_step
-
-    from jupyter_lmsp.engine.sampling import make_sampler
-
-    eos_ids = tokenizer.eos_token_ids
-    resumed = list(job.resume_token_ids)
-    generated = len(resumed)
-    detokenizer = tokenizer.detokenizer
-    for token in resumed:
-        detokenizer.add_token(token)
-    # Text is tracked by length against the detokenizer's (monotonically growing) text: the
-    # resumed text is a prefix of it, possibly minus a trailing character still incomplete.
-    emitted = len(job.resume_text)
-
-    def new_text(final: bool = False) -> str:
-        nonlocal emitted
-        if final:
-            # Flushes bytes held back (an incomplete character at the very end, or a space
-            # kept waiting for the next token), as an uninterrupted run does when it ends.
-            detokenizer.finalize()
-        text: str = detokenizer.text
-        if len(text) <= emitted:
-            return ""
-        chunk = text[emitted:]
-        emitted = len(text)
-        return chunk
-
-    if resumed and resumed[-1] in eos_ids:
-        yield Step([], new_text(final=True), "stop")
-        return
-    if generated >= job.max_tokens:
-        yield Step([], new_text(final=True), "length")
-        return
-
-    sampler = make_sampler(job.temperature, job.top_p, job.seed, start_position=generated)
-    tokens = generate_step(
-        mx.array(prompt_ids + resumed),
-        model,
-        max_tokens=job.max_tokens - generated,
-        sampler=sampler,
-        prompt_progress_callback=prompt_progress_callback,
-    )
-    try:
-        for token, _logprobs in tokens:
-            if token in eos_ids:
-                yield Step([], new_text(final=True), "stop")
-                return
-            detokenizer.add_token(token)
-            generated += 1
-            if generated >= job.max_tokens:
-                yield Step([token], new_text(final=True), "length")
-                return
-            yield Step([token], new_text())
-    finally:
-        tokens.close()
-
-
 @dataclass
 class _Outbox:
-    """Tokens generated but not yet sent, coalesced into one JobTokens message."""
+    """A running job's tokens generated but not yet sent, coalesced into one JobTokens message."""
 
     job_id: str
+    input_tokens: int
+    # Tokens generated so far, resumed ones included: the count final messages report.
+    output_tokens: int
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     since: float = 0.0
 
-    def add(self, step: Step, now: float) -> None:
-        if not self.token_ids and not self.text:
+    @property
+    def pending(self) -> bool:
+        return bool(self.token_ids or self.text)
+
+    def add(self, update: Update, now: float) -> None:
+        if not self.pending:
             self.since = now
-        self.token_ids.extend(step.token_ids)
-        self.text += step.text
+        self.token_ids.extend(update.token_ids)
+        self.text += update.text
+        self.output_tokens += len(update.token_ids)
 
     def take(self) -> JobTokens | None:
-        if not self.token_ids and not self.text:
+        if not self.pending:
             return None
         message = JobTokens(self.job_id, self.token_ids, self.text)
         self.token_ids, self.text = [], ""
@@ -210,10 +134,23 @@ class _Outbox:
 
 
 class Worker:
-    """The worker's main loop: a FIFO of jobs, run one at a time, cancellable between steps."""
+    """The worker's main loop: admits jobs into a `BatchScheduler` and steps it.
+
+    Jobs wait in a FIFO until fewer than `max_batch_size` are running, then join the batch.
+    Between two scheduler steps the pipe is drained, so a new job joins and a cancel acts
+    within one decode step (or one prefill chunk). Tokens are coalesced per job for at most
+    ~20 ms.
+    """
 
     def __init__(
-        self, conn: Connection, token_delay: float = 0.0, parent_pid: int | None = None
+        self,
+        conn: Connection,
+        token_delay: float = 0.0,
+        parent_pid: int | None = None,
+        *,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
+        prefill_step: int = DEFAULT_PREFILL_STEP,
     ) -> None:
         self._conn = conn
         self._token_delay = token_delay
@@ -222,8 +159,12 @@ class Worker:
         self._models: OrderedDict[tuple[Any, ...], tuple[nn.Module, TokenizerWrapper]] = (
             OrderedDict()
         )
-        self._current: str | None = None
-        self._cancel_requested = False
+        self._scheduler = BatchScheduler(
+            PromptCache(prompt_cache_bytes),
+            max_batch_size=max_batch_size,
+            prefill_step=prefill_step,
+        )
+        self._outboxes: dict[str, _Outbox] = {}
         self._shutdown = False
 
     # --- pipe ------------------------------------------------------------------------------
@@ -235,7 +176,10 @@ class Worker:
             raise _ParentGone from exc
 
     def _pump(self, timeout: float = 0.0) -> None:
-        """Handle every message already in the pipe, waiting up to `timeout` for the first."""
+        """Handle every message already in the pipe, waiting up to `timeout` for the first.
+
+        Called only between scheduler steps: a cancel removes its job from the batch at once.
+        """
         try:
             ready = self._conn.poll(timeout)
             while ready:
@@ -250,26 +194,30 @@ class Worker:
         if isinstance(message, GenerateJob):
             self._queue.append(message)
         elif isinstance(message, CancelJob):
-            if message.job_id == self._current:
-                self._cancel_requested = True
-                return
-            for job in self._queue:
-                if job.job_id == message.job_id:
-                    self._queue.remove(job)
-                    self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
-                    return
-            # Unknown id: the job already ended and its final message is on its way.
+            self._cancel(message.job_id)
         elif isinstance(message, Shutdown):
             self._shutdown = True
-            if self._current is not None:
-                self._cancel_requested = True
         else:
             log.warning("worker ignores unexpected message %r", message)
 
+    def _cancel(self, job_id: str) -> None:
+        generated = self._scheduler.cancel(job_id)
+        if generated is not None:
+            self._flush(job_id)
+            self._outboxes.pop(job_id, None)
+            self._send(JobCancelled(job_id, generated))
+            return
+        for job in self._queue:
+            if job.job_id == job_id:
+                self._queue.remove(job)
+                self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
+                return
+        # Unknown id: the job already ended and its final message is on its way.
+
     def _sleep(self, seconds: float) -> None:
-        """Sleep, but keep serving the pipe, and wake at once for a cancel of the job."""
+        """Sleep, but keep serving the pipe (cancels act at once); wake for a shutdown."""
         deadline = time.monotonic() + seconds
-        while not self._cancel_requested:
+        while not self._shutdown:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -277,18 +225,34 @@ class Worker:
 
     # --- models ----------------------------------------------------------------------------
 
-    def _model(self, model_path: str) -> tuple[nn.Module, TokenizerWrapper]:
+    def _model(
+        self, model_path: str, expected_files: list[dict[str, Any]] | None = None
+    ) -> tuple[tuple[Any, ...], nn.Module, TokenizerWrapper]:
         path = Path(model_path).expanduser()
         # Checked here because mlx_lm.load treats a missing path as a Hugging Face repo id and
         # tries to download it.
         if not (path / "config.json").is_file():
             raise JobError("model_not_found", f"no MLX model directory at {model_path}")
         path = path.resolve()
-        # The file listing is part of the key so a model rewritten in place is reloaded.
+        # The file listing is part of the key so a model rewritten in place is reloaded (and
+        # its prompt-cache entries, keyed the same way, are never reused for the new weights).
         key = (str(path), _listing(path))
         if key in self._models:
             self._models.move_to_end(key)
-            return self._models[key]
+            return (key, *self._models[key])
+        if expected_files is not None:
+            # Verified just before loading: a model whose bytes changed since registration
+            # never runs. (The remaining window is the few milliseconds until mlx_lm opens
+            # the files; a model already loaded keeps the bytes that were verified.)
+            from ..models.digests import verify
+
+            changed = verify(path, expected_files)
+            if changed:
+                raise JobError(
+                    "model_digest_mismatch",
+                    f"{len(changed)} file(s) of {path.name} no longer match their digests: "
+                    + ", ".join(changed[:5]),
+                )
         from mlx_lm import load
 
         try:
@@ -298,113 +262,110 @@ class Worker:
             raise JobError("model_load_failed", f"{type(exc).__name__}: {exc}") from exc
         self._models[key] = (model, tokenizer)
         while len(self._models) > MAX_CACHED_MODELS:
-            self._models.popitem(last=False)
-        return model, tokenizer
+            old_key, _ = self._models.popitem(last=False)
+            self._scheduler.prompt_cache.clear(old_key)
+        return key, model, tokenizer
 
     # --- jobs ------------------------------------------------------------------------------
 
     def serve(self) -> None:
+        import mlx.core as mx
+
+        # Nothing should draw from MLX's global random state (samplers use explicit keys), but
+        # if anything does, make it repeatable. The state is per thread: seeded in this one.
+        mx.random.seed(0)
         self._send(WorkerReady(os.getpid(), blas=_detect_blas()))
+        # Expected time until the next step's tokens; the first token is never held back.
+        step_interval = float("inf")
+        last_step_at: float | None = None
         while not self._shutdown:
-            if self._queue:
-                self._run(self._queue.popleft())
-            else:
+            self._admit()
+            if not self._scheduler.active:
+                last_step_at, step_interval = None, float("inf")
                 self._pump(IDLE_POLL_SECONDS)
+                continue
+            updates = self._scheduler.step()
+            now = time.monotonic()
+            if last_step_at is not None:
+                step_interval = now - last_step_at
+            last_step_at = now
+            self._deliver(updates, now)
+            if self._token_delay > 0:
+                self._sleep(self._token_delay)
+            else:
+                self._pump()
+            # Hold tokens only while the next ones are expected inside the window.
+            now = time.monotonic()
+            for job_id, outbox in list(self._outboxes.items()):
+                if outbox.pending and now - outbox.since + step_interval >= COALESCE_WINDOW:
+                    self._flush(job_id)
+        for job_id, generated in self._scheduler.cancel_all():
+            self._flush(job_id)
+            self._send(JobCancelled(job_id, generated))
         for job in self._queue:
             self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
         self._queue.clear()
 
-    def _run(self, job: GenerateJob) -> None:
-        self._current = job.job_id
-        self._cancel_requested = False
-        try:
-            _validate(job)
-            model, tokenizer = self._model(job.model_path)
-            prompt_ids = encode_chat(tokenizer, job.messages)
+    def _admit(self) -> None:
+        while self._queue and self._scheduler.active < self._scheduler.max_batch_size:
+            job = self._queue.popleft()
+            try:
+                self._start(job)
+            except JobError as exc:
+                self._send(JobFailed(job.job_id, exc.code, exc.message))
+            except _ParentGone:
+                raise
+            except Exception as exc:
+                log.exception("job %s failed to start", job.job_id)
+                self._send(
+                    JobFailed(job.job_id, "generation_failed", f"{type(exc).__name__}: {exc}")
+                )
+            # A model load can take seconds: take cancels (and new jobs) in between.
             self._pump()
-            if self._cancel_requested:
-                self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
+            if self._shutdown:
                 return
-            self._send(JobStarted(job.job_id, len(prompt_ids)))
-            self._generate(job, model, tokenizer, prompt_ids)
-        except JobError as exc:
-            self._send(JobFailed(job.job_id, exc.code, exc.message))
-        except _ParentGone:
-            raise
-        except Exception as exc:
-            log.exception("job %s failed", job.job_id)
-            self._send(JobFailed(job.job_id, "generation_failed", f"{type(exc).__name__}: {exc}"))
-        finally:
-            self._current = None
-            self._cancel_requested = False
 
-    def _generate(
-        self,
-        job: GenerateJob,
-        model: nn.Module,
-        tokenizer: TokenizerWrapper,
-        prompt_ids: list[int],
-    ) -> None:
-        import mlx.core as mx
+    def _start(self, job: GenerateJob) -> None:
+        _validate(job)
+        key, model, tokenizer = self._model(job.model_path, job.expected_files)
+        prompt_ids = encode_chat(tokenizer, job.messages)
+        cached_tokens, updates = self._scheduler.add(job, key, model, tokenizer, prompt_ids)
+        self._outboxes[job.job_id] = _Outbox(job.job_id, len(prompt_ids), len(job.resume_token_ids))
+        self._send(JobStarted(job.job_id, len(prompt_ids), cached_tokens=cached_tokens))
+        self._deliver(updates, time.monotonic())
 
-        # Nothing here should draw from MLX's global random state (samplers use explicit
-        # keys), but if anything does, make it repeatable. The state is per thread, so it is
-        # seeded in the thread that generates.
-        mx.random.seed(job.seed & 0xFFFFFFFF)
-
-        def on_prefill(_done: int, _total: int) -> None:
-            self._pump()
-            if self._cancel_requested:
-                raise _Cancelled
-
-        outbox = _Outbox(job.job_id)
-        output_tokens = len(job.resume_token_ids)
-        # Expected time until the next step arrives; the first token is never held back.
-        step_interval = float("inf")
-        last_step_at: float | None = None
-
-        def flush() -> None:
-            message = outbox.take()
-            if message is not None:
-                self._send(message)
-
-        steps = generate_job(model, tokenizer, prompt_ids, job, prompt_progress_callback=on_prefill)
-        try:
-            for step in steps:
-                now = time.monotonic()
-                if last_step_at is not None:
-                    step_interval = now - last_step_at
-                last_step_at = now
-                outbox.add(step, now)
-                output_tokens += len(step.token_ids)
-                if step.finish_reason is not None:
-                    flush()
-                    self._send(
-                        JobFinished(job.job_id, step.finish_reason, len(prompt_ids), output_tokens)
+    def _deliver(self, updates: list[Update], now: float) -> None:
+        for update in updates:
+            outbox = self._outboxes.get(update.job_id)
+            if outbox is None:  # Cannot happen; a message for an unknown job would mislead.
+                log.warning("update for unknown job %s", update.job_id)
+                continue
+            outbox.add(update, now)
+            if not update.final:
+                continue
+            # Tokens generated before a failure are valid: they go out before JobFailed.
+            self._flush(update.job_id)
+            del self._outboxes[update.job_id]
+            if update.error is not None:
+                self._send(JobFailed(update.job_id, "generation_failed", update.error))
+            else:
+                assert update.finish_reason is not None
+                self._send(
+                    JobFinished(
+                        update.job_id,
+                        update.finish_reason,
+                        outbox.input_tokens,
+                        outbox.output_tokens,
                     )
-                    return
-                if self._token_delay > 0:
-                    self._sleep(self._token_delay)
-                else:
-                    self._pump()
-                if self._cancel_requested:
-                    flush()
-                    self._send(JobCancelled(job.job_id, output_tokens))
-                    return
-                # Hold tokens only while the next one is expected inside the window.
-                if time.monotonic() - outbox.since + step_interval >= COALESCE_WINDOW:
-                    flush()
-        except _Cancelled:
-            flush()
-            self._send(JobCancelled(job.job_id, output_tokens))
-        except _ParentGone:
-            raise
-        except Exception:
-            # Tokens generated before the failure are valid; deliver them before JobFailed.
-            flush()
-            raise
-        finally:
-            steps.close()
+                )
+
+    def _flush(self, job_id: str) -> None:
+        outbox = self._outboxes.get(job_id)
+        if outbox is None:
+            return
+        message = outbox.take()
+        if message is not None:
+            self._send(message)
 
 
 def _listing(path: Path) -> tuple[tuple[str, int, int], ...]:
@@ -450,12 +411,21 @@ def _die_with_parent(parent_pid: int | None) -> None:
         os._exit(0)
 
 
-def worker_main(conn: Connection, token_delay: float = 0.0, parent_pid: int | None = None) -> None:
+def worker_main(
+    conn: Connection,
+    token_delay: float = 0.0,
+    parent_pid: int | None = None,
+    *,
+    max_batch_size: int | None = None,
+    prompt_cache_bytes: int | None = None,
+) -> None:
     """Entry point of the worker process; returns when told to shut down or orphaned.
 
-    `token_delay` > 0 sleeps that long after each token (a test and demo hook that makes
+    `token_delay` > 0 sleeps that long after each step (a test and demo hook that makes
     generation slow enough to cancel or kill mid-run). `parent_pid` is the server process's
-    pid; the worker exits when its parent changes.
+    pid; the worker exits when its parent changes. `max_batch_size` is how many jobs decode at
+    once; `prompt_cache_bytes` the budget of the prompt cache (0 turns it off). Either defaults
+    to its `LMSP_*` environment variable, then to the built-in default.
     """
     _die_with_parent(parent_pid)
     # Ctrl+C in the server's terminal reaches the whole process group; the server decides
@@ -468,13 +438,34 @@ def worker_main(conn: Connection, token_delay: float = 0.0, parent_pid: int | No
     logging.basicConfig(
         level=logging.WARNING, format="[lmsp worker %(process)d] %(levelname)s %(message)s"
     )
+    if max_batch_size is None:
+        max_batch_size = _env_int("LMSP_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE)
+    if prompt_cache_bytes is None:
+        prompt_cache_bytes = _env_int("LMSP_PROMPT_CACHE_BYTES", DEFAULT_PROMPT_CACHE_BYTES)
     import mlx.core  # noqa: F401  (import before WorkerReady so the ready worker is warm)
     import mlx_lm  # noqa: F401
 
     try:
-        Worker(conn, token_delay, parent_pid).serve()
+        Worker(
+            conn,
+            token_delay,
+            parent_pid,
+            max_batch_size=max_batch_size,
+            prompt_cache_bytes=prompt_cache_bytes,
+        ).serve()
     except _ParentGone:
         pass
     finally:
         with contextlib.suppress(OSError):
             conn.close()
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("ignoring %s=%r: not an integer", name, value)
+        return default

@@ -60,7 +60,7 @@ class TaskRunner:
         engine_factory: Callable[[Callable[[object], None]], Any],
         *,
         snapshot_interval: float = 0.05,
-        max_active: int = 1,
+        max_active: int = 8,
     ) -> None:
         self.db = db
         self.bus = bus
@@ -73,6 +73,7 @@ class TaskRunner:
         self.queue: deque[str] = deque()
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
+        self.cached_tokens: dict[str, int] = {}
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
@@ -185,6 +186,7 @@ class TaskRunner:
             seed=params["seed"],
             resume_token_ids=list(snap.get("token_ids", [])),
             resume_text=snap.get("text", ""),
+            expected_files=json.loads(model.files) if model.files else None,
         )
         self.active.add(task_id)
         self.engine.submit(job)
@@ -205,7 +207,8 @@ class TaskRunner:
         match message:
             case WorkerReady(pid=pid, blas=blas):
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
-            case JobStarted(job_id=task_id, input_tokens=n):
+            case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
+                self.cached_tokens[task_id] = cached
                 self.publish(rules.start_running(self.db, task_id, n))
             case JobTokens(job_id=task_id, token_ids=ids, text=text):
                 pending = self.pending.setdefault(task_id, _Pending())
@@ -225,11 +228,15 @@ class TaskRunner:
                     rules.Outcome(
                         TaskState.COMPLETED,
                         incomplete_reason="max_output_tokens" if reason == "length" else None,
-                        usage=usage_object(i, o),
+                        usage=usage_object(i, o, self.cached_tokens.get(task_id, 0)),
                     ),
                 )
             case JobFailed(job_id=task_id, code=code, message=text):
                 self._flush(task_id)
+                if code == "model_digest_mismatch":
+                    task = queries.get_task(self.db, task_id)
+                    if task is not None:
+                        self.catalog.mark(task.model, "corrupt")
                 self._finish(
                     task_id,
                     rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
@@ -254,6 +261,7 @@ class TaskRunner:
     def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
         self.publish(rules.finish(self.db, task_id, outcome))
         self.active.discard(task_id)
+        self.cached_tokens.pop(task_id, None)
         self._dispatch()
 
     def _usage(self, task_id: str, output_tokens: int) -> dict[str, Any] | None:

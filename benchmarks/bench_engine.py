@@ -1,0 +1,864 @@
+"""Engine benchmark: the LMSP service against bare mlx-lm and `mlx_lm.server`, side by side.
+
+One command, on the demo model (SmolLM2-135M-Instruct, converted on first use):
+
+    .venv/bin/python benchmarks/bench_engine.py
+
+It starts three things and measures them in interleaved rounds, so a change in machine load
+hits all of them alike:
+
+- **bare**: `mlx_lm.stream_generate` in a child process (no server at all): the ceiling;
+- **mlx_lm.server**: mlx-lm's own HTTP server, streaming from `/v1/chat/completions`;
+- **service**: a real `jupyter server` with this extension, streaming `POST /lmsp/v1/responses`
+  (every token goes through the worker process, the SQLite store and SSE).
+
+All three run MLX with OpenBLAS (`jupyter_lmsp.engine.blas.worker_environment`: the service's
+worker gets it from the extension, the other two from this script), greedy, 64 tokens.
+
+Measured:
+1. single stream: time to first token and decode rate, (tokens - 1) / (last - first token time),
+   and end-to-end rate, tokens / request time;
+2. aggregate tokens/s at 1, 4 and 8 concurrent streams (all tokens / wall time from the first
+   request sent to the last one done), different prompts per stream;
+3. a second chat turn's time to first token: *warm* right after the first turn (the service
+   continues it with `previous_response_id`; mlx_lm.server gets the whole conversation again,
+   as its clients do), *cold* for the same conversation under a system prompt never seen before.
+
+Writes `benchmarks/results/engine.md` (tables), `engine.json` (raw samples) and `engine.png`.
+Options: `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "jupyter-lmsp" / "models"
+TOKEN = "lmsp-bench-token"
+
+SYSTEM = "You are a helpful assistant."
+# Prompts that make SmolLM2 write at length, so every stream reaches max_tokens.
+STORY_PROMPTS = [
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Write a long story about a robot learning to paint.",
+    "Write a detailed essay about the history of bridges.",
+    "Write a long story about two friends sailing around the world.",
+    "Explain in detail how a steam engine works, step by step.",
+    "Write a long story about a dragon who is afraid of the dark.",
+    "Write a detailed guide to growing tomatoes in a small garden.",
+    "Write a long story about a city that floats in the clouds.",
+]
+# A long system prompt for the second-turn test (~550 tokens), so prefill dominates cold TTFT.
+HANDBOOK = " ".join(
+    [
+        "You are the assistant of a small public library in a mountain town.",
+        "The library opens at nine in the morning and closes at six in the evening,",
+        "except on Sundays when it is closed and on Thursdays when it stays open until nine.",
+        "Members may borrow up to eight books, four magazines and two films at a time.",
+        "Books are lent for three weeks, magazines for one week and films for three days.",
+        "Loans can be renewed twice online or at the desk unless another member reserved them.",
+        "Late returns cost ten cents a day per item, capped at five dollars per item.",
+        "Children's books never incur late fees. Lost items are charged at replacement cost.",
+        "The reading room on the first floor is silent; the garden room allows quiet talk.",
+        "Group study rooms can be booked for two hours a day, up to a week in advance.",
+        "Printing costs ten cents a page in black and white and fifty cents in colour.",
+        "The local history archive is open on Tuesdays and Fridays from two to five.",
+        "Volunteers run a reading club for teenagers every second Wednesday at four.",
+        "Story time for toddlers is on Monday and Saturday mornings at ten thirty.",
+        "The library lends snowshoes, telescopes and sewing machines to adult members.",
+        "Wi-Fi is free; the network name is MountainLibrary and no password is needed.",
+    ]
+    * 2
+)
+FIRST_QUESTION = "When does the library open on Thursdays, and how long can I keep a film?"
+SECOND_QUESTION = "Thanks. And what does it cost if I return that film two days late?"
+
+
+# --- samples ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One streamed request, timed by the client (seconds; absolute times are perf_counter)."""
+
+    sent: float
+    first: float | None
+    last: float | None
+    done: float
+    tokens: int
+    cached_tokens: int | None = None
+
+    @property
+    def ttft(self) -> float:
+        return (self.first if self.first is not None else self.done) - self.sent
+
+    @property
+    def decode_tps(self) -> float:
+        if self.first is None or self.last is None or self.last <= self.first:
+            return float("nan")
+        return (self.tokens - 1) / (self.last - self.first)
+
+    @property
+    def e2e_tps(self) -> float:
+        return self.tokens / (self.done - self.sent)
+
+
+def aggregate_tps(samples: list[Sample]) -> float:
+    return sum(s.tokens for s in samples) / (
+        max(s.done for s in samples) - min(s.sent for s in samples)
+    )
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def chat(question: str, system: str = SYSTEM) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
+
+
+def story(i: int, nonce: str) -> list[dict[str, str]]:
+    """A story prompt no earlier request had, so no prompt cache holds more than its start."""
+    return chat(f"{STORY_PROMPTS[i % len(STORY_PROMPTS)]} (Request {nonce}-{i}.)")
+
+
+# --- targets ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def iter_sse(response: httpx.Response) -> Iterator[tuple[str | None, str]]:
+    """(event, data) pairs of a server-sent event stream."""
+    event: str | None = None
+    data: list[str] = []
+    for line in response.iter_lines():
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+    if data:
+        yield event, "\n".join(data)
+
+
+class BareTarget:
+    """`mlx_lm.stream_generate` in a child process with the OpenBLAS environment.
+
+    The child reads one JSON request per line on stdin and answers with one JSON line of
+    durations measured around `stream_generate` itself.
+    """
+
+    name = "bare mlx_lm.stream_generate"
+
+    def __init__(self, model: Path, env: dict[str, str] | None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--bare-child", str(model)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        ready = self._read()
+        self.blas = ready["blas"]
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the bare mlx-lm child exited")
+        return json.loads(line)
+
+    def stream(self, messages: list[dict[str, str]], max_tokens: int) -> Sample:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"messages": messages, "max_tokens": max_tokens}) + "\n")
+        self.proc.stdin.flush()
+        r = self._read()
+        return Sample(0.0, r["ttft"], r["last"], r["total"], r["tokens"])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+
+def bare_child(model_path: str) -> None:
+    """The child side of `BareTarget`."""
+    import mlx.core as mx
+    from mlx_lm import load, stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    sys.path.insert(0, str(REPO))
+    from jupyter_lmsp.engine.worker import _detect_blas
+
+    model, tokenizer = load(model_path)
+    mx.random.seed(0)
+    print(json.dumps({"blas": _detect_blas()}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        prompt = tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True)
+        start = time.perf_counter()
+        first = last = None
+        tokens = 0
+        for response in stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=request["max_tokens"],
+            sampler=make_sampler(0.0),
+        ):
+            if response.finish_reason == "stop" and response.token in tokenizer.eos_token_ids:
+                break
+            now = time.perf_counter()
+            first = now if first is None else first
+            last = now
+            tokens += 1
+        total = time.perf_counter() - start
+        print(
+            json.dumps(
+                {
+                    "ttft": (first or start) - start,
+                    "last": (last or start) - start,
+                    "total": total,
+                    "tokens": tokens,
+                }
+            ),
+            flush=True,
+        )
+
+
+class MlxServerTarget:
+    """`python -m mlx_lm.server` with the OpenBLAS environment, OpenAI chat endpoint."""
+
+    name = "mlx_lm.server"
+
+    def __init__(self, model: Path, env: dict[str, str] | None, log_dir: Path) -> None:
+        self.port = free_port()
+        self.log = open(log_dir / "mlx_lm_server.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlx_lm.server",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--max-tokens",
+                "64",
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=300)
+        wait_until(lambda: self.client.get("/v1/models").status_code == 200, self.proc)
+
+    def stream(self, messages: list[dict[str, str]], max_tokens: int) -> Sample:
+        body = {
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        sent = time.perf_counter()
+        first = last = None
+        chunks = 0
+        usage: dict[str, Any] | None = None
+        with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            for _event, data in iter_sse(response):
+                if data == "[DONE]":
+                    break
+                payload = json.loads(data)
+                usage = payload.get("usage") or usage
+                for choice in payload.get("choices", []):
+                    if (choice.get("delta") or {}).get("content"):
+                        now = time.perf_counter()
+                        first = now if first is None else first
+                        last = now
+                        chunks += 1
+        done = time.perf_counter()
+        tokens = usage["completion_tokens"] if usage else chunks
+        cached = None
+        if usage and usage.get("prompt_tokens_details"):
+            cached = usage["prompt_tokens_details"].get("cached_tokens")
+        return Sample(sent, first, last, done, tokens, cached)
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+class ServiceTarget:
+    """A `jupyter server` with jupyter_lmsp: `POST /lmsp/v1/responses` with `stream: true`."""
+
+    name = "LMSP service"
+
+    def __init__(self, model: Path, data_dir: Path, max_batch_size: int) -> None:
+        self.port = free_port()
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        args = [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--allow-root",
+            "--ip=127.0.0.1",
+            f"--port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={TOKEN}",
+            f"--ServerApp.root_dir={data_dir}",
+            "--ServerApp.jpserver_extensions=jupyter_lmsp=True",
+            f"--LMSPExtension.data_dir={data_dir}",
+            f"--LMSPExtension.model_dir={model.parent}",
+            f"--LMSPExtension.default_model={model.name}",
+            f"--LMSPExtension.max_batch_size={max_batch_size}",
+        ]
+        env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(data_dir / "rt"))
+        self.log = open(data_dir / "server.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}/lmsp/v1",
+            headers={"Authorization": f"token {TOKEN}"},
+            timeout=300,
+        )
+        wait_until(lambda: self.client.get("/service").status_code == 200, self.proc)
+
+    def service(self) -> dict[str, Any]:
+        return self.client.get("/service").json()
+
+    def stream(
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        previous_response_id: str | None = None,
+    ) -> Sample:
+        return self.stream_with_id(messages, max_tokens, previous_response_id)[0]
+
+    def stream_with_id(
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        previous_response_id: str | None = None,
+    ) -> tuple[Sample, str, str]:
+        body: dict[str, Any] = {
+            "input": messages,
+            "max_output_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+        }
+        if previous_response_id is not None:
+            body["previous_response_id"] = previous_response_id
+        sent = time.perf_counter()
+        first = last = None
+        final: dict[str, Any] = {}
+        text: list[str] = []
+        with self.client.stream("POST", "/responses", json=body) as response:
+            response.raise_for_status()
+            for event, data in iter_sse(response):
+                if not data or event is None:
+                    continue
+                payload = json.loads(data)
+                kind = payload.get("type", event)
+                if kind == "response.output_text.delta":
+                    now = time.perf_counter()
+                    first = now if first is None else first
+                    last = now
+                    text.append(payload["delta"])
+                elif kind in ("response.completed", "response.incomplete", "response.failed"):
+                    final = payload["response"]
+                    break
+        done = time.perf_counter()
+        if final.get("status") == "failed" or not final:
+            raise RuntimeError(f"the service failed: {final}")
+        usage = final.get("usage") or {}
+        cached = (usage.get("input_tokens_details") or {}).get("cached_tokens")
+        sample = Sample(sent, first, last, done, usage.get("output_tokens", 0), cached)
+        return sample, final["id"], "".join(text)
+
+    def close(self) -> None:
+        self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
+        with contextlib.suppress(httpx.TransportError):
+            if ready():
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{proc.args[:3]} did not come up")
+
+
+def concurrently(
+    stream: Callable[[list[dict[str, str]], int], Sample], n: int, max_tokens: int
+) -> list[Sample]:
+    """n streams at once, each its own (never seen) prompt, released together."""
+    barrier = threading.Barrier(n)
+    samples: list[Sample | None] = [None] * n
+    errors: list[BaseException] = []
+
+    nonce = uuid.uuid4().hex[:6]
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait()
+            samples[i] = stream(story(i, nonce), max_tokens)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [s for s in samples if s is not None]
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Results:
+    meta: dict[str, Any] = field(default_factory=dict)
+    single: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    concurrent: dict[str, dict[int, list[list[dict[str, Any]]]]] = field(default_factory=dict)
+    turns: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+
+
+def as_dict(sample: Sample) -> dict[str, Any]:
+    return {
+        **asdict(sample),
+        "ttft": sample.ttft,
+        "decode_tps": sample.decode_tps,
+        "e2e_tps": sample.e2e_tps,
+    }
+
+
+def second_turn(
+    target: MlxServerTarget | ServiceTarget, max_tokens: int
+) -> tuple[Sample, Sample, int]:
+    """(cold, warm, first-turn output tokens) for one conversation."""
+    nonce = uuid.uuid4().hex[:8]
+    system = f"Session {nonce}. {HANDBOOK}"
+    first_turn = chat(FIRST_QUESTION, system)
+    if isinstance(target, ServiceTarget):
+        first, response_id, answer = target.stream_with_id(first_turn, max_tokens)
+        warm = target.stream([{"role": "user", "content": SECOND_QUESTION}], 16, response_id)
+    else:
+        body = {"messages": first_turn, "max_tokens": max_tokens, "temperature": 0.0}
+        reply = target.client.post("/v1/chat/completions", json=body).json()
+        answer = reply["choices"][0]["message"]["content"]
+        first = Sample(0, None, None, 0, reply["usage"]["completion_tokens"])
+        conversation = [
+            *first_turn,
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": SECOND_QUESTION},
+        ]
+        warm = target.stream(conversation, 16)
+    # The same conversation under a system prompt never seen: nothing to reuse.
+    cold_system = f"Session {uuid.uuid4().hex[:8]}. {HANDBOOK}"
+    cold = target.stream(
+        [
+            *chat(FIRST_QUESTION, cold_system),
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": SECOND_QUESTION},
+        ],
+        16,
+    )
+    return cold, warm, first.tokens
+
+
+def run(args: argparse.Namespace) -> Results:
+    sys.path.insert(0, str(REPO))
+    from jupyter_lmsp.engine.blas import prepare_worker_blas
+    from jupyter_lmsp.models.demo import ensure_demo_model
+
+    model = ensure_demo_model(args.model_dir)
+    if args.blas_threads > 0:
+        # Inherited by all three: the children below, and the service's worker through the
+        # jupyter server's environment.
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+    blas = prepare_worker_blas()
+    log(f"model {model}; BLAS for mlx-lm children: {blas.blas} ({blas.reason})")
+    results = Results()
+    results.meta = {
+        "model": model.name,
+        "max_tokens": args.tokens,
+        "rounds": args.rounds,
+        "concurrency": args.concurrency,
+        "max_batch_size": args.max_batch_size,
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS default"),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": package_versions(),
+        "load_before": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    tmp = Path(tempfile.mkdtemp(prefix="lmsp-bench-"))
+    targets: list[Any] = []
+    try:
+        bare = BareTarget(model, blas.env)
+        targets.append(bare)
+        mlx = MlxServerTarget(model, blas.env, tmp)
+        targets.append(mlx)
+        service = ServiceTarget(model, tmp / "service", args.max_batch_size)
+        targets.append(service)
+        log("warming up")
+        for target in targets:
+            target.stream(chat("Say hello."), 8)
+        worker = service.service().get("worker", {})
+        results.meta["blas"] = {
+            bare.name: bare.blas,
+            mlx.name: blas.blas,
+            service.name: worker.get("blas", "unknown"),
+        }
+        log(f"BLAS: {results.meta['blas']}")
+
+        tokens = args.tokens
+        for target in targets:
+            results.single[target.name] = []
+        for round_ in range(args.rounds):
+            for target in targets:
+                sample = target.stream(story(round_, uuid.uuid4().hex[:6]), tokens)
+                results.single[target.name].append(as_dict(sample))
+                log(
+                    f"single r{round_} {target.name}: {sample.tokens} tok, ttft "
+                    f"{sample.ttft:.2f}s, decode {sample.decode_tps:.1f} tok/s"
+                )
+
+        for target in (mlx, service):
+            results.concurrent[target.name] = {n: [] for n in args.concurrency}
+        for n in args.concurrency:
+            if n == 1:
+                # One stream is the single-stream measurement above: reuse it.
+                for target in (mlx, service):
+                    results.concurrent[target.name][1] = [
+                        [sample] for sample in results.single[target.name]
+                    ]
+                continue
+            for round_ in range(args.rounds):
+                for target in (mlx, service):
+                    samples = concurrently(target.stream, n, tokens)
+                    results.concurrent[target.name][n].append([as_dict(s) for s in samples])
+                    log(
+                        f"concurrent n={n} r{round_} {target.name}: "
+                        f"{sum(s.tokens for s in samples)} tok, {aggregate_tps(samples):.1f} tok/s"
+                    )
+
+        for target in (mlx, service):
+            results.turns[target.name] = {"cold": [], "warm": []}
+        for round_ in range(args.rounds):
+            for target in (mlx, service):
+                cold, warm, first_tokens = second_turn(target, tokens)
+                results.turns[target.name]["cold"].append(as_dict(cold))
+                results.turns[target.name]["warm"].append(as_dict(warm))
+                log(
+                    f"second turn r{round_} {target.name}: cold {cold.ttft:.2f}s, warm "
+                    f"{warm.ttft:.2f}s (cached {warm.cached_tokens}; turn 1: {first_tokens} tok)"
+                )
+    finally:
+        for target in reversed(targets):
+            target.close()
+        if args.keep_logs:
+            log(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    results.meta["load_after"] = os.getloadavg()
+    results.meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return results
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("mlx", "mlx-lm", "jupyter-lmsp", "cmeel-openblas"):
+        with contextlib.suppress(PackageNotFoundError):
+            found[name] = version(name)
+    return found
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def summarize(results: Results) -> dict[str, Any]:
+    single = {
+        name: {
+            "ttft": median([s["ttft"] for s in samples]),
+            "decode_tps": median([s["decode_tps"] for s in samples]),
+            "e2e_tps": median([s["e2e_tps"] for s in samples]),
+            "tokens": median([s["tokens"] for s in samples]),
+        }
+        for name, samples in results.single.items()
+    }
+    concurrent = {
+        name: {
+            n: median([aggregate_tps([Sample(**_fields(s)) for s in run]) for run in runs])
+            for n, runs in levels.items()
+        }
+        for name, levels in results.concurrent.items()
+    }
+    turns = {
+        name: {kind: median([s["ttft"] for s in samples]) for kind, samples in kinds.items()}
+        for name, kinds in results.turns.items()
+    }
+    cached = {
+        name: median([s["cached_tokens"] or 0 for s in kinds["warm"]])
+        for name, kinds in results.turns.items()
+    }
+    return {"single": single, "concurrent": concurrent, "turns": turns, "cached": cached}
+
+
+def _fields(sample: dict[str, Any]) -> dict[str, Any]:
+    return {k: sample[k] for k in ("sent", "first", "last", "done", "tokens", "cached_tokens")}
+
+
+def render(results: Results, summary: dict[str, Any]) -> str:
+    meta = results.meta
+    mlx, service = MlxServerTarget.name, ServiceTarget.name
+    lines = [
+        "# Engine benchmark",
+        "",
+        f"`benchmarks/bench_engine.py`, {meta['started']} – {meta['finished']}. Model "
+        f"`{meta['model']}` (float32), greedy, {meta['max_tokens']} output tokens per stream, "
+        f"median of {meta['rounds']} interleaved rounds. Machine: {meta['cpus']} CPUs, "
+        f"{meta['platform']}, load average {meta['load_before'][0]:.1f} before / "
+        f"{meta['load_after'][0]:.1f} after. Versions: "
+        + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+        + ". BLAS: "
+        + ", ".join(f"{k}: {v}" for k, v in meta["blas"].items())
+        + f", OPENBLAS_NUM_THREADS={meta['blas_threads']} for all three. Service: `--LMSPExtension.max_batch_size={meta['max_batch_size']}`, default "
+        "prompt cache.",
+        "",
+        "## Single stream",
+        "",
+        "| | TTFT (s) | decode tok/s | end-to-end tok/s | tokens |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in summary["single"].items():
+        lines.append(
+            f"| {name} | {row['ttft']:.2f} | {row['decode_tps']:.1f} | {row['e2e_tps']:.1f} "
+            f"| {row['tokens']:.0f} |"
+        )
+    s, m = summary["single"][service], summary["single"][mlx]
+    lines += [
+        "",
+        f"Service / mlx_lm.server: decode {s['decode_tps'] / m['decode_tps']:.2f}×, "
+        f"end-to-end {s['e2e_tps'] / m['e2e_tps']:.2f}× (target ≥ 1.0×).",
+        "",
+        "## Aggregate throughput, concurrent streams (tok/s)",
+        "",
+        "| streams | mlx_lm.server | LMSP service | service / mlx_lm.server |",
+        "|---:|---:|---:|---:|",
+    ]
+    for n in meta["concurrency"]:
+        a, b = summary["concurrent"][mlx][n], summary["concurrent"][service][n]
+        lines.append(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f}× |")
+    lines += [
+        "",
+        "Aggregate = all tokens / (last stream done − first request sent), each stream its own "
+        "prompt; 1 stream is the single-stream run above. Target at 8 streams ≥ 1.2×.",
+        "",
+        "## Second chat turn, time to first token (s)",
+        "",
+        "| | cold | warm | warm / cold | cached prompt tokens (warm) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in summary["turns"].items():
+        cached = summary["cached"].get(name)
+        lines.append(
+            f"| {name} | {row['cold']:.2f} | {row['warm']:.2f} | "
+            f"{row['warm'] / row['cold']:.2f} | {cached:.0f} |"
+        )
+    lines += [
+        "",
+        "A ~600-token conversation (long system prompt, first question and its answer, second "
+        "question). Warm: right after the first turn (service: `previous_response_id`; "
+        "mlx_lm.server: the whole conversation again). Cold: the same conversation under a "
+        "never-seen system prompt. Target: warm ≤ 0.3× cold.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(results: Results, summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    names = list(summary["single"])
+    colors = {
+        names[0]: "#9e9e9e",
+        MlxServerTarget.name: "#f28e2b",
+        ServiceTarget.name: "#4e79a7",
+    }
+    ax = axes[0]
+    values = [summary["single"][n]["decode_tps"] for n in names]
+    ax.bar(range(len(names)), values, color=[colors[n] for n in names])
+    ax.set_xticks(range(len(names)), [n.replace(" ", "\n", 1) for n in names], fontsize=8)
+    ax.set_ylabel("tokens/s")
+    ax.set_title("Single stream decode rate")
+
+    ax = axes[1]
+    levels = results.meta["concurrency"]
+    width = 0.38
+    for i, name in enumerate((MlxServerTarget.name, ServiceTarget.name)):
+        xs = [x + (i - 0.5) * width for x in range(len(levels))]
+        ax.bar(
+            xs,
+            [summary["concurrent"][name][n] for n in levels],
+            width,
+            label=name,
+            color=colors[name],
+        )
+    ax.set_xticks(range(len(levels)), [str(n) for n in levels])
+    ax.set_xlabel("concurrent streams")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title("Aggregate throughput")
+    ax.legend()
+
+    ax = axes[2]
+    for i, name in enumerate((MlxServerTarget.name, ServiceTarget.name)):
+        row = summary["turns"][name]
+        ax.bar(
+            [i - width / 2, i + width / 2],
+            [row["cold"], row["warm"]],
+            width,
+            color=[colors[name], colors[name]],
+            alpha=1.0,
+        )
+        ax.text(
+            i + width / 2,
+            row["warm"],
+            f"{row['warm'] / row['cold']:.2f}×",
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
+    ax.set_xticks(
+        [0, 1],
+        [f"{MlxServerTarget.name}\ncold | warm", f"{ServiceTarget.name}\ncold | warm"],
+        fontsize=8,
+    )
+    ax.set_ylabel("seconds")
+    ax.set_title("Second turn: time to first token")
+    fig.suptitle(f"{results.meta['model']}, {results.meta['cpus']} CPUs, OpenBLAS, greedy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--model-dir",
+        type=Path,
+        default=DEFAULT_MODEL_DIR,
+        help=f"where the demo model is converted (default {DEFAULT_MODEL_DIR})",
+    )
+    parser.add_argument("--tokens", type=int, default=64, help="output tokens per stream")
+    parser.add_argument("--rounds", type=int, default=3, help="repetitions (median is reported)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument(
+        "--max-batch-size", type=int, default=8, help="the service's LMSPExtension.max_batch_size"
+    )
+    parser.add_argument(
+        "--blas-threads",
+        type=int,
+        default=1,
+        help="OPENBLAS_NUM_THREADS for all three (0: OpenBLAS's default, one per CPU)",
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
+    parser.add_argument("--bare-child", metavar="MODEL", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.bare_child:
+        bare_child(args.bare_child)
+        return 0
+    started = time.monotonic()
+    results = run(args)
+    summary = summarize(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = render(results, summary)
+    (args.out / "engine.md").write_text(report)
+    (args.out / "engine.json").write_text(
+        json.dumps(
+            {
+                "meta": results.meta,
+                "single": results.single,
+                "concurrent": results.concurrent,
+                "turns": results.turns,
+                "summary": summary,
+            },
+            indent=1,
+        )
+    )
+    plot(results, summary, args.out / "engine.png")
+    print(report)
+    log(f"done in {time.monotonic() - started:.0f} s; wrote {args.out}/engine.{{md,json,png}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
