@@ -215,6 +215,13 @@ class OneTransaction:
         yield self.session
         self.session.flush()
 
+    @contextmanager
+    def write_connection(self) -> Iterator[Any]:
+        self.session.flush()
+        yield self.session.connection()
+        # rows written around the ORM: reload what the session holds
+        self.session.expire_all()
+
 
 def _drive(
     db: Database, state: str, on_restart: str, *, with_response: bool = True, via: str = "running"
@@ -389,6 +396,14 @@ class PausingDatabase(Database):
         finally:
             self._holding = False
             self.release.set()
+
+    @contextmanager
+    def write_connection(self) -> Iterator[Any]:
+        with super().write_connection() as conn:
+            yield conn
+            if self._holding:
+                self.paused.set()
+                assert self.release.wait(30), "the test never released the transaction"
 
     @contextmanager
     def write(self) -> Iterator[Any]:

@@ -16,6 +16,7 @@ import functools
 import inspect
 import json
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -49,6 +50,26 @@ _STATUS_TYPES = {
 }
 
 __all__ = ["LMSPHandler", "allow_unauthenticated", "idempotent", "public", "requires"]
+
+
+# A live event reaches every watcher of its task as the same dict: its frame is serialized once
+# (200 readers of one task cost one json.dumps per event, not 200). The cache holds the event
+# itself, so an id() is never reused while its entry lives.
+_FRAMES: OrderedDict[int, tuple[dict[str, Any], str]] = OrderedDict()
+_FRAME_CACHE_SIZE = 4096
+
+
+def sse_frame(event: dict[str, Any]) -> str:
+    """`id`, `event` and `data` lines of one SSE event (LMSP B6)."""
+    cached = _FRAMES.get(id(event))
+    if cached is not None and cached[0] is event:
+        return cached[1]
+    data = json.dumps(event, separators=(",", ":"))
+    frame = f"id: {event['sequence_number']}\nevent: {event['type']}\ndata: {data}\n\n"
+    _FRAMES[id(event)] = (event, frame)
+    if len(_FRAMES) > _FRAME_CACHE_SIZE:
+        _FRAMES.popitem(last=False)
+    return frame
 
 
 def public(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -246,13 +267,7 @@ class LMSPHandler(APIHandler):
         try:
             await self.flush()
             async for event in events:
-                if event is None:
-                    self.write(": keep-alive\n\n")
-                else:
-                    data = json.dumps(event, separators=(",", ":"))
-                    self.write(
-                        f"id: {event['sequence_number']}\nevent: {event['type']}\ndata: {data}\n\n"
-                    )
+                self.write(": keep-alive\n\n" if event is None else sse_frame(event))
                 await self.flush()
         except StreamClosedError:
             return

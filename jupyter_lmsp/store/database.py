@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
 from sqlmodel import Session, SQLModel
 
@@ -62,6 +62,12 @@ class Database:
             except BaseException:
                 session.rollback()
                 raise
+
+    @contextmanager
+    def write_connection(self) -> Iterator[Connection]:
+        """A write transaction on a bare connection (no ORM session), for hot paths."""
+        with self.engine.connect().execution_options(lmsp_begin="IMMEDIATE") as conn, conn.begin():
+            yield conn
 
     @contextmanager
     def read(self) -> Iterator[Session]:

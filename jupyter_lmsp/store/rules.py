@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 
 from ..protocol import events as ev
 from ..protocol.errors import LMSPError
@@ -197,21 +197,52 @@ def start_running(db: Database, task_id: str, input_tokens: int) -> Committed:
 
 
 def append_output(db: Database, task_id: str, token_ids: Sequence[int], text: str) -> Committed:
-    """Append generated text as one delta event, with the snapshot that covers it (LMSP B7)."""
+    """Append generated text as one delta event, with the snapshot that covers it (LMSP B7).
+
+    This is the hot path (one call per committed batch of tokens, for every running task), so
+    it is written with SQL expressions on the transaction's connection rather than the ORM:
+    one SELECT, one INSERT, one UPDATE.
+    """
     now = time.time()
-    with db.write() as session:
-        task, response = _load(session, task_id)
+    tasks = Task.__table__  # type: ignore[attr-defined]
+    with db.write_connection() as conn:
+        row = conn.execute(select(tasks).where(tasks.c.id == task_id)).mappings().first()
+        if row is None:
+            raise LMSPError(
+                404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
+            )
+        task = Task(**row)
         snap = snapshot_of(task)
         if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
             "open"
         ):
-            return Committed(task, response, [], changed=False)
+            return Committed(task, None, [], changed=False)
         snap["token_ids"].extend(token_ids)
         snap["text"] += text
         task.snapshot = json.dumps(snap)
-        built = [ev.text_delta(snap["item_id"], snap["output_index"], text)] if text else []
-        events = _append(session, task, built, now)
-    return Committed(task, response, events)
+        events = [ev.text_delta(snap["item_id"], snap["output_index"], text)] if text else []
+        rows = []
+        for event in events:
+            event["sequence_number"] = task.next_sequence
+            rows.append(
+                {
+                    "task_id": task_id,
+                    "sequence_number": task.next_sequence,
+                    "type": event["type"],
+                    "data": json.dumps(event, separators=(",", ":")),
+                    "created_at": now,
+                }
+            )
+            task.next_sequence += 1
+        if rows:
+            conn.execute(insert(TaskEvent), rows)
+        task.updated_at = now
+        conn.execute(
+            update(tasks)
+            .where(tasks.c.id == task_id)
+            .values(snapshot=task.snapshot, next_sequence=task.next_sequence, updated_at=now)
+        )
+    return Committed(task, None, events)
 
 
 # ---------------------------------------------------------------------------------------------
