@@ -207,7 +207,8 @@ def test_create_plain(client):
     assert r.usage.input_tokens > 0
     assert 0 < r.usage.output_tokens <= SHORT
     assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
-    assert r.usage.input_tokens_details.cached_tokens == 0
+    # Earlier tests may have left this prompt in the prompt cache: all of it but the last token.
+    assert 0 <= r.usage.input_tokens_details.cached_tokens < r.usage.input_tokens
     assert r.usage.output_tokens_details.reasoning_tokens == 0
     assert r.background is False
     assert client.responses.retrieve(r.id).output_text == r.output_text
