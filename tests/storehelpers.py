@@ -216,9 +216,11 @@ class OneTransaction:
         self.session.flush()
 
     @contextmanager
-    def write_connection(self) -> Iterator[Any]:
+    def write_cursor(self) -> Iterator[Any]:
         self.session.flush()
-        yield self.session.connection()
+        cursor = self.session.connection().connection.dbapi_connection.cursor()
+        cursor.row_factory = sqlite3.Row
+        yield cursor
         # rows written around the ORM: reload what the session holds
         self.session.expire_all()
 
@@ -398,9 +400,9 @@ class PausingDatabase(Database):
             self.release.set()
 
     @contextmanager
-    def write_connection(self) -> Iterator[Any]:
-        with super().write_connection() as conn:
-            yield conn
+    def write_cursor(self) -> Iterator[Any]:
+        with super().write_cursor() as cursor:
+            yield cursor
             if self._holding:
                 self.paused.set()
                 assert self.release.wait(30), "the test never released the transaction"
