@@ -26,10 +26,27 @@ log = logging.getLogger(__name__)
 
 
 class ModelCatalog:
+    # Every request resolves its model; the registry changes rarely (and, from other processes
+    # such as the CLI, is seen within this many seconds).
+    CACHE_SECONDS = 1.0
+
     def __init__(self, db: Database, model_dir: Path, default_model: str | None) -> None:
         self.db = db
         self.model_dir = Path(model_dir)
         self.default_model = default_model or None
+        self._rows: dict[str, Model] = {}
+        self._read_at = float("-inf")
+
+    def forget(self) -> None:
+        """Drop the cached rows (after this process changed the registry)."""
+        self._read_at = float("-inf")
+
+    def _get(self, model_id: str) -> Model | None:
+        now = time.monotonic()
+        if now - self._read_at > self.CACHE_SECONDS:
+            self._rows = {m.id: m for m in store.list_models(self.db)}
+            self._read_at = now
+        return self._rows.get(model_id)
 
     def sync_model_dir(self) -> list[str]:
         """Register, in place, every MLX model directory under the model folder not yet known."""
@@ -108,10 +125,12 @@ class ModelCatalog:
 
     def mark(self, model_id: str, state: str) -> None:
         store.set_model_state(self.db, model_id, state)
+        self.forget()
 
     def delete(self, model_id: str) -> dict[str, Any]:
         """Forget a model; files the service made itself (in its model folder) go too."""
         model = store.delete_model(self.db, model_id)
+        self.forget()
         if model is None:
             raise not_found("model", model_id, param="model")
         path = Path(model.path)

@@ -134,6 +134,7 @@ class ModelRegistrar:
                 TaskState.FAILED, error={"code": "registration_failed", "message": str(e)}
             )
         self._publish(rules.finish(self.db, task_id, outcome))
+        self.catalog.forget()
 
     async def _register(self, task_id: str, params: dict[str, Any]) -> rules.Outcome:
         proc = await asyncio.create_subprocess_exec(

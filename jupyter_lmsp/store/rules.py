@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, insert, select
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from ..protocol import events as ev
 from ..protocol.errors import LMSPError
@@ -104,21 +105,43 @@ def create_task(
     task.state = TaskState.QUEUED
     task.created_at = task.created_at or now
     task.updated_at = now
-    task.next_sequence = 0
+    first = (
+        ev.lifecycle(ev.CREATED, response_object(response, task))
+        if response is not None
+        else {"type": "task.created", "task_id": task.id}
+    )
+    first["sequence_number"] = 0
+    task.next_sequence = 1
+    # Plain INSERTs (no ORM unit of work): this runs once per created task, on the request's
+    # path to its 202.
     with db.write() as session:
+        conn = session.connection()
         if response is not None:
-            session.add(response)
-        session.add(task)
-        session.flush()
-        first = (
-            ev.lifecycle(ev.CREATED, response_object(response, task))
-            if response is not None
-            else {"type": "task.created", "task_id": task.id}
+            conn.execute(insert(Response), [response.model_dump()])
+        conn.execute(insert(Task), [task.model_dump()])
+        conn.execute(
+            insert(TaskEvent),
+            [
+                {
+                    "task_id": task.id,
+                    "sequence_number": 0,
+                    "type": first["type"],
+                    "data": json.dumps(first, separators=(",", ":")),
+                    "created_at": now,
+                }
+            ],
         )
-        events = _append(session, task, [first], now)
         if idempotency is not None:
-            session.merge(idempotency)
-    return Committed(task, response, events)
+            values = idempotency.model_dump()
+            conn.execute(
+                sqlite_insert(IdempotencyKey)
+                .values(values)
+                .on_conflict_do_update(
+                    index_elements=["caller", "key"],
+                    set_={k: v for k, v in values.items() if k not in ("caller", "key")},
+                )
+            )
+    return Committed(task, response, [first])
 
 
 # ---------------------------------------------------------------------------------------------
