@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import LMSPError, invalid
+from .requests import number_field, optional_field
 
 CHAT_FIELDS = {
     "model",
@@ -95,15 +96,15 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
             )
         raise LMSPError(400, "unknown_parameter", f"Unknown parameter: '{name}'.", param=name)
 
-    model = _opt(body, "model", str)
+    model = optional_field(body, "model", str)
     if "messages" not in body:
         raise invalid(
             "'messages' is required.", param="messages", code="missing_required_parameter"
         )
     messages = parse_messages(body["messages"])
 
-    max_tokens = _opt(body, "max_tokens", int)
-    max_completion_tokens = _opt(body, "max_completion_tokens", int)
+    max_tokens = optional_field(body, "max_tokens", int)
+    max_completion_tokens = optional_field(body, "max_completion_tokens", int)
     for name, limit in (
         ("max_tokens", max_tokens),
         ("max_completion_tokens", max_completion_tokens),
@@ -121,15 +122,15 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         )
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
 
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise invalid("'top_p' must be greater than 0.", param="top_p")
-    seed = _opt(body, "seed", int)
+    seed = optional_field(body, "seed", int)
     if seed is not None and not 0 <= seed < MAX_SEED:
         raise invalid("'seed' must be between 0 and 2**63-1.", param="seed")
 
-    n = _opt(body, "n", int)
+    n = optional_field(body, "n", int)
     if n is not None and n != 1:
         raise LMSPError(
             400,
@@ -148,7 +149,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
             "model's end-of-sequence token or at 'max_completion_tokens'.",
             param="stop",
         )
-    if _opt(body, "store", bool):
+    if optional_field(body, "store", bool):
         raise LMSPError(
             400,
             "unsupported_parameter",
@@ -157,10 +158,10 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
             param="store",
         )
     for name in ("user", "safety_identifier", "prompt_cache_key"):
-        _opt(body, name, str)
+        optional_field(body, name, str)
 
-    stream = bool(_opt(body, "stream", bool) or False)
-    options = _opt(body, "stream_options", dict)
+    stream = bool(optional_field(body, "stream", bool) or False)
+    options = optional_field(body, "stream_options", dict)
     if options is not None and not stream:
         raise invalid(
             "'stream_options' is only allowed with 'stream': true.", param="stream_options"
@@ -179,7 +180,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
                 param=f"stream_options.{name}",
             )
 
-    metadata = _opt(body, "metadata", dict) or {}
+    metadata = optional_field(body, "metadata", dict) or {}
     if len(metadata) > MAX_METADATA_KEYS or not all(
         isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
         for k, v in metadata.items()
@@ -283,30 +284,6 @@ def _kind(value: Any) -> str:
     if isinstance(value, int | float):
         return "number"
     return type(value).__name__
-
-
-def _opt(body: dict[str, Any], name: str, kind: type) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    if kind is int and isinstance(value, float) and value.is_integer():
-        return int(value)  # JSON (and JSON Schema) make no difference between 8 and 8.0
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise invalid(f"'{name}' must be an integer.", param=name, code="invalid_type")
-    if not isinstance(value, kind):
-        raise invalid(f"'{name}' must be of type {kind.__name__}.", param=name, code="invalid_type")
-    return value
-
-
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise invalid(f"'{name}' must be a number.", param=name, code="invalid_type")
-    if not lo <= value <= hi:
-        raise invalid(f"'{name}' must be between {lo} and {hi}.", param=name)
-    return float(value)
 
 
 # ---------------------------------------------------------------------------------------------

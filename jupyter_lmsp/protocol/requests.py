@@ -104,29 +104,29 @@ def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
             )
         raise LMSPError(400, "unknown_parameter", f"Unknown parameter: '{name}'.", param=name)
 
-    model = _opt(body, "model", str)
+    model = optional_field(body, "model", str)
     if "input" not in body:
         raise invalid("'input' is required.", param="input", code="missing_required_parameter")
     messages = parse_input(body["input"])
-    instructions = _opt(body, "instructions", str)
-    max_output_tokens = _opt(body, "max_output_tokens", int)
+    instructions = optional_field(body, "instructions", str)
+    max_output_tokens = optional_field(body, "max_output_tokens", int)
     if max_output_tokens is not None and max_output_tokens < 1:
         raise invalid("'max_output_tokens' must be at least 1.", param="max_output_tokens")
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise invalid("'top_p' must be greater than 0.", param="top_p")
-    seed = _opt(body, "seed", int)
+    seed = optional_field(body, "seed", int)
     if seed is not None and not (0 <= seed < 2**63):
         raise invalid("'seed' must be between 0 and 2**63-1.", param="seed")
-    stream = bool(_opt(body, "stream", bool) or False)
-    background = bool(_opt(body, "background", bool) or False)
-    store = _opt(body, "store", bool)
+    stream = bool(optional_field(body, "stream", bool) or False)
+    background = bool(optional_field(body, "background", bool) or False)
+    store = optional_field(body, "store", bool)
     store = True if store is None else store
     if background and not store:
         raise invalid("A background response must be stored ('store': true).", param="store")
-    previous = _opt(body, "previous_response_id", str)
-    metadata = _opt(body, "metadata", dict) or {}
+    previous = optional_field(body, "previous_response_id", str)
+    metadata = optional_field(body, "metadata", dict) or {}
     if len(metadata) > MAX_METADATA_KEYS or not all(
         isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
         for k, v in metadata.items()
@@ -135,7 +135,7 @@ def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
             "'metadata' is at most 16 string keys (64 chars) with string values (512 chars).",
             param="metadata",
         )
-    policy_name = _opt(body, "on_restart", str)
+    policy_name = optional_field(body, "on_restart", str)
     if policy_name is None:
         policy = RestartPolicy.RESUME if background else RestartPolicy.FAIL
     else:
@@ -233,7 +233,8 @@ def _harmless(name: str, value: Any) -> bool:
     return value == allowed or value is None
 
 
-def _opt(body: dict[str, Any], name: str, kind: type) -> Any:
+def optional_field(body: dict[str, Any], name: str, kind: type) -> Any:
+    """`body[name]` if present and of `kind` (an integral float counts as an int), else a 400."""
     value = body.get(name)
     if value is None:
         return None
@@ -246,7 +247,8 @@ def _opt(body: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+def number_field(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    """`body[name]` as a number within [lo, hi], `default` if absent, else a 400."""
     value = body.get(name)
     if value is None:
         return default
