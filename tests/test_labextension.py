@@ -323,3 +323,15 @@ def test_pairing_from_a_separate_process_approved_in_the_panel(lab: LabServer, p
     with lab.client() as c:
         clients = c.get("/clients").json()["data"]
     assert result["client_id"] not in {c["id"] for c in clients}  # revoked ones are not listed
+
+
+def test_labextension_is_listed_enabled():
+    """`pip install` is the only step: the prebuilt extension is in this environment's
+    share/jupyter/labextensions and JupyterLab lists it as enabled."""
+    jupyter = Path(sys.executable).with_name("jupyter")
+    out = subprocess.run(
+        [str(jupyter), "labextension", "list"], capture_output=True, text=True, timeout=120
+    )
+    listing = out.stdout + out.stderr
+    line = next((x for x in listing.splitlines() if "jupyter-lmsp-labextension" in x), "")
+    assert "enabled" in line and "OK" in line, listing
