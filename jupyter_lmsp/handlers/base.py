@@ -12,6 +12,7 @@ ourselves), then `@public` or `@requires(scope)`, then `@idempotent`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -269,6 +270,10 @@ class LMSPHandler(APIHandler):
             async for event in events:
                 self.write(": keep-alive\n\n" if event is None else sse_frame(event))
                 await self.flush()
+                # A flush into a writable socket completes without yielding: without this, one
+                # watcher would write every queued event (and finish its request) before the
+                # next watcher of the same task got its first one.
+                await asyncio.sleep(0)
         except StreamClosedError:
             return
         finally:
