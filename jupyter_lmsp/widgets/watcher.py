@@ -86,12 +86,14 @@ class TaskWatcher(anywidget.AnyWidget):
         start: bool = True,
         **kwargs: Any,
     ) -> None:
+        if isinstance(task, Response):
+            # In the widget's first state message, not a later update: a notebook saved right
+            # after the cell ran must already show the model.
+            kwargs.setdefault("model", task.model)
+            kwargs.setdefault("response_id", task.id)
         super().__init__(**kwargs)
         self.client: Client = client or getattr(task, "client", None) or default_client()
         self.task_id = self.client.task_id_of(task)
-        if isinstance(task, Response):
-            self.response_id = task.id
-            self.model = task.model
         self.max_events = max_events
         self.token_counter = token_counter
         self.follower: EventFollower | None = None
