@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import LMSPError, invalid
-from .requests import number_field, optional_field
+from .requests import message_text, number_field, optional_field
 
 CHAT_FIELDS = {
     "model",
@@ -239,37 +239,12 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
                 f"'{where}.name' must be a string.", param=f"{where}.name", code="invalid_type"
             )
         messages.append(
-            {"role": "system" if role == "developer" else role, "content": _content(item, where)}
+            {
+                "role": "system" if role == "developer" else role,
+                "content": message_text(item, where, TEXT_PART_TYPES),
+            }
         )
     return messages
-
-
-def _content(item: dict[str, Any], where: str) -> str:
-    content = item.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if (
-                isinstance(part, dict)
-                and part.get("type") in TEXT_PART_TYPES
-                and isinstance(part.get("text"), str)
-            ):
-                texts.append(part["text"])
-            else:
-                raise LMSPError(
-                    400,
-                    "unsupported_input",
-                    f"'{where}.content[{j}]' must be a text part "
-                    '({"type": "text", "text": ...}); other kinds are not supported.',
-                    param=f"{where}.content[{j}]",
-                )
-        return "".join(texts)
-    raise invalid(
-        f"'{where}.content' must be a string or a list of text parts.",
-        param=f"{where}.content",
-    )
 
 
 def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:

@@ -189,12 +189,20 @@ def parse_input(value: Any) -> list[dict[str, str]]:
                 param=f"input[{i}].role",
             )
         messages.append(
-            {"role": "system" if role == "developer" else role, "content": _content(item, i)}
+            {
+                "role": "system" if role == "developer" else role,
+                "content": message_text(item, f"input[{i}]", INPUT_TEXT_PART_TYPES),
+            }
         )
     return messages
 
 
-def _content(item: dict[str, Any], i: int) -> str:
+INPUT_TEXT_PART_TYPES = ("input_text", "output_text", "text")
+
+
+def message_text(item: dict[str, Any], where: str, part_types: tuple[str, ...]) -> str:
+    """A message's `content` as one string: a string, or a list of text parts (of
+    `part_types`) joined; anything else is a 400 naming the part (`where` is its path)."""
     content = item.get("content")
     if isinstance(content, str):
         return content
@@ -203,12 +211,7 @@ def _content(item: dict[str, Any], i: int) -> str:
         for j, part in enumerate(content):
             if (
                 isinstance(part, dict)
-                and part.get("type")
-                in (
-                    "input_text",
-                    "output_text",
-                    "text",
-                )
+                and part.get("type") in part_types
                 and isinstance(part.get("text"), str)
             ):
                 texts.append(part["text"])
@@ -216,12 +219,13 @@ def _content(item: dict[str, Any], i: int) -> str:
                 raise LMSPError(
                     400,
                     "unsupported_input",
-                    f"'input[{i}].content[{j}]' must be a text part; other kinds are not supported.",
-                    param=f"input[{i}].content[{j}]",
+                    f"'{where}.content[{j}]' must be a text part (type "
+                    f"{' or '.join(repr(t) for t in part_types)}); other kinds are not supported.",
+                    param=f"{where}.content[{j}]",
                 )
         return "".join(texts)
     raise invalid(
-        f"'input[{i}].content' must be a string or a list of parts.", param=f"input[{i}].content"
+        f"'{where}.content' must be a string or a list of text parts.", param=f"{where}.content"
     )
 
 
