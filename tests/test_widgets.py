@@ -332,7 +332,9 @@ class FakeClient:
         }
 
     def task_id_of(self, target: Any) -> str:
-        return target if isinstance(target, str) else target.id
+        if isinstance(target, str):
+            return target
+        return getattr(target, "task_id", None) or target.id
 
     def get_task(self, task_id: str) -> Task:
         return Task.from_wire(self.task)
@@ -386,6 +388,30 @@ def test_watcher_cancel_button_message_cancels_the_task():
     assert w._finished.wait(5)
     with pytest.raises(RuntimeError):
         w.wait(0)  # closed before the task ended
+
+
+def test_a_displayed_object_opens_its_watcher_with_its_model(monkeypatch):
+    """The first state message (what a notebook saved at once keeps) already names the model
+    and the response, when the watcher comes from a Task or Response object's display."""
+    from jupyter_lmsp.client import Response
+
+    client = FakeClient(LOG, [Script(LOG)])
+    opened: list[dict] = []
+    real_open = TaskWatcher.open
+
+    def recording_open(self: TaskWatcher) -> None:
+        opened.append(self.get_state())
+        real_open(self)
+
+    monkeypatch.setattr(TaskWatcher, "open", recording_open)
+    task = Task.from_wire(client.task)
+    response = Response.from_wire(dict(response_obj("queued"), task_id="task_1"))
+    for obj in (task, response):
+        obj.client = client  # type: ignore[assignment]
+        w = obj.watch(start=False)
+        assert isinstance(w, TaskWatcher) and w.task_id == "task_1"
+        w.close()
+    assert [(s["model"], s["response_id"]) for s in opened] == [("tiny", "resp_1")] * 2
 
 
 def test_board_filters_and_opens_rows():

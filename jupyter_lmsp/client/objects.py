@@ -50,14 +50,13 @@ class _WatchableMixin:
 
     client: Client | None
 
-    def _watch_target(self) -> str:
-        raise NotImplementedError
-
     def watch(self, **kwargs: Any) -> Any:
         """A live `TaskWatcher` for this object's task."""
         from ..widgets import TaskWatcher
 
-        return TaskWatcher(self._watch_target(), client=kwargs.pop("client", self.client), **kwargs)
+        # The object itself, not its id: the watcher's first state message then already
+        # carries what the object knows (its model), for a notebook saved right away.
+        return TaskWatcher(self, client=kwargs.pop("client", self.client), **kwargs)
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
@@ -165,9 +164,6 @@ class Response(_WatchableMixin):
         assert isinstance(finished, Response)
         return finished
 
-    def _watch_target(self) -> str:
-        return self.task_id or self.id
-
     def __repr__(self) -> str:
         text = f", text={_short(self.output_text)!r}" if self.output_text else ""
         return f"Response(id={self.id!r}, status={self.status!r}, model={self.model!r}{text})"
@@ -243,9 +239,6 @@ class Task(_WatchableMixin):
         if self.response_id is None:
             raise ValueError(f"task {self.id} has no response")
         return self._need_client().get_response(self.response_id)
-
-    def _watch_target(self) -> str:
-        return self.id
 
     def __repr__(self) -> str:
         return (

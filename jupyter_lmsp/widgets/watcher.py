@@ -86,11 +86,12 @@ class TaskWatcher(anywidget.AnyWidget):
         start: bool = True,
         **kwargs: Any,
     ) -> None:
-        if isinstance(task, Response):
+        if isinstance(task, (Task, Response)):
             # In the widget's first state message, not a later update: a notebook saved right
             # after the cell ran must already show the model.
-            kwargs.setdefault("model", task.model)
-            kwargs.setdefault("response_id", task.id)
+            kwargs.setdefault("model", task.model or "")
+            response_id = task.id if isinstance(task, Response) else task.response_id
+            kwargs.setdefault("response_id", response_id or "")
         super().__init__(**kwargs)
         self.client: Client = client or getattr(task, "client", None) or default_client()
         self.task_id = self.client.task_id_of(task)
