@@ -306,8 +306,8 @@ def _fail_on_call(monkeypatch, name, n):
     [
         ("_terminate", 1),
         ("_terminate", 7),
-        ("_append", 5),
-        ("_append", 30),
+        ("_number", 5),
+        ("_number", 30),
         ("_close_open_item", 9),
     ],
 )

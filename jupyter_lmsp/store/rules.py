@@ -20,9 +20,11 @@ so callers publish exactly what was committed.
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import delete, insert, select
@@ -281,7 +283,8 @@ def request_cancel(db: Database, task_id: str) -> Committed:
         if state in TERMINAL_STATES or state == TaskState.CANCELLING:
             return Committed(task, response, [], changed=False)
         if state == TaskState.QUEUED:
-            events = _terminate(session, task, response, Outcome(TaskState.CANCELLED), now)
+            built = _terminate(task, response, Outcome(TaskState.CANCELLED), now)
+            events = _append(session, task, built, now)
         else:
             task.state = TaskState.CANCELLING
             built = (
@@ -309,7 +312,7 @@ def finish(db: Database, task_id: str, outcome: Outcome) -> Committed:
             outcome = Outcome(TaskState.CANCELLED, usage=outcome.usage)
         if outcome.also is not None:
             outcome.also(session)
-        events = _terminate(session, task, response, outcome, now)
+        events = _append(session, task, _terminate(task, response, outcome, now), now)
     return Committed(task, response, events)
 
 
@@ -383,9 +386,7 @@ def recover_at_startup(db: Database) -> RecoveryReport:
     `running`; the runner continues them from their snapshot. Idempotency keys claimed by
     requests that died before committing any work are released in the same transaction.
     """
-    unfinished = [str(s) for s in RECOVERY_TABLE]
-    query = select(Task).where(Task.state.in_(unfinished)).order_by(Task.created_at)  # type: ignore[attr-defined]
-    return _recover(db, query, SERVER_RESTARTED, release_stale_claims=True)
+    return _recover(db, None, SERVER_RESTARTED, release_stale_claims=True)
 
 
 def recover_after_worker_exit(db: Database, task_ids: Sequence[str]) -> RecoveryReport:
@@ -393,32 +394,37 @@ def recover_after_worker_exit(db: Database, task_ids: Sequence[str]) -> Recovery
     not restart, but their generation did, so each follows its restart policy."""
     if not task_ids:
         return RecoveryReport()
-    unfinished = [str(s) for s in RECOVERY_TABLE]
-    query = select(Task).where(Task.id.in_(list(task_ids)), Task.state.in_(unfinished))  # type: ignore[attr-defined]
-    return _recover(db, query, WORKER_CRASHED)
+    return _recover(db, list(task_ids), WORKER_CRASHED)
+
+
+_UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
 
 
 def _recover(
-    db: Database, query: Any, error: dict[str, str], release_stale_claims: bool = False
+    db: Database,
+    task_ids: list[str] | None,
+    error: dict[str, str],
+    release_stale_claims: bool = False,
 ) -> RecoveryReport:
+    """The 11.3 table for the unfinished tasks among `task_ids` (all of them when None).
+
+    Plain SQL on one sqlite3 cursor, with the changes written by three `executemany` calls:
+    start-up may find ten thousand unfinished tasks, and the ORM's unit of work (one UPDATE per
+    object, attribute tracking on every change) would take seconds the service is not yet
+    answering in.
+    """
     now = time.time()
     report = RecoveryReport()
-    with db.write() as session:
+    with db.write_cursor() as cursor:
         if release_stale_claims:
-            report.released_claims = session.execute(
-                delete(IdempotencyKey).where(
-                    IdempotencyKey.status_code.is_(None),  # type: ignore[union-attr]
-                    IdempotencyKey.response_id.is_(None),  # type: ignore[union-attr]
-                )
+            report.released_claims = cursor.execute(
+                "DELETE FROM idempotency_keys WHERE status_code IS NULL AND response_id IS NULL"
             ).rowcount
-        tasks = list(session.execute(query).scalars())
-        response_ids = [t.response_id for t in tasks if t.response_id]
-        responses: dict[str, Response] = {}
-        for chunk in _chunks(response_ids, 500):
-            found = select(Response).where(Response.id.in_(chunk))  # type: ignore[attr-defined]
-            for r in session.execute(found).scalars():
-                responses[r.id] = r
-        pending_rows: list[dict[str, Any]] = []
+        tasks = _unfinished_tasks(cursor, task_ids)
+        responses = _responses_of(cursor, [t.response_id for t in tasks if t.response_id])
+        event_rows: list[dict[str, Any]] = []
+        changed_responses: list[Response] = []
+        changed_tasks: list[Task] = []
         for task in tasks:
             report.examined += 1
             found_state = TaskState(task.state)
@@ -430,20 +436,89 @@ def _recover(
                 continue
             if target in (TaskState.FAILED, TaskState.CANCELLED):
                 outcome = Outcome(target, error=dict(error) if target == TaskState.FAILED else None)
-                events = _terminate(session, task, response, outcome, now, pending_rows)
+                built = _terminate(task, response, outcome, now)
+                if response is not None:
+                    changed_responses.append(response)
             else:  # back to queued (loading → queued, or running → queued under `retry`)
-                events = _close_open_item(task, "incomplete")
+                built = _close_open_item(task, "incomplete")
                 task.state = TaskState.QUEUED
-                events.append(
+                built.append(
                     ev.lifecycle(ev.QUEUED, response_object(response, task))
                     if response is not None
                     else {"type": "task.queued", "task_id": task.id}
                 )
-                events = _append(session, task, events, now, pending_rows)
+            events = _number(task, built, now, event_rows)
+            changed_tasks.append(task)
             report.committed.append(Committed(task, response, events))
-        if pending_rows:
-            session.execute(insert(TaskEvent), pending_rows)
+        cursor.executemany(
+            "UPDATE tasks SET state = ?, snapshot = ?, error = ?, next_sequence = ?,"
+            " updated_at = ?, finished_at = ? WHERE id = ?",
+            [
+                (
+                    str(t.state),
+                    t.snapshot,
+                    t.error,
+                    t.next_sequence,
+                    t.updated_at,
+                    t.finished_at,
+                    t.id,
+                )
+                for t in changed_tasks
+            ],
+        )
+        cursor.executemany(
+            "UPDATE responses SET output = ?, usage = ?, error = ?, incomplete_reason = ?,"
+            " completed_at = ? WHERE id = ?",
+            [
+                (r.output, r.usage, r.error, r.incomplete_reason, r.completed_at, r.id)
+                for r in changed_responses
+            ],
+        )
+        # The events last: should one of them fail (a constraint), the state updates above
+        # go back with it, and no task is left in a new state without its event.
+        cursor.executemany(
+            "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
+            " VALUES (:task_id, :sequence_number, :type, :data, :created_at)",
+            event_rows,
+        )
     return report
+
+
+def _unfinished_tasks(cursor: sqlite3.Cursor, task_ids: list[str] | None) -> list[Task]:
+    """Unfinished tasks (of `task_ids`, or all), oldest first, as objects outside any session."""
+    states = ", ".join("?" * len(_UNFINISHED))
+    if task_ids is None:
+        rows = cursor.execute(
+            f"SELECT * FROM tasks WHERE state IN ({states}) ORDER BY created_at", _UNFINISHED
+        ).fetchall()
+    else:
+        rows = []
+        for chunk in _chunks(task_ids, 500):
+            ids = ", ".join("?" * len(chunk))
+            rows += cursor.execute(
+                f"SELECT * FROM tasks WHERE id IN ({ids}) AND state IN ({states})",
+                (*chunk, *_UNFINISHED),
+            ).fetchall()
+        rows.sort(key=lambda r: r["created_at"])
+    return [_record(row) for row in rows]
+
+
+def _responses_of(cursor: sqlite3.Cursor, response_ids: list[str]) -> dict[str, Response]:
+    found: dict[str, Response] = {}
+    for chunk in _chunks(response_ids, 500):
+        ids = ", ".join("?" * len(chunk))
+        for row in cursor.execute(f"SELECT * FROM responses WHERE id IN ({ids})", chunk):
+            response = _record(row)
+            response.store = bool(response.store)  # SQLite hands booleans back as 0 / 1
+            found[response.id] = response
+    return found
+
+
+def _record(row: sqlite3.Row) -> Any:
+    """A row as an object with the table model's attributes. Not the model itself: building
+    ten thousand SQLModel objects (instrumented, validated on every attribute) costs more than
+    the whole recovery does without them."""
+    return SimpleNamespace(**dict(row))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -460,18 +535,18 @@ def _load(session, task_id: str) -> tuple[Task, Response | None]:  # type: ignor
     return task, response
 
 
-def _append(
-    session,  # type: ignore[no-untyped-def]
-    task: Task,
-    events: list[Event],
-    now: float,
-    pending_rows: list[dict[str, Any]] | None = None,
-) -> list[Event]:
-    """Number `events` from the task's next sequence number and write them with the task.
+def _append(session, task: Task, events: list[Event], now: float) -> list[Event]:  # type: ignore[no-untyped-def]
+    """Number `events` from the task's next sequence number and write them with the task."""
+    rows: list[dict[str, Any]] = []
+    _number(task, events, now, rows)
+    session.add(task)
+    if rows:
+        session.execute(insert(TaskEvent), rows)
+    return events
 
-    Rows go into `pending_rows` when the caller batches many tasks into one insert.
-    """
-    rows = []
+
+def _number(task: Task, events: list[Event], now: float, rows: list[dict[str, Any]]) -> list[Event]:
+    """Give `events` the task's next sequence numbers, adding their rows to `rows`."""
     for event in events:
         event["sequence_number"] = task.next_sequence
         rows.append(
@@ -485,12 +560,6 @@ def _append(
         )
         task.next_sequence += 1
     task.updated_at = now
-    session.add(task)
-    if rows:
-        if pending_rows is not None:
-            pending_rows.extend(rows)
-        else:
-            session.execute(insert(TaskEvent), rows)
     return events
 
 
@@ -511,15 +580,9 @@ _TERMINAL_EVENT = {
 }
 
 
-def _terminate(
-    session,  # type: ignore[no-untyped-def]
-    task: Task,
-    response: Response | None,
-    outcome: Outcome,
-    now: float,
-    pending_rows: list[dict[str, Any]] | None = None,
-) -> list[Event]:
-    """Move a task to its terminal state with exactly one terminal event."""
+def _terminate(task: Task, response: Response | None, outcome: Outcome, now: float) -> list[Event]:
+    """Move a task (and its response) to its terminal state; the events that say so, ending
+    with exactly one terminal event, for the caller to number and write."""
     incomplete = outcome.state == TaskState.COMPLETED and outcome.incomplete_reason is not None
     item_status = (
         "completed" if outcome.state == TaskState.COMPLETED and not incomplete else "incomplete"
@@ -542,7 +605,6 @@ def _terminate(
             response.error = json.dumps(outcome.error)
         response.incomplete_reason = outcome.incomplete_reason if incomplete else None
         response.completed_at = now
-        session.add(response)
         kind = ev.INCOMPLETE if incomplete else _TERMINAL_EVENT[outcome.state]
         events.append(ev.lifecycle(kind, response_object(response, task)))
     else:
@@ -554,7 +616,7 @@ def _terminate(
                 "result": outcome.result,
             }
         )
-    return _append(session, task, events, now, pending_rows)
+    return events
 
 
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
