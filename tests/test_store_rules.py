@@ -29,9 +29,9 @@ import random
 import sqlite3
 import threading
 import time
+from sqlite3 import IntegrityError
 
 import pytest
-from sqlalchemy.exc import IntegrityError
 from storehelpers import (
     OUTPUT_TEXT,
     OUTPUT_TOKENS,
@@ -141,7 +141,7 @@ def test_create_task_failing_mid_transaction_leaves_nothing_bad_idempotency_row(
     before = dump(db)
     task, response = new_task()
     now = time.time()
-    # request_digest is NOT NULL: the row fails at COMMIT's flush, after the task, the response
+    # request_digest is NOT NULL: the last INSERT fails, after the task, the response
     # and the response.created event were already written in the transaction.
     bad = IdempotencyKey(
         caller="owner", key="k", request_digest=None, created_at=now, expires_at=now + DAY

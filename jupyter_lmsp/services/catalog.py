@@ -98,7 +98,7 @@ class ModelCatalog:
                 "No model given and no default model is configured.",
                 param="model",
             )
-        model = store.get_model(self.db, wanted)
+        model = self._get(wanted)
         if model is None:
             raise LMSPError(
                 404,
