@@ -60,6 +60,11 @@ _FRAMES: OrderedDict[int, tuple[dict[str, Any], str]] = OrderedDict()
 _FRAME_CACHE_SIZE = 4096
 
 
+# At most this many events go out in one write: a long replay still takes turns with the
+# other streams of the IOLoop.
+SSE_EVENTS_PER_FLUSH = 64
+
+
 def sse_frame(event: dict[str, Any]) -> str:
     """`id`, `event` and `data` lines of one SSE event (LMSP B6)."""
     cached = _FRAMES.get(id(event))
@@ -267,8 +272,14 @@ class LMSPHandler(APIHandler):
         self.set_header("X-Accel-Buffering", "no")
         try:
             await self.flush()
+            unflushed = 0
             async for event in events:
                 self.write(": keep-alive\n\n" if event is None else sse_frame(event))
+                unflushed += 1
+                # Events already at hand (a task's last few, or a replay) go out in one flush.
+                if getattr(events, "ready", False) and unflushed < SSE_EVENTS_PER_FLUSH:
+                    continue
+                unflushed = 0
                 await self.flush()
                 # A flush into a writable socket completes without yielding: without this, one
                 # watcher would write every queued event (and finish its request) before the

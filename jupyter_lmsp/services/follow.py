@@ -8,47 +8,82 @@ event.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..protocol.events import is_terminal
 from ..store import queries
 from ..store.database import Database
-from .bus import EventBus
+from .bus import EventBus, Subscription
 
 Event = dict[str, Any]
 
 
-async def follow_events(
+class EventFollow:
+    """An async iterator over a task's events after `after`: None after `idle` seconds without
+    one (the caller writes a keep-alive), and the end after the terminal event.
+
+    `ready` says whether the next event is already at hand, so a writer can send several in
+    one flush (the four or five events of a task's end arrive together)."""
+
+    def __init__(
+        self, db: Database, bus: EventBus, task_id: str, after: int = -1, idle: float = 15.0
+    ) -> None:
+        self.db, self.bus, self.task_id, self.after, self.idle = db, bus, task_id, after, idle
+        self._replay: deque[Event] = deque()
+        self._sub: Subscription | None = None
+        self._events = self._follow()
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._replay) or (self._sub is not None and not self._sub.queue.empty())
+
+    def __aiter__(self) -> EventFollow:
+        return self
+
+    async def __anext__(self) -> Event | None:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def _follow(self) -> AsyncIterator[Event | None]:
+        with self.bus.subscribe(self.task_id) as sub:
+            self._sub = sub
+            last = self.after
+            self._replay.extend(queries.list_events(self.db, self.task_id, last))
+            while self._replay:
+                event = self._replay.popleft()
+                last = event["sequence_number"]
+                yield event
+                if is_terminal(event):
+                    return
+            while True:
+                item = await sub.get(timeout=self.idle)
+                if item is None:
+                    yield None
+                    continue
+                _, event = item
+                seq = event["sequence_number"]
+                if seq <= last:
+                    continue
+                if seq > last + 1:
+                    # Published events are contiguous, so a gap means this watcher fell behind
+                    # a replay boundary; the database has the missing ones.
+                    for missing in queries.list_events(self.db, self.task_id, last):
+                        if missing["sequence_number"] >= seq:
+                            break
+                        last = missing["sequence_number"]
+                        yield missing
+                last = seq
+                yield event
+                if is_terminal(event):
+                    return
+
+
+def follow_events(
     db: Database, bus: EventBus, task_id: str, after: int = -1, idle: float = 15.0
-) -> AsyncIterator[Event | None]:
-    """Yield the task's events after `after`; yield None after `idle` seconds without one
-    (the caller writes a keep-alive); stop after the terminal event."""
-    with bus.subscribe(task_id) as sub:
-        last = after
-        for event in queries.list_events(db, task_id, after):
-            last = event["sequence_number"]
-            yield event
-            if is_terminal(event):
-                return
-        while True:
-            item = await sub.get(timeout=idle)
-            if item is None:
-                yield None
-                continue
-            _, event = item
-            seq = event["sequence_number"]
-            if seq <= last:
-                continue
-            if seq > last + 1:
-                # Published events are contiguous, so a gap means this watcher fell behind a
-                # replay boundary; the database has the missing ones.
-                for missing in queries.list_events(db, task_id, last):
-                    if missing["sequence_number"] >= seq:
-                        break
-                    last = missing["sequence_number"]
-                    yield missing
-            last = seq
-            yield event
-            if is_terminal(event):
-                return
+) -> EventFollow:
+    """The task's events after `after`, then live ones, until the terminal event."""
+    return EventFollow(db, bus, task_id, after, idle)
