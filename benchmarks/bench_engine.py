@@ -357,6 +357,9 @@ class ServiceTarget:
             f"--LMSPExtension.default_model={model.name}",
             f"--LMSPExtension.max_batch_size={max_batch_size}",
         ]
+        if os.environ.get("OPENBLAS_NUM_THREADS"):
+            # The same thread count as the other two (the service otherwise picks its own).
+            args.append(f"--LMSPExtension.blas_threads={os.environ['OPENBLAS_NUM_THREADS']}")
         env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(data_dir / "rt"))
         self.log = open(data_dir / "server.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)

@@ -363,6 +363,41 @@ def test_cancel_a_queued_job(slow_engine: Engine) -> None:
         assert isinstance(eng.wait_end(job_id, timeout=5).end, JobCancelled)
 
 
+def _burst(eng: Engine, spacing: float) -> list[tuple[str, str]]:
+    """Three jobs sent `spacing` seconds apart to an idle, warm worker: the order in which
+    they started and produced their first tokens, as (message kind, job id)."""
+    eng.run(new_id("warm-up"), max_tokens=2)  # the model loaded, the worker idle again
+    since = eng.recorder.mark()
+    ids = [new_id("burst") for _ in range(3)]
+    for job_id in ids:
+        eng.client.submit(eng.job(job_id, max_tokens=4))
+        time.sleep(spacing)
+    for job_id in ids:
+        assert isinstance(eng.wait_end(job_id).end, JobFinished)
+    return [
+        (type(m).__name__, m.job_id)
+        for m in eng.recorder.messages[since:]
+        if isinstance(m, JobStarted | JobTokens)
+    ]
+
+
+@pytest.mark.parametrize("window,started_together", [(2.0, True), (0.0, False)])
+def test_an_idle_worker_gathers_a_burst_into_one_batch(
+    test_model_dir: Path, window: float, started_together: bool
+) -> None:
+    """Jobs arriving within the gather window of an idle worker all start (their prompts are
+    prefilled as one batch) before any of them produces a token; without the window, the first
+    job is already generating when the next one arrives."""
+    eng = start_engine(test_model_dir, env={"LMSP_GATHER_WINDOW": str(window)})
+    try:
+        order = _burst(eng, spacing=0.3)
+    finally:
+        eng.client.stop()
+    first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
+    started_before = [job for kind, job in order[:first_token] if kind == "JobStarted"]
+    assert len(started_before) == (3 if started_together else 1), order
+
+
 # --- errors --------------------------------------------------------------------------------
 
 

@@ -14,7 +14,8 @@ Layout:
 
 Configuration: `worker_main`'s `max_batch_size` and `prompt_cache_bytes`, or, when those are not
 given, the environment variables `LMSP_MAX_BATCH_SIZE` and `LMSP_PROMPT_CACHE_BYTES` of the
-worker process (which `EngineClient(env=...)` can set).
+worker process (which `EngineClient(env=...)` can set); `LMSP_GATHER_WINDOW` (seconds) changes
+how long an idle worker waits for more jobs before its first step.
 
 This module imports MLX only inside the worker process (in `worker_main` and the functions it
 calls), so the server process can import it to name the process target without loading MLX.
@@ -67,6 +68,10 @@ COALESCE_WINDOW = 0.02
 MAX_CACHED_MODELS = 2
 # How often an idle worker wakes up to check that its parent is still alive.
 IDLE_POLL_SECONDS = 0.5
+# When an idle worker gets a job, it waits this long for more before its first step: requests
+# sent together (a notebook cell starting several, a client's burst) then have their prompts
+# prefilled as one batch, instead of the first one's prefill holding up all the others'.
+GATHER_WINDOW = 0.02
 
 _PR_SET_PDEATHSIG = 1
 
@@ -151,8 +156,10 @@ class Worker:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prompt_cache_bytes: int = DEFAULT_PROMPT_CACHE_BYTES,
         prefill_step: int = DEFAULT_PREFILL_STEP,
+        gather_window: float = GATHER_WINDOW,
     ) -> None:
         self._conn = conn
+        self._gather_window = gather_window
         self._token_delay = token_delay
         self._parent_pid = parent_pid
         self._queue: deque[GenerateJob] = deque()
@@ -279,11 +286,14 @@ class Worker:
         step_interval = float("inf")
         last_step_at: float | None = None
         while not self._shutdown:
+            was_idle = not self._scheduler.active
             self._admit()
             if not self._scheduler.active:
                 last_step_at, step_interval = None, float("inf")
                 self._pump(IDLE_POLL_SECONDS)
                 continue
+            if was_idle:
+                self._gather()
             updates = self._scheduler.step()
             now = time.monotonic()
             if last_step_at is not None:
@@ -324,6 +334,19 @@ class Worker:
             self._pump()
             if self._shutdown:
                 return
+
+    def _gather(self) -> None:
+        """Admit the jobs that arrive within the gather window (until the batch is full)."""
+        deadline = time.monotonic() + self._gather_window
+        while not self._shutdown and self._scheduler.active < self._scheduler.max_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            queued = len(self._queue)
+            self._pump(remaining)
+            if len(self._queue) == queued:  # the window passed (or only a cancel came)
+                return
+            self._admit()
 
     def _start(self, job: GenerateJob) -> None:
         _validate(job)
@@ -452,12 +475,22 @@ def worker_main(
             parent_pid,
             max_batch_size=max_batch_size,
             prompt_cache_bytes=prompt_cache_bytes,
+            gather_window=_env_float("LMSP_GATHER_WINDOW", GATHER_WINDOW),
         ).serve()
     except _ParentGone:
         pass
     finally:
         with contextlib.suppress(OSError):
             conn.close()
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number", name, value)
+        return default
 
 
 def _env_int(name: str, default: int) -> int:
