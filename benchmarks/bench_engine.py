@@ -337,38 +337,18 @@ class ServiceTarget:
     name = "LMSP service"
 
     def __init__(self, model: Path, data_dir: Path, max_batch_size: int) -> None:
-        self.port = free_port()
-        self.data_dir = data_dir
-        data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            sys.executable,
-            "-m",
-            "jupyter_server",
-            "--no-browser",
-            "--allow-root",
-            "--ip=127.0.0.1",
-            f"--port={self.port}",
-            "--ServerApp.port_retries=0",
-            f"--IdentityProvider.token={TOKEN}",
-            f"--ServerApp.root_dir={data_dir}",
-            "--ServerApp.jpserver_extensions=jupyter_lmsp=True",
-            f"--LMSPExtension.data_dir={data_dir}",
-            f"--LMSPExtension.model_dir={model.parent}",
-            f"--LMSPExtension.default_model={model.name}",
-            f"--LMSPExtension.max_batch_size={max_batch_size}",
-        ]
+        from jupyter_lmsp.client.sandbox import LMSPServerProcess
+
+        traits: dict[str, Any] = {"model_dir": model.parent, "max_batch_size": max_batch_size}
         if os.environ.get("OPENBLAS_NUM_THREADS"):
             # The same thread count as the other two (the service otherwise picks its own).
-            args.append(f"--LMSPExtension.blas_threads={os.environ['OPENBLAS_NUM_THREADS']}")
-        env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(data_dir / "rt"))
-        self.log = open(data_dir / "server.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+            traits["blas_threads"] = os.environ["OPENBLAS_NUM_THREADS"]
+        self.server = LMSPServerProcess(
+            data_dir, token=TOKEN, default_model=model.name, traits=traits
+        ).start(timeout=180)
         self.client = httpx.Client(
-            base_url=f"http://127.0.0.1:{self.port}/lmsp/v1",
-            headers={"Authorization": f"token {TOKEN}"},
-            timeout=300,
+            base_url=self.server.api, headers=self.server.headers, timeout=300
         )
-        wait_until(lambda: self.client.get("/service").status_code == 200, self.proc)
 
     def service(self) -> dict[str, Any]:
         return self.client.get("/service").json()
@@ -424,12 +404,7 @@ class ServiceTarget:
 
     def close(self) -> None:
         self.client.close()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
+        self.server.stop()
 
 
 def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, timeout: float = 180) -> None:
