@@ -13,7 +13,6 @@ Screenshots go to `test-artifacts/browser/`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -21,21 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labbrowser import (  # the two fixtures override pytest-jupyter's
+    chromium_page,
+    jp_asyncio_loop,  # noqa: F401
+    jp_server_cleanup,  # noqa: F401
+    require_browser,
+)
 from labserver import LabServer
 from serverproc import TOKEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser"
 # Only the widgets of the notebook in the visible tab.
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
@@ -51,26 +46,6 @@ job = lmsp.start_response(
     "Tell me a story about a lighthouse.", max_output_tokens={tokens}, temperature=0, seed=3
 )
 job"""
-
-
-@pytest.fixture
-def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """Overrides pytest-jupyter's autouse fixture of this name for these tests.
-
-    Between its sync calls, Playwright marks its own loop as the running one; the plugin's
-    fixture then takes that loop for the test's and closes it at teardown ("Cannot close a
-    running event loop") once an earlier jp_fetch test has left its loop closed. These tests
-    use no asyncio themselves, so a private loop is enough.
-    """
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
-def jp_server_cleanup() -> None:
-    """Overrides pytest-jupyter's autouse cleanup: these tests make no in-process ServerApp
-    (and running its cleanup on a loop fails while Playwright's loop is marked running)."""
 
 
 def notebook(source: str) -> dict[str, Any]:
@@ -94,37 +69,24 @@ def notebook(source: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path):
-    if not CHROMIUM.exists():
-        pytest.skip("chromium is not installed at /usr/bin/chromium (`make chromium` failed)")
-    pytest.importorskip("playwright.sync_api")
+def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Iterator[LabServer]:
+    require_browser()
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    server = LabServer(tmp_path_factory.mktemp("lab"), engine_token_delay=0.04)
-    (server.data / "models" / "tiny").symlink_to(test_model_dir)
+    server = LabServer(
+        tmp_path_factory.mktemp("lab"), models={"tiny": test_model_dir}, engine_token_delay=0.04
+    )
     (server.notebooks / "watch.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=80))))
     (server.notebooks / "cancel.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=2000))))
     board = "from jupyter_lmsp.widgets import TaskBoard\n\nTaskBoard()"
     (server.notebooks / "board.ipynb").write_text(json.dumps(notebook(board)))
-    server.start()
-    try:
+    with server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
-def page(lab: LabServer):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            yield page
-        finally:
-            browser.close()
+def page(lab: LabServer) -> Iterator[Any]:
+    with chromium_page(1280, 900) as page:
+        yield page
 
 
 def open_and_run(

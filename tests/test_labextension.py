@@ -15,7 +15,6 @@ Screenshots go to `test-artifacts/labextension/`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import shutil
@@ -27,21 +26,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labbrowser import (  # the two fixtures override pytest-jupyter's
+    chromium_page,
+    jp_asyncio_loop,  # noqa: F401
+    jp_server_cleanup,  # noqa: F401
+    require_browser,
+)
 from labserver import LabServer
 from serverproc import TOKEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "labextension"
 PLUGIN = "jupyter-lmsp-labextension:sidebar"
 SIDEBAR = "#jp-lmsp-sidebar"
@@ -69,56 +64,28 @@ STATE_RECORDER = """() => {
 }"""
 
 
-@pytest.fixture
-def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
-    """Overrides pytest-jupyter's autouse fixture of this name (loaded by other test modules):
-    between its sync calls Playwright marks its own loop as running, and the plugin's fixture
-    would take and close that loop at teardown. These tests need no asyncio loop of their own."""
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-@pytest.fixture
-def jp_server_cleanup() -> None:
-    """Overrides pytest-jupyter's autouse cleanup: these tests make no in-process ServerApp."""
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Iterator[LabServer]:
-    if not CHROMIUM.exists():
-        pytest.skip("chromium is not installed at /usr/bin/chromium (`make chromium` failed)")
-    pytest.importorskip("playwright.sync_api")
+    require_browser()
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     ARTIFACTS.mkdir(parents=True)
-    server = LabServer(tmp_path_factory.mktemp("sidebar"), engine_token_delay=0.03)
-    (server.data / "models" / "tiny").symlink_to(test_model_dir)
-    server.start()
-    try:
+    root = tmp_path_factory.mktemp("sidebar")
+    with LabServer(root, models={"tiny": test_model_dir}, engine_token_delay=0.03) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def page(lab: LabServer) -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(f"{lab.url}lab?token={TOKEN}")
-            page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-            page.evaluate("() => window.jupyterapp.restored.then(() => true)")
-            assert page.evaluate(f"() => window.jupyterapp.hasPlugin('{PLUGIN}')"), errors
-            page.evaluate(STATE_RECORDER)
-            yield page
-            assert not [e for e in errors if "lmsp" in e.lower()], errors
-        finally:
-            browser.close()
+    with chromium_page(1400, 900) as page:
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{lab.url}lab?token={TOKEN}")
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+        page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+        assert page.evaluate(f"() => window.jupyterapp.hasPlugin('{PLUGIN}')"), errors
+        page.evaluate(STATE_RECORDER)
+        yield page
+        assert not [e for e in errors if "lmsp" in e.lower()], errors
 
 
 def shot(page: Any, name: str) -> None:

@@ -1,0 +1,71 @@
+"""Headless Chromium for the browser tests (test_browser_widgets, test_labextension): Debian's
+/usr/bin/chromium driven by Playwright, so nothing is downloaded.
+
+A test module imports `jp_asyncio_loop` and `jp_server_cleanup` from here: defined in the
+module, they override pytest-jupyter's autouse fixtures of those names (loaded by other test
+modules), which break next to Playwright.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def require_browser() -> None:
+    """Skip the calling test or fixture when Chromium or Playwright is missing."""
+    if not CHROMIUM.exists():
+        pytest.skip("chromium is not installed at /usr/bin/chromium (`make chromium` failed)")
+    pytest.importorskip("playwright.sync_api")
+
+
+@contextmanager
+def chromium_page(width: int, height: int) -> Iterator[Any]:
+    """A page of a fresh headless Chromium, which is closed afterwards."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+        )
+        try:
+            yield browser.new_page(viewport={"width": width, "height": height})
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """Overrides pytest-jupyter's autouse fixture of this name.
+
+    Between its sync calls, Playwright marks its own loop as the running one; the plugin's
+    fixture then takes that loop for the test's and closes it at teardown ("Cannot close a
+    running event loop") once an earlier jp_fetch test has left its loop closed. The browser
+    tests use no asyncio themselves, so a private loop is enough.
+    """
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def jp_server_cleanup() -> None:
+    """Overrides pytest-jupyter's autouse cleanup: the browser tests make no in-process
+    ServerApp (and running its cleanup on a loop fails while Playwright's loop is marked
+    running)."""
