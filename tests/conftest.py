@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from jpserver import MODEL
 
 from jupyter_lmsp.models.testmodel import make_test_model
 
@@ -13,3 +14,12 @@ from jupyter_lmsp.models.testmodel import make_test_model
 def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight test model (see jupyter_lmsp.models.testmodel), made once."""
     return make_test_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture
+def lmsp_data(tmp_path: Path, test_model_dir: Path) -> Path:
+    """A data folder for the extension, with the test model linked in as `jpserver.MODEL`."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / MODEL).symlink_to(test_model_dir)
+    return tmp_path

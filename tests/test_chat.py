@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import pytest
+from jpserver import MODEL, call, server_config, wait_state
 from tornado.httpclient import HTTPClientError
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 pytestmark = pytest.mark.timeout(120)
 
-MODEL = "tiny"
 MESSAGES = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Say something."},
@@ -27,41 +26,8 @@ LONG = 4000
 
 
 @pytest.fixture
-def lmsp_data(tmp_path, test_model_dir):
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / MODEL).symlink_to(test_model_dir)
-    return tmp_path
-
-
-@pytest.fixture
 def jp_server_config(lmsp_data, request):
-    # `@pytest.mark.token_delay(s)` slows generation so a test can act while it runs.
-    marker = request.node.get_closest_marker("token_delay")
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
-        "LMSPExtension": {
-            "data_dir": str(lmsp_data),
-            "default_model": MODEL,
-            "use_openblas": "no",
-            "keepalive_interval": 0.5,
-            "engine_token_delay": marker.args[0] if marker else 0.0,
-        },
-    }
-
-
-async def call(jp_fetch, method, path, body=None, raw=False, **kw):
-    kwargs: dict[str, Any] = {"method": method, **kw}
-    if body is not None:
-        kwargs["body"] = body if isinstance(body, str) else json.dumps(body)
-    elif method == "POST":
-        kwargs["body"] = "{}"
-    try:
-        response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
-    except HTTPClientError as e:
-        return e.code, json.loads(e.response.body), e.response.headers
-    text = response.body.decode()
-    return response.code, text if raw else json.loads(text), response.headers
+    return server_config(lmsp_data, request)
 
 
 async def chat(jp_fetch, body, **kw):
@@ -90,16 +56,6 @@ def assert_error(status, body, expected_status, code=None, param=None):
         assert body["error"]["code"] == code, body
     if param is not None:
         assert body["error"]["param"] == param, body
-
-
-async def wait_state(jp_fetch, task_id, states, timeout=30.0):
-    task: dict[str, Any] = {}
-    for _ in range(int(timeout / 0.05)):
-        _, task, _ = await call(jp_fetch, "GET", f"tasks/{task_id}")
-        if task["state"] in states:
-            return task
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"task {task_id} never reached {states}: {task}")
 
 
 async def test_plain_completion_shape_and_its_task(jp_fetch):
@@ -334,7 +290,7 @@ async def test_cancelled_by_the_task_api(jp_fetch):
     )
     await asyncio.wait_for(first, 30)
     head = json.loads(data_lines(b"".join(received).decode())[0])
-    await wait_state(jp_fetch, head["task_id"], {"running"})
+    await wait_state(jp_fetch, head["task_id"], {"running"}, timeout=30)
     status, _, _ = await call(jp_fetch, "POST", f"tasks/{head['task_id']}/cancel")
     assert status == 200
     await asyncio.wait_for(stream, 30)
@@ -343,7 +299,7 @@ async def test_cancelled_by_the_task_api(jp_fetch):
     error = json.loads(payloads[-2])
     assert_error(409, error, 409, "response_cancelled")
     assert all(json.loads(p)["choices"][0]["finish_reason"] is None for p in payloads[:-2])
-    await wait_state(jp_fetch, head["task_id"], {"cancelled"})
+    await wait_state(jp_fetch, head["task_id"], {"cancelled"}, timeout=30)
 
 
 @pytest.mark.token_delay(0.02)
@@ -362,7 +318,7 @@ async def test_client_going_away_cancels_the_task(jp_fetch):
     assert e.value.code == 599  # the client gave up
     _, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 1})
     [task] = page["data"]
-    task = await wait_state(jp_fetch, task["id"], {"cancelled", "completed"})
+    task = await wait_state(jp_fetch, task["id"], {"cancelled", "completed"}, timeout=30)
     assert task["state"] == "cancelled"
 
 

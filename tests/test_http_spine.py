@@ -4,63 +4,19 @@ cancellation, and the task and service endpoints."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 
 import pytest
+from jpserver import MODEL, call, server_config, wait_state
 from tornado.httpclient import HTTPClientError
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
-MODEL = "tiny"
-
-
-@pytest.fixture
-def lmsp_data(tmp_path, test_model_dir):
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / MODEL).symlink_to(test_model_dir)
-    return tmp_path
-
 
 @pytest.fixture
 def jp_server_config(lmsp_data, request):
-    # `@pytest.mark.token_delay(s)` slows generation so a test can act while it runs.
-    marker = request.node.get_closest_marker("token_delay")
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
-        "LMSPExtension": {
-            "data_dir": str(lmsp_data),
-            "default_model": MODEL,
-            "use_openblas": "no",
-            "keepalive_interval": 0.5,
-            "engine_token_delay": marker.args[0] if marker else 0.0,
-            "max_batch_size": 1,
-        },
-    }
-
-
-async def call(jp_fetch, method, path, body=None, **kw):
-    kwargs = {"method": method, **kw}
-    if body is not None:
-        kwargs["body"] = json.dumps(body)
-    elif method == "POST":
-        kwargs["body"] = "{}"
-    try:
-        response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
-    except HTTPClientError as e:
-        return e.code, json.loads(e.response.body), e.response.headers
-    return response.code, json.loads(response.body), response.headers
-
-
-async def wait_state(jp_fetch, task_id, states, timeout=60):
-    for _ in range(int(timeout / 0.05)):
-        _, task, _ = await call(jp_fetch, "GET", f"tasks/{task_id}")
-        if task["state"] in states:
-            return task
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"task {task_id} never reached {states}: {task}")
+    return server_config(lmsp_data, request, max_batch_size=1)
 
 
 async def test_background_response_is_committed_before_202(jp_fetch, lmsp_data):
