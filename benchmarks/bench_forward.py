@@ -1,0 +1,158 @@
+"""The decode ceiling: how long one forward step of the demo model takes, with no server at all.
+
+    .venv/bin/python benchmarks/bench_forward.py [--threads 1 2] [--batch 1 4 8]
+
+Every server that decodes N streams together on this machine pays at least one forward pass of
+N tokens per step, so N / step time is the most tokens/s any of them can reach, whatever its
+scheduling. This measures that step (the model on mlx-lm's `BatchKVCache`, greedy, pipelined the way
+mlx-lm's decoders run it, the context growing from 100 tokens), and separately the time the
+weight matmuls alone take, for each OpenBLAS thread count, with the same
+OpenBLAS the service's worker uses.
+
+Writes `benchmarks/results/forward.md` (and `.json`). Compare it with `engine.md`: at 8 streams
+`mlx_lm.server` already reaches most of the ceiling, which bounds the ratio any server can reach
+over it on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "jupyter-lmsp" / "models"
+CONTEXT = 100
+STEPS = 40
+
+
+def measure(model_path: str, batch: int) -> dict[str, float]:
+    """In this process (started with the BLAS environment): step and matmul times, in ms."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import BatchKVCache
+
+    model, _ = load(model_path)
+    cache = [BatchKVCache([0] * batch) for _ in model.layers]
+    mx.eval(model(mx.random.randint(0, 1000, (batch, CONTEXT)), cache=cache))
+    token = mx.random.randint(0, 1000, (batch, 1))
+
+    def decode(steps: int) -> None:
+        # As mlx-lm's decoders do: the next step is queued (async_eval) before the current
+        # one's tokens are waited for, so building the graph overlaps the compute.
+        nonlocal token
+        current = model(token, cache=cache)[:, -1, :].argmax(axis=-1)
+        mx.async_eval(current)
+        for _ in range(steps):
+            following = model(current[:, None], cache=cache)[:, -1, :].argmax(axis=-1)
+            mx.async_eval(following)
+            mx.eval(current)
+            current = following
+        mx.eval(current)
+        token = current[:, None]
+
+    # Every weight matrix once, as `Linear` applies it (x @ W.T), plus the tied output head.
+    weights = [m.weight for _, m in model.named_modules() if type(m).__name__ == "Linear"]
+    weights.append(model.model.embed_tokens.weight)
+    inputs = {w.shape[1]: mx.random.normal((batch, w.shape[1])) for w in weights}
+    mx.eval(list(inputs.values()))
+
+    def matmuls() -> None:
+        mx.eval([inputs[w.shape[1]] @ w.T for w in weights])
+
+    result = {}
+    decode(3)
+    started = time.perf_counter()
+    decode(STEPS)
+    result["step_ms"] = (time.perf_counter() - started) / (STEPS + 1) * 1000
+    for _ in range(3):
+        matmuls()
+    started = time.perf_counter()
+    for _ in range(STEPS):
+        matmuls()
+    result["matmul_ms"] = (time.perf_counter() - started) / STEPS * 1000
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child[0], int(args.child[1]))))
+        return 0
+
+    sys.path.insert(0, str(REPO))
+    from jupyter_lmsp.engine.blas import prepare_worker_blas
+    from jupyter_lmsp.models.demo import ensure_demo_model
+
+    model = ensure_demo_model(args.model_dir)
+    blas = prepare_worker_blas()
+    rows: list[dict[str, Any]] = []
+    for threads in args.threads:
+        for batch in args.batch:
+            env = dict(blas.env or os.environ, OPENBLAS_NUM_THREADS=str(threads))
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", str(model), str(batch)],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            row = {"threads": threads, "batch": batch, **json.loads(out.strip().splitlines()[-1])}
+            row["ceiling_tps"] = batch / row["step_ms"] * 1000
+            rows.append(row)
+            print(
+                f"threads={threads} batch={batch}: step {row['step_ms']:.1f} ms "
+                f"(matmuls {row['matmul_ms']:.1f} ms), ceiling {row['ceiling_tps']:.1f} tok/s",
+                file=sys.stderr,
+            )
+    meta = {
+        "model": model.name,
+        "blas": blas.blas,
+        "context": CONTEXT,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "load_after": os.getloadavg(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "forward.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [
+        "# Decode ceiling: one forward step, no server",
+        "",
+        f"`benchmarks/bench_forward.py`, {meta['when']}. Model `{model.name}` (float32), "
+        f"BLAS {blas.blas}, context {CONTEXT}–{CONTEXT + STEPS + 4} tokens, {meta['cpus']} CPUs, "
+        f"load average {meta['load_after'][0]:.1f} after.",
+        "",
+        "| OpenBLAS threads | batch | step (ms) | of it, weight matmuls (ms) | ceiling (tok/s) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['threads']} | {r['batch']} | {r['step_ms']:.1f} | {r['matmul_ms']:.1f} "
+            f"| {r['ceiling_tps']:.1f} |"
+        )
+    lines += [
+        "",
+        "Ceiling = batch / step time: the most tokens/s any server decoding that many streams "
+        "together can reach here, before any prefill, scheduling, HTTP or storage.",
+    ]
+    (args.out / "forward.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / 'forward.md'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
