@@ -519,6 +519,7 @@ def run(args: argparse.Namespace) -> Results:
         "rounds": args.rounds,
         "concurrency": args.concurrency,
         "max_batch_size": args.max_batch_size,
+        "mlx_server_blas": args.mlx_server_blas,
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS default"),
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
@@ -532,7 +533,11 @@ def run(args: argparse.Namespace) -> Results:
     try:
         bare = BareTarget(model, blas.env)
         targets.append(bare)
-        mlx = MlxServerTarget(model, blas.env, tmp)
+        # `stock`: mlx_lm.server as `pip install mlx-lm` runs it on Linux, with the BLAS that
+        # mlx[cpu] bundles; `openblas` (the default): with the OpenBLAS the service's worker
+        # uses, so the comparison is of the serving, not of the BLAS.
+        stock = args.mlx_server_blas == "stock"
+        mlx = MlxServerTarget(model, None if stock else blas.env, tmp)
         targets.append(mlx)
         service = ServiceTarget(model, tmp / "service", args.max_batch_size)
         targets.append(service)
@@ -542,7 +547,7 @@ def run(args: argparse.Namespace) -> Results:
         worker = service.service().get("worker", {})
         results.meta["blas"] = {
             bare.name: bare.blas,
-            mlx.name: blas.blas,
+            mlx.name: "mlx[cpu]'s bundled BLAS (stock)" if stock else blas.blas,
             service.name: worker.get("blas", "unknown"),
         }
         log(f"BLAS: {results.meta['blas']}")
@@ -660,7 +665,7 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
         + ". BLAS: "
         + ", ".join(f"{k}: {v}" for k, v in meta["blas"].items())
-        + f", OPENBLAS_NUM_THREADS={meta['blas_threads']} for all three. Service: `--LMSPExtension.max_batch_size={meta['max_batch_size']}`, default "
+        + f", OPENBLAS_NUM_THREADS={meta['blas_threads']} for the OpenBLAS ones. Service: `--LMSPExtension.max_batch_size={meta['max_batch_size']}`, default "
         "prompt cache.",
         "",
         "## Single stream",
@@ -806,6 +811,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=1,
         help="OPENBLAS_NUM_THREADS for all three (0: OpenBLAS's default, one per CPU)",
+    )
+    parser.add_argument(
+        "--mlx-server-blas",
+        choices=["openblas", "stock"],
+        default="openblas",
+        help="mlx_lm.server with the service's OpenBLAS (default) or as pip installs it",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")
