@@ -46,9 +46,15 @@ def _in_kernel() -> bool:
 
 
 class _WatchableMixin:
-    """Rich display as a TaskWatcher inside a kernel; plain text everywhere else."""
+    """What responses and tasks share: the client they came from, and rich display as a
+    TaskWatcher inside a kernel (plain text everywhere else)."""
 
     client: Client | None
+
+    def _need_client(self) -> Client:
+        if self.client is None:
+            raise ValueError("this object has no client; pass one explicitly")
+        return self.client
 
     def watch(self, **kwargs: Any) -> Any:
         """A live `TaskWatcher` for this object's task."""
@@ -146,11 +152,6 @@ class Response(_WatchableMixin):
     def finished(self) -> bool:
         return self.status in TERMINAL_RESPONSE_STATUSES
 
-    def _need_client(self) -> Client:
-        if self.client is None:
-            raise ValueError("this object has no client; pass one explicitly")
-        return self.client
-
     def refresh(self) -> Response:
         """The response as it is now."""
         return self._need_client().get_response(self.id)
@@ -218,11 +219,6 @@ class Task(_WatchableMixin):
         """Seconds from creation to the end (or to now, while unfinished)."""
         end = self.finished_at if self.finished_at is not None else time.time()
         return max(0.0, end - self.created_at)
-
-    def _need_client(self) -> Client:
-        if self.client is None:
-            raise ValueError("this object has no client; pass one explicitly")
-        return self.client
 
     def refresh(self) -> Task:
         return self._need_client().get_task(self.id)
