@@ -10,12 +10,17 @@ Completions names (`messages[2].content`, `max_tokens`).
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import LMSPError, invalid
-from .requests import message_text, number_field, optional_field
+from .requests import (
+    message_text,
+    metadata_field,
+    optional_field,
+    refuse_unknown_fields,
+    sampling_fields,
+)
 
 CHAT_FIELDS = {
     "model",
@@ -63,8 +68,6 @@ MESSAGE_FIELDS = {"role", "content", "name"}
 # Message keys the SDK's typed params allow, accepted only when empty.
 NEUTRAL_MESSAGE_FIELDS = {"refusal", "tool_calls", "function_call", "audio"}
 TEXT_PART_TYPES = ("text",)
-MAX_METADATA_KEYS = 16
-MAX_SEED = 2**63
 
 
 @dataclass
@@ -82,19 +85,7 @@ class ChatRequest:
 
 
 def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
-    for name, value in body.items():
-        if name in CHAT_FIELDS:
-            continue
-        if name in NEUTRAL_VALUES:
-            if _neutral(value, NEUTRAL_VALUES[name]):
-                continue
-            raise LMSPError(
-                400,
-                "unsupported_parameter",
-                f"The parameter '{name}' with this value is not supported by this service.",
-                param=name,
-            )
-        raise LMSPError(400, "unknown_parameter", f"Unknown parameter: '{name}'.", param=name)
+    refuse_unknown_fields(body, CHAT_FIELDS, NEUTRAL_VALUES, _neutral)
 
     model = optional_field(body, "model", str)
     if "messages" not in body:
@@ -122,13 +113,7 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
         )
     limit = max_completion_tokens if max_completion_tokens is not None else max_tokens
 
-    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0.0:
-        raise invalid("'top_p' must be greater than 0.", param="top_p")
-    seed = optional_field(body, "seed", int)
-    if seed is not None and not 0 <= seed < MAX_SEED:
-        raise invalid("'seed' must be between 0 and 2**63-1.", param="seed")
+    temperature, top_p, seed = sampling_fields(body)
 
     n = optional_field(body, "n", int)
     if n is not None and n != 1:
@@ -180,23 +165,14 @@ def parse_chat_request(body: dict[str, Any]) -> ChatRequest:
                 param=f"stream_options.{name}",
             )
 
-    metadata = optional_field(body, "metadata", dict) or {}
-    if len(metadata) > MAX_METADATA_KEYS or not all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-        for k, v in metadata.items()
-    ):
-        raise invalid(
-            "'metadata' is at most 16 string keys (64 chars) with string values (512 chars).",
-            param="metadata",
-        )
+    metadata = metadata_field(body)
     return ChatRequest(
         model=model,
         messages=messages,
         max_tokens=limit,
         temperature=temperature,
         top_p=top_p,
-        # As for responses: always a seed, so the run is reproducible from its stored request.
-        seed=seed if seed is not None else secrets.randbits(31),
+        seed=seed,
         stream=stream,
         include_usage=include_usage,
         metadata=metadata,
@@ -247,7 +223,8 @@ def parse_messages(value: Any) -> list[dict[str, str]]:
     return messages
 
 
-def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
+def _neutral(name: str, value: Any) -> bool:
+    allowed = NEUTRAL_VALUES[name]
     # Compared by kind as well as value: plain equality would let 0 pass for False and True
     # for 1, which a JSON Schema (and the caller) would not.
     return value is None or any(_kind(v) == _kind(value) and v == value for v in allowed)

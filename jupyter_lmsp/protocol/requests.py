@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,7 @@ HARMLESS_DEFAULTS: dict[str, Any] = {
 }
 
 MAX_METADATA_KEYS = 16
+MAX_SEED = 2**63
 
 
 @dataclass
@@ -90,19 +92,7 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
 
 
 def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
-    for name, value in body.items():
-        if name in RESPONSE_FIELDS:
-            continue
-        if name in HARMLESS_DEFAULTS and _harmless(name, value):
-            continue
-        if name in HARMLESS_DEFAULTS:
-            raise LMSPError(
-                400,
-                "unsupported_parameter",
-                f"The parameter '{name}' with this value is not supported by this service.",
-                param=name,
-            )
-        raise LMSPError(400, "unknown_parameter", f"Unknown parameter: '{name}'.", param=name)
+    refuse_unknown_fields(body, RESPONSE_FIELDS, HARMLESS_DEFAULTS, _harmless)
 
     model = optional_field(body, "model", str)
     if "input" not in body:
@@ -112,13 +102,7 @@ def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
     max_output_tokens = optional_field(body, "max_output_tokens", int)
     if max_output_tokens is not None and max_output_tokens < 1:
         raise invalid("'max_output_tokens' must be at least 1.", param="max_output_tokens")
-    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0.0:
-        raise invalid("'top_p' must be greater than 0.", param="top_p")
-    seed = optional_field(body, "seed", int)
-    if seed is not None and not (0 <= seed < 2**63):
-        raise invalid("'seed' must be between 0 and 2**63-1.", param="seed")
+    temperature, top_p, seed = sampling_fields(body)
     stream = bool(optional_field(body, "stream", bool) or False)
     background = bool(optional_field(body, "background", bool) or False)
     store = optional_field(body, "store", bool)
@@ -126,15 +110,7 @@ def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
     if background and not store:
         raise invalid("A background response must be stored ('store': true).", param="store")
     previous = optional_field(body, "previous_response_id", str)
-    metadata = optional_field(body, "metadata", dict) or {}
-    if len(metadata) > MAX_METADATA_KEYS or not all(
-        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
-        for k, v in metadata.items()
-    ):
-        raise invalid(
-            "'metadata' is at most 16 string keys (64 chars) with string values (512 chars).",
-            param="metadata",
-        )
+    metadata = metadata_field(body)
     policy_name = optional_field(body, "on_restart", str)
     if policy_name is None:
         policy = RestartPolicy.RESUME if background else RestartPolicy.FAIL
@@ -152,8 +128,7 @@ def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
         max_output_tokens=max_output_tokens,
         temperature=temperature,
         top_p=top_p,
-        # A seed is always chosen, so every run (a resumed one too) is reproducible.
-        seed=seed if seed is not None else secrets.randbits(31),
+        seed=seed,
         stream=stream,
         background=background,
         store=store,
@@ -162,6 +137,59 @@ def parse_response_request(body: dict[str, Any]) -> ResponseRequest:
         on_restart=policy,
         raw_input=body["input"],
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# what Responses and Chat Completions requests share
+
+
+def refuse_unknown_fields(
+    body: dict[str, Any],
+    known: Collection[str],
+    limited: Collection[str],
+    accepted: Callable[[str, Any], bool],
+) -> None:
+    """400 for a field outside `known`, or one of the `limited` fields (those accepted only
+    with values that change nothing) with a value `accepted(name, value)` refuses."""
+    for name, value in body.items():
+        if name in known:
+            continue
+        if name in limited:
+            if accepted(name, value):
+                continue
+            raise LMSPError(
+                400,
+                "unsupported_parameter",
+                f"The parameter '{name}' with this value is not supported by this service.",
+                param=name,
+            )
+        raise LMSPError(400, "unknown_parameter", f"Unknown parameter: '{name}'.", param=name)
+
+
+def sampling_fields(body: dict[str, Any]) -> tuple[float, float, int]:
+    """`temperature`, `top_p` and `seed`. A seed is always chosen when none is given, so every
+    run (a resumed one too) is reproducible from its stored request."""
+    temperature = number_field(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = number_field(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise invalid("'top_p' must be greater than 0.", param="top_p")
+    seed = optional_field(body, "seed", int)
+    if seed is not None and not 0 <= seed < MAX_SEED:
+        raise invalid("'seed' must be between 0 and 2**63-1.", param="seed")
+    return temperature, top_p, seed if seed is not None else secrets.randbits(31)
+
+
+def metadata_field(body: dict[str, Any]) -> dict[str, str]:
+    metadata = optional_field(body, "metadata", dict) or {}
+    if len(metadata) > MAX_METADATA_KEYS or not all(
+        isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512
+        for k, v in metadata.items()
+    ):
+        raise invalid(
+            "'metadata' is at most 16 string keys (64 chars) with string values (512 chars).",
+            param="metadata",
+        )
+    return metadata
 
 
 def parse_input(value: Any) -> list[dict[str, str]]:
