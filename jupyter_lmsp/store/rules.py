@@ -231,7 +231,7 @@ def append_output(db: Database, task_id: str, token_ids: Sequence[int], text: st
             raise LMSPError(
                 404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
             )
-        task = Task(**dict(row))
+        task = _record(row)
         snap = snapshot_of(task)
         if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
             "open"
@@ -511,9 +511,9 @@ def _responses_of(cursor: sqlite3.Cursor, response_ids: list[str]) -> dict[str, 
 
 
 def _record(row: sqlite3.Row) -> Any:
-    """A row as an object with the table model's attributes. Not the model itself: building
-    ten thousand SQLModel objects (instrumented, validated on every attribute) costs more than
-    the whole recovery does without them."""
+    """A row as an object with the table model's attributes, for the plain-SQL paths. Not the
+    model itself: a SQLModel object (instrumented, validated on every attribute) costs ~60 µs
+    to build, more than recovery spends on a task or `append_output` on a transaction."""
     return SimpleNamespace(**dict(row))
 
 
