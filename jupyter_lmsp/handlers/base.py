@@ -33,6 +33,7 @@ from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthent
 from ..protocol.requests import parse_json_body
 from ..services import idempotency
 from ..services.context import ServiceContext
+from ..services.follow import TaskEventStream
 from ..store import clients
 from ..store.tables import IdempotencyKey
 
@@ -60,7 +61,7 @@ _FRAMES: OrderedDict[int, tuple[dict[str, Any], str]] = OrderedDict()
 _FRAME_CACHE_SIZE = 4096
 
 
-# At most this many events go out in one write: a long replay still takes turns with the
+# At most this many frames go out in one write: a long replay still takes turns with the
 # other streams of the IOLoop.
 SSE_EVENTS_PER_FLUSH = 64
 
@@ -261,10 +262,13 @@ class LMSPHandler(APIHandler):
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(obj))
 
-    async def write_sse(self, events: AsyncIterator[dict[str, Any] | None]) -> None:
-        """Stream events as SSE (`id`, `event`, `data`), `: keep-alive` comments when idle.
+    async def stream_sse(
+        self, frames: AsyncIterator[str], ready: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """Answer 200 with `frames` as a `text/event-stream`; False if the client went away.
 
-        Every `data` carries `type` and `sequence_number`, which is all the openai SDK reads.
+        Frames already at hand (`ready()` says another one is) go out in one flush, up to
+        `SSE_EVENTS_PER_FLUSH`: a task's closing events, or a replay.
         """
         self.set_status(200)
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
@@ -273,11 +277,10 @@ class LMSPHandler(APIHandler):
         try:
             await self.flush()
             unflushed = 0
-            async for event in events:
-                self.write(": keep-alive\n\n" if event is None else sse_frame(event))
+            async for frame in frames:
+                self.write(frame)
                 unflushed += 1
-                # Events already at hand (a task's last few, or a replay) go out in one flush.
-                if getattr(events, "ready", False) and unflushed < SSE_EVENTS_PER_FLUSH:
+                if ready() and unflushed < SSE_EVENTS_PER_FLUSH:
                     continue
                 unflushed = 0
                 await self.flush()
@@ -286,10 +289,25 @@ class LMSPHandler(APIHandler):
                 # next watcher of the same task got its first one.
                 await asyncio.sleep(0)
         except StreamClosedError:
-            return
+            return False
         finally:
-            await events.aclose()  # type: ignore[attr-defined]
+            await frames.aclose()  # type: ignore[attr-defined]
         self.finish()
+        return True
+
+    async def write_sse(self, events: TaskEventStream) -> None:
+        """Stream a task's events as SSE (`id`, `event`, `data`), `: keep-alive` comments when
+        idle. Every `data` carries `type` and `sequence_number`, which is all the openai SDK
+        reads."""
+
+        async def frames() -> AsyncIterator[str]:
+            try:
+                async for event in events:
+                    yield ": keep-alive\n\n" if event is None else sse_frame(event)
+            finally:
+                await events.aclose()
+
+        await self.stream_sse(frames(), lambda: events.ready)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

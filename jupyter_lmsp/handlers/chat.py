@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from tornado.iostream import StreamClosedError
-
 from ..protocol.chat import parse_chat_request
 from ..protocol.errors import conflict
 from ..services import chat
@@ -64,26 +62,21 @@ class ChatCompletionsHandler(LMSPHandler):
             self.done = True
 
     async def write_chat_sse(self, chunks: AsyncIterator[chat.Chunk]) -> None:
-        self.set_status(200)
-        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
-        self.set_header("Cache-Control", "no-cache")
-        self.set_header("X-Accel-Buffering", "no")
+        if not await self.stream_sse(self._chat_frames(chunks)):
+            self._cancel_unfinished()
+
+    async def _chat_frames(self, chunks: AsyncIterator[chat.Chunk]) -> AsyncIterator[str]:
         try:
             async for item in chunks:
                 if item is None:
-                    self.write(": keep-alive\n\n")
+                    yield ": keep-alive\n\n"
                 elif item == chat.DONE:
                     self.done = True
-                    self.write("data: [DONE]\n\n")
+                    yield "data: [DONE]\n\n"
                 else:
-                    self.write(f"data: {json.dumps(item, separators=(',', ':'))}\n\n")
-                await self.flush()
-        except StreamClosedError:
-            self._cancel_unfinished()
-            return
+                    yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
-        self.finish()
 
     def on_connection_close(self) -> None:
         super().on_connection_close()

@@ -27,7 +27,7 @@ from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries
 from . import responses
 from .context import ServiceContext
-from .follow import follow_events
+from .follow import TaskEventStream
 from .idempotency import KeyedRequest
 
 # What `chunks` yields besides chunk dicts: None asks for a keep-alive comment, DONE for the
@@ -96,8 +96,8 @@ def cancel(ctx: ServiceContext, run: ChatRun) -> None:
     ctx.runner.cancel(run.task_id)
 
 
-def _events(ctx: ServiceContext, run: ChatRun) -> AsyncIterator[dict[str, Any] | None]:
-    return follow_events(ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval)
+def _events(ctx: ServiceContext, run: ChatRun) -> TaskEventStream:
+    return TaskEventStream(ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval)
 
 
 async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, Any]:
@@ -110,8 +110,8 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
             if event is not None and ev.is_terminal(event):
                 terminal = event
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
-    assert terminal is not None  # follow_events ends only after the terminal event
+        await events.aclose()
+    assert terminal is not None  # TaskEventStream ends only after the terminal event
     raise_for_outcome(terminal)
     return completion_object(terminal["response"])
 
@@ -147,7 +147,7 @@ async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncIterator[Chunk]:
                         head, usage=final.get("usage"), include_usage=True, usage_only=True
                     )
     finally:
-        await events.aclose()  # type: ignore[attr-defined]
+        await events.aclose()
     yield DONE
 
 

@@ -20,7 +20,7 @@ from .bus import EventBus, Subscription
 Event = dict[str, Any]
 
 
-class EventFollow:
+class TaskEventStream:
     """An async iterator over a task's events after `after`: None after `idle` seconds without
     one (the caller writes a keep-alive), and the end after the terminal event.
 
@@ -39,7 +39,7 @@ class EventFollow:
     def ready(self) -> bool:
         return bool(self._replay) or (self._sub is not None and not self._sub.queue.empty())
 
-    def __aiter__(self) -> EventFollow:
+    def __aiter__(self) -> TaskEventStream:
         return self
 
     async def __anext__(self) -> Event | None:
@@ -80,10 +80,3 @@ class EventFollow:
                 yield event
                 if is_terminal(event):
                     return
-
-
-def follow_events(
-    db: Database, bus: EventBus, task_id: str, after: int = -1, idle: float = 15.0
-) -> EventFollow:
-    """The task's events after `after`, then live ones, until the terminal event."""
-    return EventFollow(db, bus, task_id, after, idle)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from ..auth.scopes import Caller
@@ -17,7 +16,7 @@ from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.tables import Response, Task
 from .context import ServiceContext
-from .follow import follow_events
+from .follow import TaskEventStream
 from .idempotency import KeyedRequest
 
 
@@ -193,9 +192,9 @@ def list_input_items(
 
 def response_events(
     ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
-) -> AsyncIterator[dict[str, Any] | None]:
+) -> TaskEventStream:
     _, task = _find(ctx, response_id, caller)
-    return follow_events(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
+    return TaskEventStream(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
 
 
 async def wait_for_response(

@@ -6,7 +6,6 @@ forbidden, so their existence does not leak.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from ..auth.scopes import Caller
@@ -16,7 +15,7 @@ from ..protocol.states import TaskState
 from ..store import queries
 from ..store.tables import Task
 from .context import ServiceContext
-from .follow import follow_events
+from .follow import TaskEventStream
 
 MAX_PAGE = 100
 
@@ -81,6 +80,6 @@ def event_page(
 
 def task_events(
     ctx: ServiceContext, task_id: str, caller: Caller, after: int = -1
-) -> AsyncIterator[dict[str, Any] | None]:
+) -> TaskEventStream:
     _find(ctx, task_id, caller)
-    return follow_events(ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval)
+    return TaskEventStream(ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval)
