@@ -322,6 +322,36 @@ def test_failing_transaction_changes_neither_state_nor_events(db, monkeypatch, c
     check_log(db, other)
 
 
+def test_outputs_of_several_tasks_commit_together_or_not_at_all(db, monkeypatch):
+    """The runner commits every running task's tokens in one `append_outputs` transaction:
+    each task gets its delta and snapshot with its own next sequence number, a task that is
+    gone is skipped, and a failure part-way leaves every task as it was."""
+    first, second = make_task(db, "running"), make_task(db, "running")
+    before = {tid: len(events_of(db, tid)) for tid in (first, second)}
+    committed = rules.append_outputs(
+        db, {first: ([5], " a"), "task_gone": ([6], " b"), second: ([7, 8], " cd")}
+    )
+    assert [c.task.id for c in committed] == [first, second]
+    for tid, text in ((first, " a"), (second, " cd")):
+        log = check_log(db, tid)
+        assert len(log) == before[tid] + 1 and log[-1]["data"]["delta"] == text
+        assert json.loads(task_row(db, tid)["snapshot"])["text"].endswith(text)
+
+    state = dump(db)
+    real, calls = rules.snapshot_of, []
+
+    def fail_on_second(task):  # type: ignore[no-untyped-def]
+        calls.append(task.id)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure on the second task")
+        return real(task)
+
+    monkeypatch.setattr(rules, "snapshot_of", fail_on_second)
+    with pytest.raises(RuntimeError, match="injected"):
+        rules.append_outputs(db, {first: ([9], " e"), second: ([10], " f")})
+    assert dump(db) == state
+
+
 def _lifecycle_calls(tid):
     return [
         lambda db: to_loading(db, tid),

@@ -48,7 +48,6 @@ class _Pending:
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
-    flush_handle: asyncio.TimerHandle | None = None
 
 
 class TaskRunner:
@@ -73,6 +72,9 @@ class TaskRunner:
         self.queue: deque[str] = deque()
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
+        # One timer for all running tasks: their tokens are committed together, one
+        # transaction per snapshot interval however many tasks decode at once.
+        self.flush_handle: asyncio.TimerHandle | None = None
         self.cached_tokens: dict[str, int] = {}
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
@@ -216,10 +218,10 @@ class TaskRunner:
                 pending.text += text
                 if self.snapshot_interval <= 0:
                     self._flush(task_id)
-                elif pending.flush_handle is None:
+                elif self.flush_handle is None:
                     assert self.loop is not None
-                    pending.flush_handle = self.loop.call_later(
-                        self.snapshot_interval, self._flush, task_id
+                    self.flush_handle = self.loop.call_later(
+                        self.snapshot_interval, self._flush_all
                     )
             case JobFinished(job_id=task_id, finish_reason=reason, input_tokens=i, output_tokens=o):
                 self._flush(task_id)
@@ -249,14 +251,20 @@ class TaskRunner:
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
 
-    def _flush(self, task_id: str) -> None:
-        pending = self.pending.pop(task_id, None)
-        if pending is None:
-            return
-        if pending.flush_handle is not None:
-            pending.flush_handle.cancel()
-        if pending.token_ids or pending.text:
-            self.publish(rules.append_output(self.db, task_id, pending.token_ids, pending.text))
+    def _flush(self, *task_ids: str) -> None:
+        """Commit the tokens held for these tasks, in one transaction."""
+        outputs = {}
+        for task_id in task_ids:
+            pending = self.pending.pop(task_id, None)
+            if pending is not None and (pending.token_ids or pending.text):
+                outputs[task_id] = (pending.token_ids, pending.text)
+        if outputs:
+            for committed in rules.append_outputs(self.db, outputs):
+                self.publish(committed)
+
+    def _flush_all(self) -> None:
+        self.flush_handle = None
+        self._flush(*self.pending)
 
     def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
         self.publish(rules.finish(self.db, task_id, outcome))
@@ -274,8 +282,7 @@ class TaskRunner:
         log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
         self.worker_info = {"state": "restarting", "last_exit_code": exitcode}
         held = sorted(set(job_ids) | self.active)
-        for task_id in held:
-            self._flush(task_id)
+        self._flush(*held)
         self.active.clear()
         report = rules.recover_after_worker_exit(self.db, held)
         for committed in report.committed:

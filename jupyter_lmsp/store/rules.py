@@ -4,7 +4,7 @@ Every public function here is one write transaction (`BEGIN IMMEDIATE`), named a
 it keeps:
 
 - `create_task`          — a task is persisted (with its first event) before `202 Accepted`;
-- `append_events`, `start_running`, `append_output`
+- `append_events`, `start_running`, `append_output` (`append_outputs` for several tasks)
                          — event sequence numbers and the task's state change together;
 - `request_cancel`, `finish`
                          — the cancellation transition is atomic: a cancelled task never
@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -218,48 +218,70 @@ def start_running(db: Database, task_id: str, input_tokens: int) -> Committed:
 
 
 def append_output(db: Database, task_id: str, token_ids: Sequence[int], text: str) -> Committed:
-    """Append generated text as one delta event, with the snapshot that covers it (LMSP B7).
+    """Append generated text as one delta event, with the snapshot that covers it (LMSP B7)."""
+    (committed,) = append_outputs(db, {task_id: (token_ids, text)}, missing_ok=False)
+    return committed
 
-    This is the hot path (one call per committed batch of tokens, for every running task), so
-    it is three plain SQL statements on a sqlite3 cursor rather than the ORM: one SELECT, one
-    INSERT, one UPDATE, in one BEGIN IMMEDIATE transaction.
+
+def append_outputs(
+    db: Database,
+    outputs: Mapping[str, tuple[Sequence[int], str]],
+    *,
+    missing_ok: bool = True,
+) -> list[Committed]:
+    """`append_output` for several running tasks (task id → token ids, text) in one
+    transaction: the tokens every running task produced since the last snapshot, one commit.
+
+    This is the hot path, so it is plain SQL on a sqlite3 cursor rather than the ORM: per task
+    one SELECT, one INSERT, one UPDATE, all in one BEGIN IMMEDIATE transaction. A task that no
+    longer exists is skipped (`missing_ok`), or a 404.
     """
     now = time.time()
+    committed: list[Committed] = []
     with db.write_cursor() as cursor:
-        row = cursor.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
-        if row is None:
-            raise LMSPError(
-                404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
-            )
-        task = _record(row)
-        snap = snapshot_of(task)
-        if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
-            "open"
-        ):
-            return Committed(task, None, [], changed=False)
-        snap["token_ids"].extend(token_ids)
-        snap["text"] += text
-        task.snapshot = json.dumps(snap)
-        events = [ev.text_delta(snap["item_id"], snap["output_index"], text)] if text else []
-        for event in events:
-            event["sequence_number"] = task.next_sequence
-            cursor.execute(
-                "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (
-                    task_id,
-                    task.next_sequence,
-                    event["type"],
-                    json.dumps(event, separators=(",", ":")),
-                    now,
-                ),
-            )
-            task.next_sequence += 1
-        task.updated_at = now
+        for task_id, (token_ids, text) in outputs.items():
+            row = cursor.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            if row is None:
+                if missing_ok:
+                    continue
+                raise LMSPError(
+                    404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
+                )
+            committed.append(_append_output(cursor, _record(row), token_ids, text, now))
+    return committed
+
+
+def _append_output(
+    cursor: sqlite3.Cursor, task: Any, token_ids: Sequence[int], text: str, now: float
+) -> Committed:
+    snap = snapshot_of(task)
+    if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
+        "open"
+    ):
+        return Committed(task, None, [], changed=False)
+    snap["token_ids"].extend(token_ids)
+    snap["text"] += text
+    task.snapshot = json.dumps(snap)
+    events = [ev.text_delta(snap["item_id"], snap["output_index"], text)] if text else []
+    for event in events:
+        event["sequence_number"] = task.next_sequence
         cursor.execute(
-            "UPDATE tasks SET snapshot = ?, next_sequence = ?, updated_at = ? WHERE id = ?",
-            (task.snapshot, task.next_sequence, now, task_id),
+            "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (
+                task.id,
+                task.next_sequence,
+                event["type"],
+                json.dumps(event, separators=(",", ":")),
+                now,
+            ),
         )
+        task.next_sequence += 1
+    task.updated_at = now
+    cursor.execute(
+        "UPDATE tasks SET snapshot = ?, next_sequence = ?, updated_at = ? WHERE id = ?",
+        (task.snapshot, task.next_sequence, now, task.id),
+    )
     return Committed(task, None, events)
 
 
