@@ -16,6 +16,14 @@ def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_test_model(tmp_path_factory.mktemp("model"))
 
 
+@pytest.fixture(scope="session")
+def tokenizer(test_model_dir: Path):  # type: ignore[no-untyped-def]
+    """The test model's tokenizer (mlx-lm's wrapper)."""
+    from mlx_lm import load
+
+    return load(str(test_model_dir))[1]
+
+
 @pytest.fixture
 def lmsp_data(tmp_path: Path, test_model_dir: Path) -> Path:
     """A data folder for the extension, with the test model linked in as `jpserver.MODEL`."""

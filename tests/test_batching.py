@@ -74,13 +74,6 @@ def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
     eng.client.stop()
 
 
-@pytest.fixture(scope="module")
-def tokenizer(test_model_dir: Path):
-    from mlx_lm import load
-
-    return load(str(test_model_dir))[1]
-
-
 def run_concurrently(eng: Engine, jobs: list[GenerateJob]) -> list[Run]:
     for job in jobs:
         eng.client.submit(job)

@@ -154,13 +154,6 @@ def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
     eng.client.stop()
 
 
-@pytest.fixture(scope="module")
-def tokenizer(test_model_dir: Path):
-    from mlx_lm import load
-
-    return load(str(test_model_dir))[1]
-
-
 def detokenized(tokenizer, tokens: list[int], final: bool) -> str:
     """The text a streaming run has emitted after `tokens` (all of it when `final`)."""
     detokenizer = tokenizer.detokenizer
