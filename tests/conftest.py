@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from jpserver import MODEL
+from serverproc import with_test_model
 
 from jupyter_lmsp.models.testmodel import make_test_model
 
@@ -26,8 +26,5 @@ def tokenizer(test_model_dir: Path):  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def lmsp_data(tmp_path: Path, test_model_dir: Path) -> Path:
-    """A data folder for the extension, with the test model linked in as `jpserver.MODEL`."""
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / MODEL).symlink_to(test_model_dir)
-    return tmp_path
+    """A data folder for the extension, with the test model linked in as `serverproc.MODEL`."""
+    return with_test_model(tmp_path, test_model_dir)

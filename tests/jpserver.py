@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from serverproc import MODEL
 from tornado.httpclient import HTTPClientError
-
-MODEL = "tiny"
 
 Fetch = Callable[..., Awaitable[Any]]
 

@@ -16,6 +16,15 @@ import httpx
 from jupyter_lmsp.client.sandbox import LMSPServerProcess
 
 TOKEN = "lmsp-test-token"
+# The name the test model is served under (every test server's default model).
+MODEL = "tiny"
+
+
+def with_test_model(data_dir: Path, test_model_dir: Path) -> Path:
+    """`data_dir`, with the test model linked into its model folder as `MODEL`."""
+    (data_dir / "models").mkdir(exist_ok=True)
+    (data_dir / "models" / MODEL).symlink_to(test_model_dir)
+    return data_dir
 
 
 class ServerProcess(LMSPServerProcess):
@@ -29,7 +38,7 @@ class ServerProcess(LMSPServerProcess):
         self,
         data_dir: Path,
         *,
-        default_model: str = "tiny",
+        default_model: str = MODEL,
         env: dict[str, str] | None = None,
         **traits: Any,
     ) -> None:

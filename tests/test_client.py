@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from serverproc import TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, with_test_model
 
 from jupyter_lmsp.client import (
     APIError,
@@ -156,8 +156,7 @@ def test_objects_print_as_text_outside_a_kernel():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, test_model_dir):
     data = tmp_path_factory.mktemp("clientserver")
-    (data / "models").mkdir()
-    (data / "models" / "tiny").symlink_to(test_model_dir)
+    with_test_model(data, test_model_dir)
     proc = ServerProcess(data, engine_token_delay=0.01).start()
     try:
         yield proc

@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from serverproc import ServerProcess
+from serverproc import ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -19,9 +19,7 @@ SLOW = {"engine_token_delay": 0.05, "snapshot_interval": 0.02}
 
 @pytest.fixture
 def data_dir(tmp_path, test_model_dir):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny").symlink_to(test_model_dir)
-    return tmp_path
+    return with_test_model(tmp_path, test_model_dir)
 
 
 def create(client, **body):

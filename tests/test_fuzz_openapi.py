@@ -21,7 +21,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
-from serverproc import TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -39,8 +39,7 @@ ERROR_FIELDS = {"type", "code", "message", "param"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Any:
     data = tmp_path_factory.mktemp("fuzz")
-    (data / "models").mkdir()
-    (data / "models" / "tiny").symlink_to(test_model_dir)
+    with_test_model(data, test_model_dir)
     with ServerProcess(
         data, max_output_tokens_default=MAX_TOKENS, keepalive_interval=1.0
     ) as server:

@@ -10,24 +10,20 @@ import time
 
 import httpx
 import pytest
-from serverproc import ServerProcess
+from serverproc import ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 @pytest.fixture
 def data_dir(tmp_path, test_model_dir):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny").symlink_to(test_model_dir)
-    return tmp_path
+    return with_test_model(tmp_path, test_model_dir)
 
 
 @pytest.fixture(scope="module")
 def shared_dir(tmp_path_factory, test_model_dir):
     path = tmp_path_factory.mktemp("idem")
-    (path / "models").mkdir()
-    (path / "models" / "tiny").symlink_to(test_model_dir)
-    return path
+    return with_test_model(path, test_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+from serverproc import with_test_model
 from tornado.httpclient import HTTPClientError
 
 from jupyter_lmsp.models.demo import demo_gguf_path
@@ -20,9 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture
 def lmsp_data(tmp_path, test_model_dir, monkeypatch):
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / "tiny").symlink_to(test_model_dir)
+    with_test_model(tmp_path, test_model_dir)
     # A Hugging Face cache holding a copy of the test model, as `huggingface_hub` lays it out.
     hub = tmp_path / "hf-hub"
     snapshot = hub / "models--lmsp-test--tiny-hf" / "snapshots" / "0123abcd"

@@ -19,7 +19,7 @@ from typing import Any
 import nbformat
 import pytest
 from nbclient import NotebookClient
-from serverproc import TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,8 +34,7 @@ FINISHED = r"(completed|incomplete)"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path):
     data = tmp_path_factory.mktemp("nbserver")
-    (data / "models").mkdir()
-    (data / "models" / "tiny").symlink_to(test_model_dir)
+    with_test_model(data, test_model_dir)
     # A short delay per token keeps background tasks running long enough to be watched.
     proc = ServerProcess(data, engine_token_delay=0.01).start()
     try:

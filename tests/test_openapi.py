@@ -15,6 +15,7 @@ from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+from serverproc import with_test_model
 from tornado import web
 from tornado.httpclient import HTTPClientError
 
@@ -239,9 +240,7 @@ def test_request_schemas_agree_with_the_parsers(schema, parse, bodies):
 
 @pytest.fixture
 def jp_server_config(tmp_path, test_model_dir):
-    models = tmp_path / "models"
-    models.mkdir()
-    (models / MODEL).symlink_to(test_model_dir)
+    with_test_model(tmp_path, test_model_dir)
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
         "LMSPExtension": {

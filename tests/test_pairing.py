@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverproc import TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -31,8 +31,7 @@ ALL_SCOPES = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, test_model_dir):
     data = tmp_path_factory.mktemp("pairing")
-    (data / "models").mkdir()
-    (data / "models" / "tiny").symlink_to(test_model_dir)
+    with_test_model(data, test_model_dir)
     with ServerProcess(data, pairing_burst=1000, pairing_rate_per_minute=6000) as server:
         yield server
 
@@ -314,8 +313,7 @@ def test_no_secret_in_the_database_file(server, matrix):
 
 
 def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny").symlink_to(test_model_dir)
+    with_test_model(tmp_path, test_model_dir)
     with (
         ServerProcess(tmp_path, pairing_burst=20, pairing_rate_per_minute=30) as server,
         httpx.Client(base_url=server.api, timeout=30) as anon,

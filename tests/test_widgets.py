@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, with_test_model
 
 from jupyter_lmsp.client import APIError, Client, Event, Task
 from jupyter_lmsp.client.errors import SequenceGapError
@@ -437,9 +437,7 @@ def test_board_filters_and_opens_rows():
 
 @pytest.fixture
 def data_dir(tmp_path, test_model_dir):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny").symlink_to(test_model_dir)
-    return tmp_path
+    return with_test_model(tmp_path, test_model_dir)
 
 
 @pytest.mark.slow

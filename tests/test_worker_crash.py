@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from serverproc import ServerProcess
+from serverproc import ServerProcess, with_test_model
 from test_crash_recovery import check_log, create, deltas, finished, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -17,9 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture
 def data_dir(tmp_path, test_model_dir):
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny").symlink_to(test_model_dir)
-    return tmp_path
+    return with_test_model(tmp_path, test_model_dir)
 
 
 def worker_pid(client) -> int:
