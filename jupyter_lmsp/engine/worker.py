@@ -34,7 +34,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from jupyter_lmsp.engine.batching import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -74,6 +74,8 @@ IDLE_POLL_SECONDS = 0.5
 GATHER_WINDOW = 0.02
 
 _PR_SET_PDEATHSIG = 1
+
+_Number = TypeVar("_Number", int, float)
 
 
 class JobError(Exception):
@@ -462,9 +464,9 @@ def worker_main(
         level=logging.WARNING, format="[lmsp worker %(process)d] %(levelname)s %(message)s"
     )
     if max_batch_size is None:
-        max_batch_size = _env_int("LMSP_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE)
+        max_batch_size = _env_number("LMSP_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE)
     if prompt_cache_bytes is None:
-        prompt_cache_bytes = _env_int("LMSP_PROMPT_CACHE_BYTES", DEFAULT_PROMPT_CACHE_BYTES)
+        prompt_cache_bytes = _env_number("LMSP_PROMPT_CACHE_BYTES", DEFAULT_PROMPT_CACHE_BYTES)
     import mlx.core  # noqa: F401  (import before WorkerReady so the ready worker is warm)
     import mlx_lm  # noqa: F401
 
@@ -475,7 +477,7 @@ def worker_main(
             parent_pid,
             max_batch_size=max_batch_size,
             prompt_cache_bytes=prompt_cache_bytes,
-            gather_window=_env_float("LMSP_GATHER_WINDOW", GATHER_WINDOW),
+            gather_window=_env_number("LMSP_GATHER_WINDOW", GATHER_WINDOW),
         ).serve()
     except _ParentGone:
         pass
@@ -484,21 +486,13 @@ def worker_main(
             conn.close()
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name, "").strip()
-    try:
-        return float(value) if value else default
-    except ValueError:
-        log.warning("ignoring %s=%r: not a number", name, value)
-        return default
-
-
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: _Number) -> _Number:
+    """The environment variable `name` as a number of `default`'s type, else `default`."""
     value = os.environ.get(name, "").strip()
     if not value:
         return default
     try:
-        return int(value)
+        return type(default)(value)
     except ValueError:
-        log.warning("ignoring %s=%r: not an integer", name, value)
+        log.warning("ignoring %s=%r: not a %s", name, value, type(default).__name__)
         return default
