@@ -57,7 +57,12 @@ WORKER_CRASHED = {
 
 @dataclass
 class Committed:
-    """What one transaction changed: the task as committed and the events it appended."""
+    """What one transaction changed: the task as committed and the events it appended.
+
+    From the plain-SQL paths (`append_outputs`, recovery) `task` and `response` are records with
+    the table models' attributes rather than the models themselves: values to read, not rows
+    to save.
+    """
 
     task: Task
     response: Response | None
