@@ -94,7 +94,11 @@ async def test_register_local_dir_then_use_and_delete(jp_fetch, test_model_dir, 
     assert registered["digest"] == tiny["digest"]  # the same bytes
 
     status, resp = await call(
-        jp_fetch, "POST", "responses", {"model": "tiny-copy", "input": "hi", "max_output_tokens": 3}
+        jp_fetch,
+        "POST",
+        "responses",
+        # Greedy, so it surely runs to the limit (sampling could pick the end token first).
+        {"model": "tiny-copy", "input": "hi", "max_output_tokens": 3, "temperature": 0},
     )
     assert status == 200 and resp["model"] == "tiny-copy" and resp["status"] == "incomplete"
 
