@@ -204,3 +204,13 @@ def test_kill_after_generation_leaves_finished_tasks_alone(data_dir):
         assert task["state"] == "completed"
         assert events(c, done["task_id"]) == before
         check_log(before)
+
+
+def test_a_started_server_entered_as_a_context_is_not_started_again(data_dir):
+    """`with ServerProcess(...).start() as server:` (as the tests above write it) runs one
+    server, and stops it on the way out; it used to start a second one and leak the first."""
+    server = ServerProcess(data_dir).start()
+    first = server.proc
+    with server as same:
+        assert same.proc is first and same.running
+    assert first is not None and first.poll() is not None

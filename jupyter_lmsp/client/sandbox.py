@@ -213,7 +213,8 @@ class LMSPServerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def __enter__(self) -> Self:
-        return self.start()
+        # `with server.start() as s:` must not start a second server (and leak the first).
+        return self if self.running else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
