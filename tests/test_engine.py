@@ -374,21 +374,33 @@ def _burst(eng: Engine, spacing: float) -> list[tuple[str, str]]:
     ]
 
 
-@pytest.mark.parametrize("window,started_together", [(2.0, True), (0.0, False)])
+@pytest.mark.parametrize(
+    "window,limit,started_together",
+    [
+        # Each job arrives within the window of the one before: all three, though the last
+        # comes after a window counted from the first.
+        (0.6, 3.0, 3),
+        # The limit ends the gathering however often jobs come.
+        (0.6, 0.6, 2),
+        # No window: the first job is already generating when the next one arrives.
+        (0.0, 0.0, 1),
+    ],
+)
 def test_an_idle_worker_gathers_a_burst_into_one_batch(
-    test_model_dir: Path, window: float, started_together: bool
+    test_model_dir: Path, window: float, limit: float, started_together: int
 ) -> None:
-    """Jobs arriving within the gather window of an idle worker all start (their prompts are
-    prefilled as one batch) before any of them produces a token; without the window, the first
-    job is already generating when the next one arrives."""
-    eng = start_engine(test_model_dir, env={"LMSP_GATHER_WINDOW": str(window)})
+    """Jobs that keep arriving at an idle worker, each within the gather window of the one
+    before and all within the gather limit, start together (their prompts are prefilled as one
+    batch) before any of them produces a token."""
+    env = {"LMSP_GATHER_WINDOW": str(window), "LMSP_GATHER_LIMIT": str(limit)}
+    eng = start_engine(test_model_dir, env=env)
     try:
-        order = _burst(eng, spacing=0.3)
+        order = _burst(eng, spacing=0.4)
     finally:
         eng.client.stop()
     first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
     started_before = [job for kind, job in order[:first_token] if kind == "JobStarted"]
-    assert len(started_before) == (3 if started_together else 1), order
+    assert len(started_before) == started_together, order
 
 
 # --- errors --------------------------------------------------------------------------------
