@@ -20,7 +20,10 @@ Measured:
    and end-to-end rate, tokens / request time;
 2. aggregate tokens/s at 1, 4 and 8 concurrent streams (all tokens / wall time from the first
    request sent to the last one done), different prompts per stream;
-3. a second chat turn's time to first token: *warm* right after the first turn (the service
+3. the decode ceiling at each concurrency level: one forward step of that many sequences with no
+   server at all (`bench_forward.py`'s measurement, in a child with the same BLAS), in the same
+   rounds, so the table shows how far above mlx_lm.server any server could get here;
+4. a second chat turn's time to first token: *warm* right after the first turn (the service
    continues it with `previous_response_id`; mlx_lm.server gets the whole conversation again,
    as its clients do), *cold* for the same conversation under a system prompt never seen before.
 
@@ -455,6 +458,8 @@ class Results:
     single: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     concurrent: dict[str, dict[int, list[list[dict[str, Any]]]]] = field(default_factory=dict)
     turns: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    # Concurrency level -> decode ceiling (tok/s) measured in each round.
+    ceiling: dict[int, list[float]] = field(default_factory=dict)
 
 
 def as_dict(sample: Sample) -> dict[str, Any]:
@@ -464,6 +469,24 @@ def as_dict(sample: Sample) -> dict[str, Any]:
         "decode_tps": sample.decode_tps,
         "e2e_tps": sample.e2e_tps,
     }
+
+
+def decode_ceiling(model: Path, env: dict[str, str] | None, batch: int) -> float:
+    """tokens/s of `batch` sequences decoding together with no server: batch / forward step.
+
+    `bench_forward.py`'s measurement (mlx-lm's BatchKVCache, pipelined as mlx-lm's decoders
+    run it, context from 100 tokens), in a child process started with `env`.
+    """
+    out = subprocess.run(
+        [sys.executable, str(HERE / "bench_forward.py"), "--child", str(model), str(batch)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    step_ms = json.loads(out.strip().splitlines()[-1])["step_ms"]
+    return batch / step_ms * 1000
 
 
 def second_turn(
@@ -574,6 +597,7 @@ def run(args: argparse.Namespace) -> Results:
                         [sample] for sample in results.single[target.name]
                     ]
                 continue
+            results.ceiling[n] = []
             for round_ in range(args.rounds):
                 for target in (mlx, service):
                     samples = concurrently(target.stream, n, tokens)
@@ -582,6 +606,9 @@ def run(args: argparse.Namespace) -> Results:
                         f"concurrent n={n} r{round_} {target.name}: "
                         f"{sum(s.tokens for s in samples)} tok, {aggregate_tps(samples):.1f} tok/s"
                     )
+                if not stock:  # the ceiling of the BLAS both servers use
+                    results.ceiling[n].append(decode_ceiling(model, blas.env, n))
+                    log(f"decode ceiling n={n} r{round_}: {results.ceiling[n][-1]:.1f} tok/s")
 
         for target in (mlx, service):
             results.turns[target.name] = {"cold": [], "warm": []}
@@ -644,7 +671,14 @@ def summarize(results: Results) -> dict[str, Any]:
         name: median([s["cached_tokens"] or 0 for s in kinds["warm"]])
         for name, kinds in results.turns.items()
     }
-    return {"single": single, "concurrent": concurrent, "turns": turns, "cached": cached}
+    ceiling = {n: median(values) for n, values in results.ceiling.items() if values}
+    return {
+        "single": single,
+        "concurrent": concurrent,
+        "turns": turns,
+        "cached": cached,
+        "ceiling": ceiling,
+    }
 
 
 def _fields(sample: dict[str, Any]) -> dict[str, Any]:
@@ -686,16 +720,27 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         "",
         "## Aggregate throughput, concurrent streams (tok/s)",
         "",
-        "| streams | mlx_lm.server | LMSP service | service / mlx_lm.server |",
-        "|---:|---:|---:|---:|",
+        "| streams | mlx_lm.server | LMSP service | service / mlx_lm.server "
+        "| decode ceiling | ceiling / mlx_lm.server |",
+        "|---:|---:|---:|---:|---:|---:|",
     ]
+    ceiling = summary.get("ceiling", {})
     for n in meta["concurrency"]:
         a, b = summary["concurrent"][mlx][n], summary["concurrent"][service][n]
-        lines.append(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f}× |")
+        top = ceiling.get(n)
+        bound = f"{top:.1f} | {top / a:.2f}×" if top else "| "
+        lines.append(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f}× | {bound} |")
     lines += [
         "",
         "Aggregate = all tokens / (last stream done − first request sent), each stream its own "
         "prompt; 1 stream is the single-stream run above. Target at 8 streams ≥ 1.2×.",
+        "",
+        "Decode ceiling = streams / one forward step of that many sequences, with no server, "
+        "no prefill and no sampling overhead beyond greedy argmax (`bench_forward.py`'s "
+        "measurement in a child process with the same BLAS, median of one per round, measured "
+        "right after that round's streams). No server decoding that many streams together on "
+        "this machine can exceed it, so *ceiling / mlx_lm.server* is the most any server could "
+        "reach over mlx_lm.server here with these kernels.",
         "",
         "## Second chat turn, time to first token (s)",
         "",
@@ -750,6 +795,17 @@ def plot(results: Results, summary: dict[str, Any], path: Path) -> None:
             width,
             label=name,
             color=colors[name],
+        )
+    tops = [(x, summary["ceiling"].get(n)) for x, n in enumerate(levels)]
+    tops = [(x, top) for x, top in tops if top]
+    if tops:
+        ax.scatter(
+            [x for x, _ in tops],
+            [top for _, top in tops],
+            marker="_",
+            s=900,
+            color="black",
+            label="decode ceiling (no server)",
         )
     ax.set_xticks(range(len(levels)), [str(n) for n in levels])
     ax.set_xlabel("concurrent streams")
@@ -838,6 +894,7 @@ def main(argv: list[str] | None = None) -> int:
                 "single": results.single,
                 "concurrent": results.concurrent,
                 "turns": results.turns,
+                "ceiling": results.ceiling,
                 "summary": summary,
             },
             indent=1,

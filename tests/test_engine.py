@@ -356,15 +356,15 @@ def test_cancel_a_queued_job(slow_engine: Engine) -> None:
         assert isinstance(eng.wait_end(job_id, timeout=5).end, JobCancelled)
 
 
-def _burst(eng: Engine, spacing: float) -> list[tuple[str, str]]:
-    """Three jobs sent `spacing` seconds apart to an idle, warm worker: the order in which
-    they started and produced their first tokens, as (message kind, job id)."""
+def _burst(eng: Engine, gaps: tuple[float, float]) -> list[tuple[str, str]]:
+    """Three jobs sent to an idle, warm worker, `gaps` seconds apart: the order in which they
+    started and produced their first tokens, as (message kind, job id)."""
     eng.run(new_id("warm-up"), max_tokens=2)  # the model loaded, the worker idle again
     since = eng.recorder.mark()
     ids = [new_id("burst") for _ in range(3)]
-    for job_id in ids:
+    for job_id, gap in zip(ids, (*gaps, 0.0), strict=True):
         eng.client.submit(eng.job(job_id, max_tokens=4))
-        time.sleep(spacing)
+        time.sleep(gap)
     for job_id in ids:
         assert isinstance(eng.wait_end(job_id).end, JobFinished)
     return [
@@ -375,27 +375,34 @@ def _burst(eng: Engine, spacing: float) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    "window,limit,started_together",
+    "window,limit,gaps,started_together",
     [
         # Each job arrives within the window of the one before: all three, though the last
         # comes after a window counted from the first.
-        (0.6, 3.0, 3),
+        (0.6, 3.0, (0.4, 0.4), 3),
+        # The third comes later than the window, but within twice the gap before the second:
+        # the window stretched to the pace of the burst.
+        (0.6, 3.0, (0.45, 0.75), 3),
         # The limit ends the gathering however often jobs come.
-        (0.6, 0.6, 2),
+        (0.6, 0.6, (0.4, 0.4), 2),
         # No window: the first job is already generating when the next one arrives.
-        (0.0, 0.0, 1),
+        (0.0, 0.0, (0.4, 0.4), 1),
     ],
 )
 def test_an_idle_worker_gathers_a_burst_into_one_batch(
-    test_model_dir: Path, window: float, limit: float, started_together: int
+    test_model_dir: Path,
+    window: float,
+    limit: float,
+    gaps: tuple[float, float],
+    started_together: int,
 ) -> None:
     """Jobs that keep arriving at an idle worker, each within the gather window of the one
-    before and all within the gather limit, start together (their prompts are prefilled as one
-    batch) before any of them produces a token."""
+    before (or twice the longest gap so far) and all within the gather limit, start together
+    (their prompts are prefilled as one batch) before any of them produces a token."""
     env = {"LMSP_GATHER_WINDOW": str(window), "LMSP_GATHER_LIMIT": str(limit)}
     eng = start_engine(test_model_dir, env=env)
     try:
-        order = _burst(eng, spacing=0.4)
+        order = _burst(eng, gaps)
     finally:
         eng.client.stop()
     first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")

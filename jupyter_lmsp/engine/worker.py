@@ -72,9 +72,10 @@ IDLE_POLL_SECONDS = 0.5
 # When an idle worker gets a job, it waits for more before its first step: requests sent
 # together (a notebook cell starting several, a client's burst) then have their prompts
 # prefilled as one batch, instead of the first one's prefill holding up all the others'. It
-# waits until GATHER_WINDOW passes without a new job, and at most GATHER_LIMIT in all: the
-# server commits each task before handing it over, so a burst of 8 reaches the worker spread
-# over ~50 ms on 2 busy cores, with gaps of up to ~15 ms.
+# waits until no job has come for GATHER_WINDOW, or for twice the longest gap between the jobs
+# so far if that is longer, and at most GATHER_LIMIT in all: the server commits each task
+# before handing it over, so a burst of 8 reaches the worker spread over 50-150 ms on 2 busy
+# cores, at a pace that depends on the load.
 GATHER_WINDOW = 0.02
 GATHER_LIMIT = 0.15
 
@@ -345,20 +346,23 @@ class Worker:
                 return
 
     def _gather(self) -> None:
-        """Admit the jobs that keep arriving: until the gather window passes without a new
-        one, the gather limit is reached, or the batch is full."""
-        started = time.monotonic()
-        limit = started + self._gather_limit
-        quiet_until = started + self._gather_window
+        """Admit the jobs that keep arriving: until none has come for the gather window (or
+        twice the longest gap between them, if longer), the gather limit is reached, or the
+        batch is full."""
+        last = time.monotonic()
+        limit = last + self._gather_limit
+        quiet = self._gather_window
         while not self._shutdown and self._scheduler.active < self._scheduler.max_batch_size:
-            remaining = min(quiet_until, limit) - time.monotonic()
+            remaining = min(last + quiet, limit) - time.monotonic()
             if remaining <= 0:
                 return
             queued = len(self._queue)
             self._pump(remaining)
             if len(self._queue) == queued:  # the window passed (or only a cancel came)
                 return
-            quiet_until = time.monotonic() + self._gather_window
+            arrived = time.monotonic()
+            quiet = max(quiet, 2 * (arrived - last))
+            last = arrived
             self._admit()
 
     def _start(self, job: GenerateJob) -> None:
