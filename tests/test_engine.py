@@ -356,12 +356,18 @@ def test_cancel_a_queued_job(slow_engine: Engine) -> None:
         assert isinstance(eng.wait_end(job_id, timeout=5).end, JobCancelled)
 
 
-def _burst(eng: Engine, gaps: tuple[float, float]) -> list[tuple[str, str]]:
+def _burst(
+    eng: Engine, gaps: tuple[float, float], announce: tuple[str, ...] = ()
+) -> list[tuple[str, str]]:
     """Three jobs sent to an idle, warm worker, `gaps` seconds apart: the order in which they
-    started and produced their first tokens, as (message kind, job id)."""
+    started and produced their first tokens, as (message kind, job id). `announce`: "burst"
+    announces the three jobs before the first is sent, any other id is announced too."""
     eng.run(new_id("warm-up"), max_tokens=2)  # the model loaded, the worker idle again
     since = eng.recorder.mark()
     ids = [new_id("burst") for _ in range(3)]
+    for job_id in announce:
+        for announced in ids if job_id == "burst" else [job_id]:
+            eng.client.announce(announced)
     for job_id, gap in zip(ids, (*gaps, 0.0), strict=True):
         eng.client.submit(eng.job(job_id, max_tokens=4))
         time.sleep(gap)
@@ -408,6 +414,23 @@ def test_an_idle_worker_gathers_a_burst_into_one_batch(
     first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
     started_before = [job for kind, job in order[:first_token] if kind == "JobStarted"]
     assert len(started_before) == started_together, order
+
+
+@pytest.mark.parametrize("ghost", [False, True])
+def test_a_gathering_worker_waits_for_the_jobs_announced(test_model_dir: Path, ghost: bool) -> None:
+    """With no gather window, jobs announced (as the server announces each task it accepts)
+    still start together, however slowly they come; an announced job that never comes holds
+    the others back only until the gather limit."""
+    env = {"LMSP_GATHER_WINDOW": "0", "LMSP_GATHER_LIMIT": "1.5"}
+    eng = start_engine(test_model_dir, env=env)
+    try:
+        announce = ("burst", new_id("never-sent")) if ghost else ("burst",)
+        order = _burst(eng, (0.4, 0.4), announce=announce)
+    finally:
+        eng.client.stop()
+    first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
+    started_before = [job for kind, job in order[:first_token] if kind == "JobStarted"]
+    assert len(started_before) == 3, order
 
 
 # --- errors --------------------------------------------------------------------------------

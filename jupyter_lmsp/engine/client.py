@@ -29,6 +29,7 @@ from jupyter_lmsp.engine.messages import (
     CancelJob,
     GenerateJob,
     JobCancelled,
+    JobComing,
     JobFailed,
     JobFinished,
     Shutdown,
@@ -253,6 +254,14 @@ class EngineClient:
                 raise EngineNotRunning("the engine worker is not running")
             session.in_flight[job.job_id] = None
             session.outbox.put(job)
+
+    def announce(self, job_id: str) -> None:
+        """Tell the worker that `job_id` will be submitted shortly (see `JobComing`)."""
+        with self._lock:
+            session = self._session
+            if session is None or session.exited or session.stopping:
+                return
+            session.outbox.put(JobComing(job_id))
 
     def cancel(self, job_id: str) -> None:
         """Ask the worker to cancel `job_id`; a `JobCancelled` follows unless it already ended."""

@@ -1,7 +1,7 @@
 """The messages between the server process and the inference worker process.
 
-All are plain dataclasses, pickled over a `multiprocessing` pipe. Server → worker: `GenerateJob`,
-`CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `JobTokens`, `JobFinished`, `JobFailed`,
+All are plain dataclasses, pickled over a `multiprocessing` pipe. Server → worker: `JobComing`,
+`GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `JobTokens`, `JobFinished`, `JobFailed`,
 `JobCancelled`, `WorkerReady`. `WorkerExited` is not sent by the worker: the client in the server
 process produces it when the worker process dies unexpectedly.
 """
@@ -37,6 +37,18 @@ class GenerateJob:
     # The model's registered files ({"path", "size", "sha256"}): loading verifies them first
     # and fails the job with `model_digest_mismatch` if any differs (LMSP B4).
     expected_files: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class JobComing:
+    """A job was accepted and its `GenerateJob` follows once its task is committed `loading`.
+
+    Sent as soon as the server has the task, so an idle worker gathering a burst (see
+    `worker.Worker._gather`) knows to wait for it rather than start with fewer jobs. Only a
+    hint: a job announced but never sent costs at most one gather limit of waiting.
+    """
+
+    job_id: str
 
 
 @dataclass

@@ -110,6 +110,10 @@ class TaskRunner:
         if not self.started:
             return  # start() picks it up from the database
         self.queue.append(task_id)
+        if len(self.active) + len(self.queue) <= self.max_active:
+            # It will start as soon as it is dispatched: an idle worker gathering a burst of
+            # jobs waits for it instead of starting without it.
+            self.engine.announce(task_id)
         # Dispatch on the next loop iteration: the request that committed the task writes its
         # reply first, without waiting for the `loading` transaction.
         assert self.loop is not None
