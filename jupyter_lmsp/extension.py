@@ -8,13 +8,14 @@ inference worker process) starts once the event loop runs.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from pathlib import Path
 from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Float, Integer, Unicode, default
+from traitlets import Bool, Float, Integer, Unicode, default
 
 from . import __version__
 from .auth.ratelimit import RateLimiter
@@ -85,6 +86,12 @@ class LMSPExtension(ExtensionApp):
     use_openblas = Unicode(
         "auto", help="'auto' uses OpenBLAS for the worker on Linux when it can; 'no' never."
     ).tag(config=True)
+    freeze_startup_heap = Bool(
+        True,
+        help="Once the server has started, take the objects alive then out of the garbage "
+        "collector's scans (gc.freeze): a Jupyter server starts with ~250k objects, and each "
+        "full collection of them stalled every request and event stream for ~150 ms.",
+    ).tag(config=True)
 
     @default("data_dir")
     def _default_data_dir(self) -> str:
@@ -152,6 +159,15 @@ class LMSPExtension(ExtensionApp):
         if not self.ctx.registrar.started:
             self.ctx.registrar.start()
         self._purge_task = asyncio.create_task(self._purge_periodically())
+        if self.freeze_startup_heap:
+            # On the loop's next turn: after the other extensions' start-up work, too.
+            asyncio.get_running_loop().call_soon(self._freeze_heap)
+
+    def _freeze_heap(self) -> None:
+        # Collected first, so no start-up garbage is frozen (it could never be freed after).
+        gc.collect()
+        gc.freeze()
+        self.log.info("LMSP: %d start-up objects frozen out of GC scans", gc.get_freeze_count())
 
     async def stop_extension(self) -> None:
         if self._purge_task is not None:
