@@ -6,7 +6,8 @@ through one `store.rules` transaction, and the committed events are published on
 
 Generated tokens are coalesced for `snapshot_interval` seconds, then committed together with
 the snapshot that covers them (LMSP B7): a crash loses at most that much uncommitted work, and a
-resumed task continues from exactly what its watchers saw.
+resumed task continues from exactly what its watchers saw. A task's first text is committed on
+the loop's next turn instead, so nobody waits up to an interval for it.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class TaskRunner:
         self.pending: dict[str, _Pending] = {}
         # One timer for all running tasks: their tokens are committed together, one
         # transaction per snapshot interval however many tasks decode at once.
-        self.flush_handle: asyncio.TimerHandle | None = None
+        self.flush_handle: asyncio.Handle | None = None
+        # Tasks whose text has begun (their first text is not held for an interval).
+        self.producing: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
@@ -220,10 +223,18 @@ class TaskRunner:
                 pending = self.pending.setdefault(task_id, _Pending())
                 pending.token_ids.extend(ids)
                 pending.text += text
+                assert self.loop is not None
                 if self.snapshot_interval <= 0:
                     self._flush(task_id)
+                elif text and task_id not in self.producing:
+                    # The first text (a token may complete none, e.g. half a character):
+                    # committed with whatever else is pending, on the next turn (the first
+                    # tokens of a batch's other tasks arrive in the same turn).
+                    self.producing.add(task_id)
+                    if self.flush_handle is not None:
+                        self.flush_handle.cancel()
+                    self.flush_handle = self.loop.call_soon(self._flush_all)
                 elif self.flush_handle is None:
-                    assert self.loop is not None
                     self.flush_handle = self.loop.call_later(
                         self.snapshot_interval, self._flush_all
                     )
@@ -273,6 +284,7 @@ class TaskRunner:
     def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
         self.publish(rules.finish(self.db, task_id, outcome))
         self.active.discard(task_id)
+        self.producing.discard(task_id)
         self.cached_tokens.pop(task_id, None)
         self._dispatch()
 
@@ -288,6 +300,7 @@ class TaskRunner:
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.clear()
+        self.producing.difference_update(held)
         report = rules.recover_after_worker_exit(self.db, held)
         for committed in report.committed:
             self.publish(committed)
