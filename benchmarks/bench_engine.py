@@ -20,9 +20,10 @@ Measured:
    and end-to-end rate, tokens / request time;
 2. aggregate tokens/s at 1, 4 and 8 concurrent streams (all tokens / wall time from the first
    request sent to the last one done), different prompts per stream;
-3. the decode ceiling at each concurrency level: one forward step of that many sequences with no
-   server at all (`bench_forward.py`'s measurement, in a child with the same BLAS), in the same
-   rounds, so the table shows how far above mlx_lm.server any server could get here;
+3. the ceiling at each concurrency level, with no server at all (`bench_forward.py`'s
+   measurement, in a child with the same BLAS, in the same rounds): one forward step of that
+   many sequences, and their prefill; so the table shows how far above mlx_lm.server any server
+   could get here;
 4. a second chat turn's time to first token: *warm* right after the first turn (the service
    continues it with `previous_response_id`; mlx_lm.server gets the whole conversation again,
    as its clients do), *cold* for the same conversation under a system prompt never seen before.
@@ -458,8 +459,8 @@ class Results:
     single: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     concurrent: dict[str, dict[int, list[list[dict[str, Any]]]]] = field(default_factory=dict)
     turns: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
-    # Concurrency level -> decode ceiling (tok/s) measured in each round.
-    ceiling: dict[int, list[float]] = field(default_factory=dict)
+    # Concurrency level -> the forward pass measured in each round: {"step_ms", "prefill_ms"}.
+    ceiling: dict[int, list[dict[str, float]]] = field(default_factory=dict)
 
 
 def as_dict(sample: Sample) -> dict[str, Any]:
@@ -471,11 +472,12 @@ def as_dict(sample: Sample) -> dict[str, Any]:
     }
 
 
-def decode_ceiling(model: Path, env: dict[str, str] | None, batch: int) -> float:
-    """tokens/s of `batch` sequences decoding together with no server: batch / forward step.
+def forward_pass(model: Path, env: dict[str, str] | None, batch: int) -> dict[str, float]:
+    """One decode step and one prefill of `batch` sequences with no server, in ms.
 
     `bench_forward.py`'s measurement (mlx-lm's BatchKVCache, pipelined as mlx-lm's decoders
-    run it, context from 100 tokens), in a child process started with `env`.
+    run it; the prefill of ~14 new tokens per sequence after a cached prefix, like these
+    rounds' prompts), in a child process started with `env`.
     """
     out = subprocess.run(
         [sys.executable, str(HERE / "bench_forward.py"), "--child", str(model), str(batch)],
@@ -485,8 +487,19 @@ def decode_ceiling(model: Path, env: dict[str, str] | None, batch: int) -> float
         text=True,
         timeout=600,
     ).stdout
-    step_ms = json.loads(out.strip().splitlines()[-1])["step_ms"]
-    return batch / step_ms * 1000
+    measured = json.loads(out.strip().splitlines()[-1])
+    return {"step_ms": measured["step_ms"], "prefill_ms": measured["prefill_ms"]}
+
+
+def ceilings(passes: list[dict[str, float]], streams: int, tokens: int) -> tuple[float, float]:
+    """(decode ceiling, bound with prefill) in tokens/s, from the median forward pass.
+
+    Decode ceiling: streams / step. Bound: all tokens / (prefill + one step per token), a
+    time no server decoding the streams together can beat.
+    """
+    step = median([p["step_ms"] for p in passes]) / 1000
+    prefill = median([p["prefill_ms"] for p in passes]) / 1000
+    return streams / step, streams * tokens / (prefill + tokens * step)
 
 
 def second_turn(
@@ -607,8 +620,12 @@ def run(args: argparse.Namespace) -> Results:
                         f"{sum(s.tokens for s in samples)} tok, {aggregate_tps(samples):.1f} tok/s"
                     )
                 if not stock:  # the ceiling of the BLAS both servers use
-                    results.ceiling[n].append(decode_ceiling(model, blas.env, n))
-                    log(f"decode ceiling n={n} r{round_}: {results.ceiling[n][-1]:.1f} tok/s")
+                    measured = forward_pass(model, blas.env, n)
+                    results.ceiling[n].append(measured)
+                    log(
+                        f"no server n={n} r{round_}: step {measured['step_ms']:.1f} ms, "
+                        f"prefill {measured['prefill_ms']:.0f} ms"
+                    )
 
         for target in (mlx, service):
             results.turns[target.name] = {"cold": [], "warm": []}
@@ -671,7 +688,12 @@ def summarize(results: Results) -> dict[str, Any]:
         name: median([s["cached_tokens"] or 0 for s in kinds["warm"]])
         for name, kinds in results.turns.items()
     }
-    ceiling = {n: median(values) for n, values in results.ceiling.items() if values}
+    tokens = results.meta["max_tokens"]
+    ceiling = {
+        n: dict(zip(("decode", "bound"), ceilings(passes, n, tokens), strict=True))
+        for n, passes in results.ceiling.items()
+        if passes
+    }
     return {
         "single": single,
         "concurrent": concurrent,
@@ -721,26 +743,29 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         "## Aggregate throughput, concurrent streams (tok/s)",
         "",
         "| streams | mlx_lm.server | LMSP service | service / mlx_lm.server "
-        "| decode ceiling | ceiling / mlx_lm.server |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| decode ceiling (no server) | with prefill | bound / mlx_lm.server |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ceiling = summary.get("ceiling", {})
     for n in meta["concurrency"]:
         a, b = summary["concurrent"][mlx][n], summary["concurrent"][service][n]
         top = ceiling.get(n)
-        bound = f"{top:.1f} | {top / a:.2f}×" if top else "| "
+        bound = (
+            f"{top['decode']:.1f} | {top['bound']:.1f} | {top['bound'] / a:.2f}×" if top else "| |"
+        )
         lines.append(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f}× | {bound} |")
     lines += [
         "",
         "Aggregate = all tokens / (last stream done − first request sent), each stream its own "
         "prompt; 1 stream is the single-stream run above. Target at 8 streams ≥ 1.2×.",
         "",
-        "Decode ceiling = streams / one forward step of that many sequences, with no server, "
-        "no prefill and no sampling overhead beyond greedy argmax (`bench_forward.py`'s "
-        "measurement in a child process with the same BLAS, median of one per round, measured "
-        "right after that round's streams). No server decoding that many streams together on "
-        "this machine can exceed it, so *ceiling / mlx_lm.server* is the most any server could "
-        "reach over mlx_lm.server here with these kernels.",
+        "No server: `bench_forward.py`'s measurement of the demo model alone, in a child process "
+        "with the same BLAS, right after each round's streams (median of the rounds). Decode "
+        "ceiling = streams / one forward step of that many sequences (greedy argmax, nothing "
+        "else). With prefill = all tokens / (the prefill of that many prompts of ~14 new tokens "
+        "after a cached prefix + one forward step per output token): no server decoding the "
+        "streams together on these kernels can be faster, so *bound / mlx_lm.server* is the "
+        "largest ratio over mlx_lm.server any such server could show in this run.",
         "",
         "## Second chat turn, time to first token (s)",
         "",
@@ -797,7 +822,7 @@ def plot(results: Results, summary: dict[str, Any], path: Path) -> None:
             color=colors[name],
         )
     tops = [(x, summary["ceiling"].get(n)) for x, n in enumerate(levels)]
-    tops = [(x, top) for x, top in tops if top]
+    tops = [(x, top["bound"]) for x, top in tops if top]
     if tops:
         ax.scatter(
             [x for x, _ in tops],
@@ -805,7 +830,7 @@ def plot(results: Results, summary: dict[str, Any], path: Path) -> None:
             marker="_",
             s=900,
             color="black",
-            label="decode ceiling (no server)",
+            label="bound: no server, prefill + decode",
         )
     ax.set_xticks(range(len(levels)), [str(n) for n in levels])
     ax.set_xlabel("concurrent streams")
