@@ -11,11 +11,12 @@ import re
 from typing import Any
 
 import pytest
+from jpserver import call, server_config
 from jsonschema import Draft202012Validator
 from openapi_spec_validator import OpenAPIV31SpecValidator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
-from serverproc import with_test_model
+from serverproc import MODEL
 from tornado import web
 from tornado.httpclient import HTTPClientError
 
@@ -33,7 +34,6 @@ from jupyter_lmsp.protocol.requests import (
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 pytestmark = pytest.mark.timeout(120)
 
-MODEL = "tiny"
 METHODS = ("get", "post", "put", "patch", "delete")
 DOC_URI = "urn:lmsp:openapi"
 
@@ -239,33 +239,13 @@ def test_request_schemas_agree_with_the_parsers(schema, parse, bodies):
 
 
 @pytest.fixture
-def jp_server_config(tmp_path, test_model_dir):
-    with_test_model(tmp_path, test_model_dir)
-    return {
-        "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
-        "LMSPExtension": {
-            "data_dir": str(tmp_path),
-            "default_model": MODEL,
-            "use_openblas": "no",
-            "keepalive_interval": 0.5,
-        },
-    }
-
-
-async def call(jp_fetch, method, path, body=None, **kw):
-    kwargs: dict[str, Any] = {"method": method, **kw}
-    if body is not None:
-        kwargs["body"] = json.dumps(body)
-    try:
-        response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
-    except HTTPClientError as e:
-        return e.code, json.loads(e.response.body)
-    return response.code, json.loads(response.body)
+def jp_server_config(lmsp_data, request):
+    return server_config(lmsp_data, request)
 
 
 async def wait_task(jp_fetch, task_id: str) -> dict[str, Any]:
     for _ in range(600):
-        _, task = await call(jp_fetch, "GET", f"tasks/{task_id}")
+        _, task, _ = await call(jp_fetch, "GET", f"tasks/{task_id}")
         assert_valid("Task", task)
         if task["state"] in ("completed", "failed", "cancelled"):
             return task
@@ -283,23 +263,23 @@ async def test_served_document_and_real_answers_match(
     assert served["servers"] == [{"url": f"{jp_base_url.rstrip('/')}/lmsp/v1"}]
     assert served["paths"] == DOC["paths"]
 
-    status, service = await call(jp_fetch, "GET", "service")
+    status, service, _ = await call(jp_fetch, "GET", "service")
     assert_valid("Service", service)
-    _, models = await call(jp_fetch, "GET", "models")
+    _, models, _ = await call(jp_fetch, "GET", "models")
     assert_valid("ModelList", models)
     assert models["data"]
-    _, model = await call(jp_fetch, "GET", f"models/{MODEL}")
+    _, model, _ = await call(jp_fetch, "GET", f"models/{MODEL}")
     assert_valid("Model", model)
-    status, registering = await call(
+    status, registering, _ = await call(
         jp_fetch, "POST", "models", {"source": str(test_model_dir), "id": "copy"}
     )
     assert status == 202
     assert_valid("Task", registering)
     assert (await wait_task(jp_fetch, registering["id"]))["state"] == "completed"
-    _, deleted = await call(jp_fetch, "DELETE", "models/copy")
+    _, deleted, _ = await call(jp_fetch, "DELETE", "models/copy")
     assert_valid("ModelDeleted", deleted)
 
-    status, queued = await call(
+    status, queued, _ = await call(
         jp_fetch,
         "POST",
         "responses",
@@ -309,17 +289,17 @@ async def test_served_document_and_real_answers_match(
     assert_valid("Response", queued)
     task_id = queued["task_id"]
     await wait_task(jp_fetch, task_id)
-    _, done = await call(jp_fetch, "GET", f"responses/{queued['id']}")
+    _, done, _ = await call(jp_fetch, "GET", f"responses/{queued['id']}")
     assert_valid("Response", done)
     assert done["output"] and done["usage"]
-    _, page = await call(jp_fetch, "GET", f"tasks/{task_id}/events", params={"limit": 1000})
+    _, page, _ = await call(jp_fetch, "GET", f"tasks/{task_id}/events", params={"limit": 1000})
     assert_valid("EventPage", page)
-    _, tasks = await call(jp_fetch, "GET", "tasks")
+    _, tasks, _ = await call(jp_fetch, "GET", "tasks")
     assert_valid("TaskList", tasks)
-    _, items = await call(jp_fetch, "GET", f"responses/{queued['id']}/input_items")
+    _, items, _ = await call(jp_fetch, "GET", f"responses/{queued['id']}/input_items")
     assert_valid("InputItemList", items)
 
-    _, completion = await call(
+    _, completion, _ = await call(
         jp_fetch, "POST", "chat/completions", {"messages": MSG, "max_tokens": 4}
     )
     assert_valid("ChatCompletion", completion)
@@ -343,13 +323,13 @@ async def test_served_document_and_real_answers_match(
     for line in lines[:-1]:
         assert_valid("ChatCompletionChunk", json.loads(line))
 
-    _, cancelled = await call(jp_fetch, "POST", f"tasks/{task_id}/cancel", {})
+    _, cancelled, _ = await call(jp_fetch, "POST", f"tasks/{task_id}/cancel", {})
     assert_valid("Task", cancelled)
-    _, deleted = await call(jp_fetch, "DELETE", f"responses/{queued['id']}")
+    _, deleted, _ = await call(jp_fetch, "DELETE", f"responses/{queued['id']}")
     assert_valid("ResponseDeleted", deleted)
-    _, clients = await call(jp_fetch, "GET", "clients")
+    _, clients, _ = await call(jp_fetch, "GET", "clients")
     assert_valid("ClientList", clients)
-    _, pairings = await call(jp_fetch, "GET", "pairings")
+    _, pairings, _ = await call(jp_fetch, "GET", "pairings")
     assert_valid("PairingList", pairings)
 
     # Errors, from the parsers, the store and Tornado itself, in the documented shape.
@@ -369,7 +349,7 @@ async def test_served_document_and_real_answers_match(
         ("DELETE", "models/model_nope", None, 404),
     ]:
         params = {"limit": 0} if path == "tasks" and method == "GET" else None
-        status, error = await call(jp_fetch, method, path, body, params=params)
+        status, error, _ = await call(jp_fetch, method, path, body, params=params)
         assert status == expected, (method, path, error)
         assert_valid("Error", error)
         if method != "PUT":
