@@ -1,9 +1,9 @@
 """The messages between the server process and the inference worker process.
 
 All are plain dataclasses, pickled over a `multiprocessing` pipe. Server → worker: `JobComing`,
-`GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `JobTokens`, `JobFinished`, `JobFailed`,
-`JobCancelled`, `WorkerReady`. `WorkerExited` is not sent by the worker: the client in the server
-process produces it when the worker process dies unexpectedly.
+`GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `JobTokens`,
+`JobFinished`, `JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is not sent by the
+worker: the client in the server process produces it when the worker process dies unexpectedly.
 """
 
 from __future__ import annotations
