@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from bench_forward import measure_in_child
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -479,15 +480,7 @@ def forward_pass(model: Path, env: dict[str, str] | None, batch: int) -> dict[st
     run it; the prefill of ~14 new tokens per sequence after a cached prefix, like these
     rounds' prompts), in a child process started with `env`.
     """
-    out = subprocess.run(
-        [sys.executable, str(HERE / "bench_forward.py"), "--child", str(model), str(batch)],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    ).stdout
-    measured = json.loads(out.strip().splitlines()[-1])
+    measured = measure_in_child(model, dict(env or os.environ), batch)
     return {"step_ms": measured["step_ms"], "prefill_ms": measured["prefill_ms"]}
 
 

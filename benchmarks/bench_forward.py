@@ -100,6 +100,20 @@ def measure(model_path: str, batch: int) -> dict[str, float]:
     return result
 
 
+def measure_in_child(model_path: Path, env: dict[str, str], batch: int) -> dict[str, float]:
+    """`measure` in a fresh process started with `env` (which picks its BLAS and threads)."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", str(model_path), str(batch)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    measured: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return measured
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -122,14 +136,7 @@ def main() -> int:
     for threads in args.threads:
         for batch in args.batch:
             env = dict(blas.env or os.environ, OPENBLAS_NUM_THREADS=str(threads))
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", str(model), str(batch)],
-                env=env,
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            row = {"threads": threads, "batch": batch, **json.loads(out.strip().splitlines()[-1])}
+            row = {"threads": threads, "batch": batch, **measure_in_child(model, env, batch)}
             row["ceiling_tps"] = batch / row["step_ms"] * 1000
             rows.append(row)
             print(
