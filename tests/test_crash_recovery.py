@@ -9,17 +9,12 @@ import json
 import time
 
 import pytest
-from serverproc import ServerProcess, with_test_model
+from serverproc import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "response.cancelled"}
 SLOW = {"engine_token_delay": 0.05, "snapshot_interval": 0.02}
-
-
-@pytest.fixture
-def data_dir(tmp_path, test_model_dir):
-    return with_test_model(tmp_path, test_model_dir)
 
 
 def create(client, **body):
@@ -82,9 +77,9 @@ def read_sse(server, path, last_event_id):
         return out
 
 
-def test_kill_before_generation_queued_tasks(data_dir):
+def test_kill_before_generation_queued_tasks(lmsp_data):
     # One generation at a time, so the later tasks are still queued when the server dies.
-    server = ServerProcess(data_dir, max_batch_size=1, **SLOW).start()
+    server = ServerProcess(lmsp_data, max_batch_size=1, **SLOW).start()
     with server.client() as c:
         busy = create(c, max_output_tokens=400, temperature=0, on_restart="fail")
         wait_for(c, busy["task_id"], lambda t, log: len(deltas(log)) >= 2)
@@ -98,7 +93,7 @@ def test_kill_before_generation_queued_tasks(data_dir):
             assert c.get(f"/tasks/{resp['task_id']}").json()["state"] == "queued"
     server.kill()
 
-    with ServerProcess(data_dir).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task, log = wait_for(c, busy["task_id"], finished)
         assert task["state"] == "failed"
         assert task["error"]["code"] == "server_restarted"
@@ -116,7 +111,7 @@ def test_kill_before_generation_queued_tasks(data_dir):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_kill_during_generation_resume_gives_the_uninterrupted_text(data_dir, temperature):
+def test_kill_during_generation_resume_gives_the_uninterrupted_text(lmsp_data, temperature):
     request = {
         "max_output_tokens": 120,
         "temperature": temperature,
@@ -124,24 +119,24 @@ def test_kill_during_generation_resume_gives_the_uninterrupted_text(data_dir, te
         "on_restart": "resume",
     }
     # The reference: the same request, uninterrupted, on a server of its own.
-    (data_dir / "ref").mkdir()
-    (data_dir / "ref" / "models").mkdir()
-    (data_dir / "ref" / "models" / "tiny").symlink_to((data_dir / "models" / "tiny").resolve())
-    with ServerProcess(data_dir / "ref").start() as ref, ref.client() as c:
+    (lmsp_data / "ref").mkdir()
+    (lmsp_data / "ref" / "models").mkdir()
+    (lmsp_data / "ref" / "models" / "tiny").symlink_to((lmsp_data / "models" / "tiny").resolve())
+    with ServerProcess(lmsp_data / "ref").start() as ref, ref.client() as c:
         reference = create(c, **request)
         _, ref_log = wait_for(c, reference["task_id"], finished)
         expected_text = check_log(ref_log)["response"]["output"][0]["content"][0]["text"]
         expected_tokens = check_log(ref_log)["response"]["usage"]["output_tokens"]
         expected_end = ref_log[-1]["type"]
 
-    server = ServerProcess(data_dir, **SLOW).start()
+    server = ServerProcess(lmsp_data, **SLOW).start()
     with server.client() as c:
         resp = create(c, **request)
         _, seen = wait_for(c, resp["task_id"], lambda t, log: len(deltas(log)) >= 15)
     server.kill()
     seen_until = seen[-1]["sequence_number"]
 
-    with ServerProcess(data_dir).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         rest = read_sse(server2, f"/tasks/{resp['task_id']}/events", seen_until)
         whole = seen + rest
         check_log(whole)
@@ -156,13 +151,13 @@ def test_kill_during_generation_resume_gives_the_uninterrupted_text(data_dir, te
 
 
 @pytest.mark.parametrize("policy", ["fail", "retry"])
-def test_kill_during_generation_fail_and_retry(data_dir, policy):
-    server = ServerProcess(data_dir, **SLOW).start()
+def test_kill_during_generation_fail_and_retry(lmsp_data, policy):
+    server = ServerProcess(lmsp_data, **SLOW).start()
     with server.client() as c:
         resp = create(c, max_output_tokens=60, temperature=0, on_restart=policy)
         wait_for(c, resp["task_id"], lambda t, log: len(deltas(log)) >= 5)
     server.kill()
-    with ServerProcess(data_dir).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task, log = wait_for(c, resp["task_id"], finished)
         last = check_log(log)
         if policy == "fail":
@@ -179,37 +174,37 @@ def test_kill_during_generation_fail_and_retry(data_dir, policy):
             assert final["usage"]["output_tokens"] == 60
 
 
-def test_kill_while_cancelling(data_dir):
-    server = ServerProcess(data_dir, engine_token_delay=1.0).start()
+def test_kill_while_cancelling(lmsp_data):
+    server = ServerProcess(lmsp_data, engine_token_delay=1.0).start()
     with server.client() as c:
         resp = create(c, max_output_tokens=50, on_restart="resume")
         wait_for(c, resp["task_id"], lambda t, log: t["state"] == "running")
         state = c.post(f"/tasks/{resp['task_id']}/cancel").json()["state"]
         server.kill()
     assert state == "cancelling"
-    with ServerProcess(data_dir).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task, log = wait_for(c, resp["task_id"], finished)
         assert task["state"] == "cancelled"
         assert check_log(log)["type"] == "response.cancelled"
 
 
-def test_kill_after_generation_leaves_finished_tasks_alone(data_dir):
-    server = ServerProcess(data_dir).start()
+def test_kill_after_generation_leaves_finished_tasks_alone(lmsp_data):
+    server = ServerProcess(lmsp_data).start()
     with server.client() as c:
         done = create(c, max_output_tokens=10, on_restart="fail")
         _, before = wait_for(c, done["task_id"], finished)
     server.kill()
-    with ServerProcess(data_dir).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task = c.get(f"/tasks/{done['task_id']}").json()
         assert task["state"] == "completed"
         assert events(c, done["task_id"]) == before
         check_log(before)
 
 
-def test_a_started_server_entered_as_a_context_is_not_started_again(data_dir):
+def test_a_started_server_entered_as_a_context_is_not_started_again(lmsp_data):
     """`with ServerProcess(...).start() as server:` (as the tests above write it) runs one
     server, and stops it on the way out; it used to start a second one and leak the first."""
-    server = ServerProcess(data_dir).start()
+    server = ServerProcess(lmsp_data).start()
     first = server.proc
     with server as same:
         assert same.proc is first and same.running

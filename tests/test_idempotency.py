@@ -15,11 +15,6 @@ from serverproc import ServerProcess, with_test_model
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
-@pytest.fixture
-def data_dir(tmp_path, test_model_dir):
-    return with_test_model(tmp_path, test_model_dir)
-
-
 @pytest.fixture(scope="module")
 def shared_dir(tmp_path_factory, test_model_dir):
     path = tmp_path_factory.mktemp("idem")
@@ -32,13 +27,13 @@ def server(shared_dir):
         yield server
 
 
-def task_count(data_dir) -> int:
-    with sqlite3.connect(data_dir / "lmsp.sqlite") as conn:
+def task_count(lmsp_data) -> int:
+    with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
         return conn.execute("select count(*) from tasks").fetchone()[0]
 
 
-def tasks_for_input(data_dir, text) -> int:
-    with sqlite3.connect(data_dir / "lmsp.sqlite") as conn:
+def tasks_for_input(lmsp_data, text) -> int:
+    with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
         return conn.execute(
             "select count(*) from responses where json_extract(request, '$.input') = ?", (text,)
         ).fetchone()[0]
@@ -122,8 +117,8 @@ def test_concurrent_duplicates_start_one_task(server, shared_dir):
     assert tasks_for_input(shared_dir, "race") == 1
 
 
-def test_duplicate_while_a_plain_request_is_generating_is_409(data_dir):
-    with ServerProcess(data_dir, engine_token_delay=0.05) as server:
+def test_duplicate_while_a_plain_request_is_generating_is_409(lmsp_data):
+    with ServerProcess(lmsp_data, engine_token_delay=0.05) as server:
         body = {"input": "Long", "max_output_tokens": 60, "temperature": 0}
         first: list[httpx.Response] = []
         with server.client() as c:
@@ -145,7 +140,7 @@ def test_duplicate_while_a_plain_request_is_generating_is_409(data_dir):
             assert third.status_code == 200
             assert third.headers["Idempotent-Replayed"] == "true"
             assert third.json() == first[0].json()
-        assert task_count(data_dir) == 1
+        assert task_count(lmsp_data) == 1
 
 
 def test_keys_expire(server):
@@ -160,19 +155,19 @@ def test_keys_expire(server):
         assert "Idempotent-Replayed" not in later.headers
 
 
-def test_kill_between_commit_and_reply_then_retry_returns_the_original_task(data_dir):
-    crashing = ServerProcess(data_dir, env={"LMSP_FAILPOINTS": "after_create_commit"}).start()
+def test_kill_between_commit_and_reply_then_retry_returns_the_original_task(lmsp_data):
+    crashing = ServerProcess(lmsp_data, env={"LMSP_FAILPOINTS": "after_create_commit"}).start()
     with crashing.client() as c, pytest.raises(httpx.TransportError):
         c.post("/responses", json=BODY, headers={"Idempotency-Key": "k-crash"})
     crashing.proc.wait(10)
     assert crashing.proc.returncode == -9
-    assert task_count(data_dir) == 1  # the work was committed before the process died
+    assert task_count(lmsp_data) == 1  # the work was committed before the process died
 
-    with ServerProcess(data_dir) as server, server.client() as c:
+    with ServerProcess(lmsp_data) as server, server.client() as c:
         retry = c.post("/responses", json=BODY, headers={"Idempotency-Key": "k-crash"})
         assert retry.status_code == 202
         assert retry.headers["Idempotent-Replayed"] == "true"
-        with sqlite3.connect(data_dir / "lmsp.sqlite") as conn:
+        with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
             (task_id,) = conn.execute("select id from tasks").fetchone()
         assert retry.json()["task_id"] == task_id
-        assert task_count(data_dir) == 1
+        assert task_count(lmsp_data) == 1

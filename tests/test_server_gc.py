@@ -11,7 +11,7 @@ import re
 import time
 
 import pytest
-from serverproc import ServerProcess, with_test_model
+from serverproc import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -19,9 +19,8 @@ FROZEN = re.compile(r"LMSP: (\d+) start-up objects frozen out of GC scans")
 
 
 @pytest.mark.parametrize("freeze", [True, False])
-def test_the_start_up_heap_is_frozen_out_of_gc_scans(tmp_path, test_model_dir, freeze):
-    data_dir = with_test_model(tmp_path, test_model_dir)
-    with ServerProcess(data_dir, freeze_startup_heap=freeze) as server, server.client() as c:
+def test_the_start_up_heap_is_frozen_out_of_gc_scans(lmsp_data, freeze):
+    with ServerProcess(lmsp_data, freeze_startup_heap=freeze) as server, server.client() as c:
         assert c.get("/service").status_code == 200
         # Frozen on the loop's first turns, before /service could answer: waiting long is
         # only for the log line to reach the file.

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serverproc import TOKEN, ServerProcess, with_test_model
+from serverproc import TOKEN, ServerProcess
 
 from jupyter_lmsp.client import APIError, Client, Event, Task
 from jupyter_lmsp.client.errors import SequenceGapError
@@ -435,15 +435,10 @@ def test_board_filters_and_opens_rows():
 # -- a real server, killed and restarted under a watcher ----------------------------------------
 
 
-@pytest.fixture
-def data_dir(tmp_path, test_model_dir):
-    return with_test_model(tmp_path, test_model_dir)
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_watcher_survives_a_server_restart(data_dir):
-    server = ServerProcess(data_dir, engine_token_delay=0.03, snapshot_interval=0.02).start()
+def test_watcher_survives_a_server_restart(lmsp_data):
+    server = ServerProcess(lmsp_data, engine_token_delay=0.03, snapshot_interval=0.02).start()
     client = Client(server.url, TOKEN)
     try:
         job = client.start_response(
@@ -460,7 +455,7 @@ def test_watcher_survives_a_server_restart(data_dir):
             assert time.monotonic() < deadline
             time.sleep(0.02)
         before = w.text
-        restarted = ServerProcess(data_dir)
+        restarted = ServerProcess(lmsp_data)
         restarted.port = server.port  # same address: the watcher reconnects by itself
         restarted.start()
         try:
@@ -500,10 +495,10 @@ def run_in_kernel(kc: Any, code: str, timeout: float = 60) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_new_watcher_after_a_kernel_restart_shows_the_whole_task(data_dir, monkeypatch):
+def test_a_new_watcher_after_a_kernel_restart_shows_the_whole_task(lmsp_data, monkeypatch):
     from jupyter_client.manager import start_new_kernel
 
-    server = ServerProcess(data_dir, engine_token_delay=0.03).start()
+    server = ServerProcess(lmsp_data, engine_token_delay=0.03).start()
     monkeypatch.setenv("LMSP_URL", server.url)
     monkeypatch.setenv("LMSP_TOKEN", TOKEN)
     km, kc = start_new_kernel(kernel_name="python3")

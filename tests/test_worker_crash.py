@@ -9,15 +9,10 @@ import signal
 import time
 
 import pytest
-from serverproc import ServerProcess, with_test_model
+from serverproc import ServerProcess
 from test_crash_recovery import check_log, create, deltas, finished, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def data_dir(tmp_path, test_model_dir):
-    return with_test_model(tmp_path, test_model_dir)
 
 
 def worker_pid(client) -> int:
@@ -30,10 +25,10 @@ def worker_pid(client) -> int:
     raise AssertionError(f"worker never ready: {worker}")
 
 
-def test_worker_killed_mid_generation(data_dir):
+def test_worker_killed_mid_generation(lmsp_data):
     request = {"max_output_tokens": 60, "temperature": 0.7, "seed": 99}
     with (
-        ServerProcess(data_dir, engine_token_delay=0.03, snapshot_interval=0.02) as server,
+        ServerProcess(lmsp_data, engine_token_delay=0.03, snapshot_interval=0.02) as server,
         server.client() as c,
     ):
         reference = create(c, **request, on_restart="resume")
