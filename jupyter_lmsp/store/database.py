@@ -3,6 +3,9 @@
 Every write transaction starts with `BEGIN IMMEDIATE`, so a transaction that reads a task's
 state and then changes it holds the write lock the whole time; two such transactions (a cancel
 and a completion, say) run one after the other, never interleaved. Reads use plain `BEGIN`.
+
+Opening a database brings its schema to the current revision (`schema.prepare`: created when
+empty, upgraded after a backup when older, refused when newer).
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from pathlib import Path
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool import QueuePool
-from sqlmodel import Session, SQLModel
+from sqlmodel import Session
 
-from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from . import (
+    schema,
+    tables,  # noqa: F401  (registers the tables on SQLModel.metadata)
+)
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -30,13 +36,17 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
 class Database:
     """One SQLite database file, with the connection settings the section 11 rules rely on."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, upgrade: bool = True, legacy_owner: str | None = None) -> None:
+        """Open the database at `url`, creating or upgrading its schema (see `schema.prepare`;
+        with `upgrade` False an older schema is left as it is, for `jupyter lmsp doctor`)."""
         if not url.startswith("sqlite:"):
             raise ValueError(f"only SQLite databases are supported, not {url!r}")
         self.url = url
         path = url.removeprefix("sqlite:///")
+        self.path: Path | None = None
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.path = Path(path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         # A small pool: a transaction checks a connection out and back in, so threads take
         # turns with connections but never share one at the same time. Keeping connections
         # open also keeps the WAL files in place between transactions, instead of SQLite
@@ -50,7 +60,9 @@ class Database:
         )
         event.listen(self.engine, "connect", _on_connect)
         event.listen(self.engine, "begin", _on_begin)
-        SQLModel.metadata.create_all(self.engine)
+        self.schema = schema.prepare(
+            self.engine, self.path, upgrade=upgrade, legacy_owner=legacy_owner
+        )
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -76,10 +88,13 @@ class Database:
             cursor.execute("BEGIN IMMEDIATE")
             try:
                 yield cursor
+                # A deferred foreign key is checked here: a COMMIT that fails leaves the
+                # transaction open, to be rolled back below.
+                cursor.execute("COMMIT")
             except BaseException:
-                cursor.execute("ROLLBACK")
+                if proxy.dbapi_connection.in_transaction:  # type: ignore[union-attr]
+                    cursor.execute("ROLLBACK")
                 raise
-            cursor.execute("COMMIT")
         finally:
             proxy.close()
 
