@@ -15,6 +15,7 @@ from pathlib import Path
 from jupyter_core.paths import jupyter_data_dir
 
 from .auth import pairing
+from .auth.identity import server_owner
 from .protocol.errors import LMSPError
 from .store import Database, queries, rules
 from .store.database import sqlite_url
@@ -82,7 +83,9 @@ def _run(db: Database, args: argparse.Namespace) -> int:
             scopes = None
             if args.pair_command == "approve" and args.scopes:
                 scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
-            p = pairing.decide(db, args.code, args.pair_command == "approve", scopes)
+            p = pairing.decide(
+                db, args.code, args.pair_command == "approve", scopes, decided_by=server_owner()
+            )
             print(f"{p['status']}: {p['client_name']} ({','.join(p['granted_scopes'] or [])})")
         return 0
     if args.command == "clients":

@@ -10,12 +10,17 @@ whoever started the server — but name each browser session or token request wi
 `anonymous` name; there the owner is the user the server runs for (`$JUPYTERHUB_USER`, else
 the operating-system user), the same on every request and after every restart.
 `LMSPExtension.owner_from` chooses explicitly (`identity` or `server`).
+
+What a Jupyter user may do comes from Jupyter Server's `Authorizer`, asked once per LMSP
+scope (`jupyter_permission`), so a JupyterHub deployment's permissions apply.
 """
 
 from __future__ import annotations
 
 import getpass
+import inspect
 import os
+from collections.abc import Iterable
 from typing import Any
 
 JUPYTER_PREFIX = "jupyter:"
@@ -65,3 +70,30 @@ def owner_for(user: Any, identity_provider: Any, owner_from: str = "auto") -> st
         username = getattr(user, "username", None) or str(user)
         return owner_id(username)
     return server_owner()
+
+
+# -- what Jupyter's authorizer grants --------------------------------------------------------
+
+
+def jupyter_permission(scope: str) -> tuple[str, str]:
+    """The (action, resource) Jupyter Server's `Authorizer` is asked about for an LMSP scope:
+    `models:read` → ("read", "lmsp-models"), anything but `:read` → "write"
+    (`clients:admin` → ("write", "lmsp-clients")). JupyterHub grants these as
+    `custom:jupyter_server:<action>:<resource>` scopes (or all of them with `access:servers`).
+    """
+    area, _, verb = scope.partition(":")
+    return ("read" if verb == "read" else "write"), f"lmsp-{area}"
+
+
+async def jupyter_scopes(handler: Any, user: Any, scopes: Iterable[str]) -> frozenset[str]:
+    """The LMSP scopes Jupyter Server's authorizer allows `user` (its default authorizer
+    allows everything to an authenticated user; JupyterHub's follows the Hub's scopes)."""
+    granted = set()
+    for scope in scopes:
+        action, resource = jupyter_permission(scope)
+        allowed = handler.authorizer.is_authorized(handler, user, action, resource)
+        if inspect.isawaitable(allowed):
+            allowed = await allowed
+        if allowed:
+            granted.add(scope)
+    return frozenset(granted)

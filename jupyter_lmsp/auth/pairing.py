@@ -14,7 +14,7 @@ from ..store import clients as store
 from ..store.database import Database
 from ..store.tables import Pairing
 from . import secrets as codes
-from .scopes import parse_scopes
+from .scopes import Caller, parse_scopes
 
 PAIRING_TTL = 600.0
 POLL_INTERVAL = 5
@@ -68,12 +68,20 @@ def start(db: Database, body: dict[str, Any], ttl: float = PAIRING_TTL) -> dict[
     }
 
 
-def decide(db: Database, id_or_code: str, approve: bool, scopes: object = None) -> dict[str, Any]:
+def decide(
+    db: Database,
+    id_or_code: str,
+    approve: bool,
+    scopes: object = None,
+    decided_by: str | None = None,
+) -> dict[str, Any]:
+    """Approve or deny a pairing as `decided_by` (the caller's id): an approved client is
+    that caller's, whose tasks it sees (LMSP B12)."""
     pairing = store.find_pairing(db, id_or_code)
     if pairing is None:
         raise not_found("pairing", id_or_code)
     granted = None if scopes is None else parse_scopes(scopes)
-    updated, why = store.decide_pairing(db, pairing.id, approve, granted)
+    updated, why = store.decide_pairing(db, pairing.id, approve, granted, decided_by)
     if why == "ok" and updated is not None:
         return pairing_object(updated)
     messages = {
@@ -121,11 +129,18 @@ def pending(db: Database) -> dict[str, Any]:
     return {"object": "list", "data": [pairing_object(p) for p in store.list_pairings(db)]}
 
 
-def list_clients(db: Database) -> dict[str, Any]:
-    return {"object": "list", "data": [client_object(c) for c in store.list_clients(db)]}
+def list_clients(db: Database, caller: Caller | None = None) -> dict[str, Any]:
+    """The clients `caller` paired (every client when None: the command line's view)."""
+    rows = store.list_clients(db, paired_by=caller.id if caller is not None else None)
+    return {"object": "list", "data": [client_object(c) for c in rows]}
 
 
-def revoke(db: Database, client_id: str) -> dict[str, Any]:
+def revoke(db: Database, client_id: str, caller: Caller | None = None) -> dict[str, Any]:
+    """Revoke a client `caller` paired (any client when None); anyone else's is absent."""
+    if caller is not None:
+        found = store.get_client(db, client_id)
+        if found is None or found.paired_by != caller.id:
+            raise not_found("client", client_id)
     client = store.revoke_client(db, client_id)
     if client is None:
         raise not_found("client", client_id)

@@ -4,7 +4,7 @@ SSE writing, and the decorators every endpoint method wears.
 Two kinds of caller (LMSP B3). A paired client sends `Authorization: Bearer lmsp_…`; its
 request skips Jupyter's XSRF and origin checks (it carries no cookie to forge). Anyone else is
 authenticated by Jupyter Server itself (its token, or the browser's cookie + XSRF) and acts as
-the owner. A request neither recognises gets 401 with `WWW-Authenticate: Bearer`.
+that Jupyter user (`auth.callers.jupyter_caller`). A request neither recognises gets 401 with `WWW-Authenticate: Bearer`.
 
 Method decorators, outermost first: `@allow_unauthenticated` (Jupyter's: we authenticate
 ourselves), then `@public` or `@requires(scope)`, then `@idempotent`.
@@ -27,7 +27,7 @@ from tornado import web
 from tornado.iostream import StreamClosedError
 
 from ..auth import secrets as codes
-from ..auth.scopes import OWNER as OWNER_CALLER
+from ..auth.callers import client_caller, jupyter_caller
 from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthenticated
 from ..protocol.requests import parse_json_body
@@ -175,7 +175,9 @@ class LMSPHandler(APIHandler):
         self._authenticate_bearer()
         await super().prepare()
         if self.lmsp_caller is None and self.current_user:
-            self.lmsp_caller = OWNER_CALLER
+            # LMSP B12: the Jupyter identity owns what it creates; its scopes are what
+            # Jupyter's authorizer (JupyterHub's, in a Hub) allows it.
+            self.lmsp_caller = await jupyter_caller(self, self.ctx.db, self.ctx.owner_from)
         if self.lmsp_caller is None and not self._is_public():
             raise unauthenticated()
         if not self.ctx.runner.started:
@@ -192,7 +194,7 @@ class LMSPHandler(APIHandler):
         if client is None:
             raise unauthenticated("The access token is unknown or was revoked.")
         self.bearer_client = True
-        self.lmsp_caller = Caller(client.id, frozenset(json.loads(client.scopes)), client.name)
+        self.lmsp_caller = client_caller(client)
         if client.last_used_at is None or client.last_used_at < time.time() - TOUCH_INTERVAL:
             clients.touch_client(self.ctx.db, client.id)
 

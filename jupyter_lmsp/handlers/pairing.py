@@ -31,7 +31,11 @@ class PairingDecisionHandler(LMSPHandler):
     def post(self, pairing_id: str, decision: str) -> None:
         body = self.json_body() if self.request.body else {}
         approve = decision == "approve"
-        self.write_json(pairing.decide(self.ctx.db, pairing_id, approve, body.get("scopes")))
+        self.write_json(
+            pairing.decide(
+                self.ctx.db, pairing_id, approve, body.get("scopes"), decided_by=self.caller.id
+            )
+        )
 
 
 class PairingTokenHandler(LMSPHandler):
@@ -46,11 +50,11 @@ class ClientsHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("clients:admin")
     def get(self) -> None:
-        self.write_json(pairing.list_clients(self.ctx.db))
+        self.write_json(pairing.list_clients(self.ctx.db, self.caller))
 
 
 class ClientHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("clients:admin")
     def delete(self, client_id: str) -> None:
-        self.write_json(pairing.revoke(self.ctx.db, client_id))
+        self.write_json(pairing.revoke(self.ctx.db, client_id, self.caller))

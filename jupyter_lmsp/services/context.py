@@ -27,3 +27,5 @@ class ServiceContext:
     idempotency_ttl: float = 24 * 3600.0
     pairing_ttl: float = 600.0
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    # Who owns what a Jupyter-authenticated caller creates (LMSPExtension.owner_from).
+    owner_from: str = "auto"

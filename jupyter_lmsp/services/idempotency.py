@@ -75,7 +75,9 @@ def begin(
             param=HEADER,
             code="invalid_idempotency_key",
         )
-    claim = store.claim_key(ctx.db, caller, key, digest, ctx.idempotency_ttl)
+    claim = store.claim_key(
+        ctx.db, caller, key, digest, ctx.idempotency_ttl, runner_id=ctx.runner.runner_id
+    )
     match claim.kind:
         case "new":
             return KeyedRequest(claim.row)

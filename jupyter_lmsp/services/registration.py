@@ -3,7 +3,9 @@ converts (GGUF), hashes, and records the model.
 
 The work runs in its own process (`python -m jupyter_lmsp.models.register`), read line by line
 on the event loop: progress becomes `task.progress` events; the model row is written in the
-same transaction as the task's terminal state. Cancelling kills the process.
+same transaction as the task's terminal state. Cancelling kills the process. The task is held
+by this server's runner (`runner_id`, as a generation is), and its transactions run off the
+event loop.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..auth.scopes import Caller
@@ -31,17 +34,37 @@ log = logging.getLogger(__name__)
 
 
 class ModelRegistrar:
-    def __init__(self, db: Any, bus: EventBus, catalog: ModelCatalog) -> None:
+    def __init__(
+        self,
+        db: Any,
+        bus: EventBus,
+        catalog: ModelCatalog,
+        runner_id: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self.db = db
         self.bus = bus
         self.catalog = catalog
+        # The runner (lease) this server drives tasks under, as it is now.
+        self.runner_id = runner_id
         self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.running: set[str] = set()
         self.started = False
 
     def start(self) -> None:
         """Pick up registrations left unfinished (after start-up recovery)."""
         self.started = True
-        for task in queries.tasks_to_run(self.db, kind="model"):
+        self.pick_up()
+
+    def pick_up(self) -> None:
+        """Run every unfinished registration this server holds and is not running yet."""
+        if self.started:
+            asyncio.get_running_loop().create_task(self._pick_up())
+
+    async def _pick_up(self) -> None:
+        tasks = await asyncio.to_thread(
+            queries.tasks_to_run, self.db, kind="model", runner_id=self.runner_id()
+        )
+        for task in tasks:
             self.submit(task.id)
 
     def create(self, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
@@ -80,6 +103,7 @@ class ModelRegistrar:
             params=json.dumps({"source": source.strip(), "model_id": model_id}),
             created_at=now,
             updated_at=now,
+            runner_id=self.runner_id(),
         )
         committed = rules.create_task(self.db, task)
         self.bus.publish(task.id, committed.events)
@@ -87,7 +111,8 @@ class ModelRegistrar:
         return task_object(committed.task)
 
     def submit(self, task_id: str) -> None:
-        if self.started:
+        if self.started and task_id not in self.running:
+            self.running.add(task_id)
             asyncio.get_running_loop().create_task(self._run(task_id))
 
     def kill(self, task_id: str) -> None:
@@ -103,26 +128,37 @@ class ModelRegistrar:
         return lambda task, _response: [{"type": type_, "task_id": task.id, **fields}]
 
     async def _run(self, task_id: str) -> None:
-        task = queries.get_task(self.db, task_id)
-        if task is None or task.kind != "model":
+        try:
+            await self._run_one(task_id)
+        finally:
+            self.running.discard(task_id)
+
+    async def _run_one(self, task_id: str) -> None:
+        holder = self.runner_id()
+        task = await asyncio.to_thread(queries.get_task, self.db, task_id)
+        if task is None or task.kind != "model" or (holder and task.runner_id != holder):
             return
         if task.state == TaskState.QUEUED:
-            step = rules.append_events(
+            step = await asyncio.to_thread(
+                rules.append_events,
                 self.db,
                 task_id,
                 self._event("task.loading"),
                 to_state=TaskState.LOADING,
                 only_from=[TaskState.QUEUED],
+                runner_id=holder,
             )
             if not step.changed:
                 return
             self._publish(step)
-        step = rules.append_events(
+        step = await asyncio.to_thread(
+            rules.append_events,
             self.db,
             task_id,
             self._event("task.running"),
             to_state=TaskState.RUNNING,
             only_from=[TaskState.LOADING],
+            runner_id=holder,
         )
         self._publish(step)
         params = json.loads(task.params)
@@ -133,7 +169,9 @@ class ModelRegistrar:
             outcome = rules.Outcome(
                 TaskState.FAILED, error={"code": "registration_failed", "message": str(e)}
             )
-        self._publish(rules.finish(self.db, task_id, outcome))
+        self._publish(
+            await asyncio.to_thread(rules.finish, self.db, task_id, outcome, runner_id=holder)
+        )
         self.catalog.forget()
 
     async def _register(self, task_id: str, params: dict[str, Any]) -> rules.Outcome:
@@ -160,11 +198,13 @@ class ModelRegistrar:
                     continue
                 if "progress" in line:
                     self._publish(
-                        rules.append_events(
+                        await asyncio.to_thread(
+                            rules.append_events,
                             self.db,
                             task_id,
                             self._event("task.progress", **line["progress"]),
                             only_from=[TaskState.RUNNING],
+                            runner_id=self.runner_id(),
                         )
                     )
                 else:

@@ -60,6 +60,8 @@ def create_response(
         owner=caller.id,
         model=model.id,
         response_id=response_id,
+        # Held by this server's runner from the transaction that creates it (LMSP B12).
+        runner_id=ctx.runner.runner_id,
         params=json.dumps(
             {
                 "input_messages": request.messages,

@@ -1,13 +1,27 @@
-"""The task runner: takes queued tasks to the inference engine and commits what comes back.
+"""The task runner: takes the queued tasks it holds to the inference engine and commits what
+comes back.
 
-It lives on the IOLoop. Engine messages arrive on the engine's reader thread and are handed to
-the loop with `call_soon_threadsafe`; every state change and every batch of text then goes
-through one `store.rules` transaction, and the committed events are published on the bus.
+Its state lives on the IOLoop; its transactions do not. Engine messages arrive on the
+engine's reader thread and are handed to the loop with `call_soon_threadsafe`; every state
+change and every batch of text then goes through one `store.rules` transaction, run on the
+runner's own database thread (`Committer`) in the order the loop asked for them, and the
+committed events are published on the bus back on the loop. A transaction that waits for the
+write lock (another server on the same database committing) holds up that thread, never the
+loop.
+
+A runner holds tasks (LMSP B12): those created through this server, and those it adopted
+when it recovered a dead runner's. Its id (`runner_id`, the lease `services.lease` keeps) is
+written on each task it takes and passed to every rule it calls, which change nothing in a
+task another runner holds (the task is then dropped here). A cancel committed by another
+server is noticed by `services.feed` and reaches the engine through `notice_cancelled`.
 
 Generated tokens are coalesced for `snapshot_interval` seconds, then committed together with
 the snapshot that covers them (LMSP B7): a crash loses at most that much uncommitted work, and a
 resumed task continues from exactly what its watchers saw. A task's first text is committed on
 the loop's next turn instead, so nobody waits up to an interval for it.
+
+`submit`, `publish` and `cancel` may be called from any thread (request handlers may run
+their service calls off the loop); the rest runs on the loop.
 """
 
 from __future__ import annotations
@@ -15,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +54,7 @@ from ..store.database import Database
 from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
+from .committer import Committer
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +67,15 @@ class _Pending:
     text: str = ""
 
 
+@dataclass
+class _Start:
+    """What claiming a task found: the job to run, or nothing (and why)."""
+
+    task_id: str
+    job: GenerateJob | None = None
+    committed: list[rules.Committed] = field(default_factory=list)
+
+
 class TaskRunner:
     def __init__(
         self,
@@ -61,6 +86,7 @@ class TaskRunner:
         *,
         snapshot_interval: float = 0.05,
         max_active: int = 8,
+        runner_id: str | None = None,
     ) -> None:
         self.db = db
         self.bus = bus
@@ -68,9 +94,15 @@ class TaskRunner:
         self.engine_factory = engine_factory
         self.snapshot_interval = snapshot_interval
         self.max_active = max_active
+        # The lease this runner drives tasks under (None: it claims no ownership, for tests
+        # of the runner alone).
+        self.runner_id = runner_id
         self.engine: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: threading.Thread | None = None
+        self.committer = Committer("lmsp-runner-db")
         self.queue: deque[str] = deque()
+        # Tasks with a slot: being claimed, or handed to the engine.
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
         # One timer for all running tasks: their tokens are committed together, one
@@ -78,10 +110,14 @@ class TaskRunner:
         self.flush_handle: asyncio.Handle | None = None
         # Tasks whose text has begun (their first text is not held for an interval).
         self.producing: set[str] = set()
+        # Tasks the engine was told to cancel (so a cancel noticed twice is sent once).
+        self.cancelling: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
+        # Called with the loop when the runner starts (the lease's heartbeat, the feed).
+        self.start_listeners: list[Callable[[asyncio.AbstractEventLoop], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -90,28 +126,66 @@ class TaskRunner:
         return self.loop is not None
 
     def start(self) -> None:
-        """Start the engine and pick up every unfinished task (after start-up recovery)."""
+        """Start the engine and pick up the unfinished tasks this runner holds (after start-up
+        recovery adopted them)."""
         if self.started:
             return
         self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.current_thread()
+        if self.bus.loop is None:
+            self.bus.bind(self.loop)
+        self.committer.start(self.loop)
         self.engine = self.engine_factory(self._from_engine_thread)
         self.engine.start()
         self.worker_info = {"state": "starting"}
-        for task in queries.tasks_to_run(self.db):
-            self.queue.append(task.id)
-        self._dispatch()
+        for listener in self.start_listeners:
+            listener(self.loop)
+        self.pick_up()
 
     def stop(self) -> None:
+        """Commit the text generated so far, stop the engine and the database thread."""
+        if self.started:
+            self._flush_all()
         if self.engine is not None:
             self.engine.stop()
         self.worker_info = {"state": "stopped"}
+        self.committer.stop()
 
-    # -- requests from the services --------------------------------------------------------
+    def pick_up(self) -> None:
+        """Queue every unfinished task this runner holds that it is not running yet (at
+        start, and after a recovery adopted some)."""
+        self.committer.run(
+            queries.tasks_to_run, self.db, runner_id=self.runner_id, then=self._queue_found
+        )
+
+    def _queue_found(self, tasks: list[Task]) -> None:
+        for task in tasks:
+            if task.id not in self.active and task.id not in self.queue:
+                self.queue.append(task.id)
+        self._dispatch()
+
+    def holds(self, task_id: str) -> bool:
+        """Whether this runner is running the task (any thread may ask)."""
+        return task_id in self.active
+
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call `fn` on the loop: now if this is the loop's thread, else as soon as it can."""
+        if self.loop is None:
+            return
+        if threading.current_thread() is self.loop_thread:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # -- requests from the services (any thread) -------------------------------------------
 
     def submit(self, task_id: str) -> None:
-        """A task was committed `queued`: run it when a slot is free."""
+        """A task was committed `queued`, held by this runner: run it when a slot is free."""
         if not self.started:
             return  # start() picks it up from the database
+        self._on_loop(self._submit, task_id)
+
+    def _submit(self, task_id: str) -> None:
         self.queue.append(task_id)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
@@ -127,14 +201,26 @@ class TaskRunner:
             self.bus.publish(committed.task.id, committed.events)
 
     def cancel(self, task_id: str) -> rules.Committed:
+        """Ask a task to stop (any caller, any runner's task): committed in the calling
+        thread; the engine hears of it if this runner runs the task. Another server's runner
+        notices the `cancelling` state itself (`notice_cancelled`)."""
         committed = rules.request_cancel(self.db, task_id)
         self.publish(committed)
         if committed.task.state == TaskState.CANCELLING:
-            if task_id in self.active:
+            self._on_loop(self.notice_cancelled, [task_id])
+        return committed
+
+    def notice_cancelled(self, task_ids: Iterable[str]) -> None:
+        """These tasks were committed `cancelling` (here or by another server): stop their
+        generation. Only the tasks this runner runs matter; each is told once."""
+        for task_id in task_ids:
+            if task_id in self.cancelling:
+                continue
+            if task_id in self.active and self.engine is not None:
+                self.cancelling.add(task_id)
                 self.engine.cancel(task_id)
             for listener in self.cancel_listeners:
                 listener(task_id)
-        return committed
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -143,62 +229,84 @@ class TaskRunner:
             task_id = self.queue.popleft()
             if task_id in self.active:
                 continue
-            try:
-                self._begin(task_id)
-            except Exception:  # a bad task must not stop the queue behind it
-                log.exception("could not start task %s", task_id)
-                self._finish(
-                    task_id,
-                    rules.Outcome(
-                        TaskState.FAILED,
-                        error={"code": "server_error", "message": "The task could not start."},
-                    ),
-                )
+            self.active.add(task_id)  # the slot is taken while the claim commits
+            self.committer.run(self._claim, task_id, then=self._begin)
 
-    def _begin(self, task_id: str) -> None:
-        found = queries.get_task_and_response(self.db, task_id)
-        if found is None:
-            return
-        task, _ = found
-        state = TaskState(task.state)
-        if state == TaskState.QUEUED:
-            committed = rules.append_events(
-                self.db,
-                task_id,
-                _loading_event,
-                to_state=TaskState.LOADING,
-                only_from=[TaskState.QUEUED],
-            )
-            if not committed.changed:
-                return  # cancelled meanwhile
-            self.publish(committed)
-            task = committed.task
-        elif state != TaskState.RUNNING:
-            return  # a resumed task is `running`; anything else is not ours to start
+    def _claim(self, task_id: str) -> _Start:
+        """(database thread) Take a queued task (`queued` → `loading`), or re-enter a resumed
+        one, and prepare its job; a task that cannot start is failed here."""
+        start = _Start(task_id)
         try:
-            model = self.catalog.resolve(task.model)
-        except LMSPError as e:
-            self._finish(
-                task_id,
-                rules.Outcome(TaskState.FAILED, error={"code": e.code, "message": e.message}),
+            found = queries.get_task_and_response(self.db, task_id)
+            if found is None:
+                return start
+            task, _ = found
+            if self.runner_id is not None and task.runner_id != self.runner_id:
+                return start  # not ours (any more)
+            state = TaskState(task.state)
+            if state == TaskState.QUEUED:
+                committed = rules.append_events(
+                    self.db,
+                    task_id,
+                    _loading_event,
+                    to_state=TaskState.LOADING,
+                    only_from=[TaskState.QUEUED],
+                    runner_id=self.runner_id,
+                )
+                if not committed.changed:
+                    return start  # cancelled meanwhile
+                start.committed.append(committed)
+                task = committed.task
+            elif state != TaskState.RUNNING:
+                return start  # a resumed task is `running`; anything else is not to start
+            try:
+                model = self.catalog.resolve(task.model)
+            except LMSPError as e:
+                start.committed.append(
+                    self._end(
+                        task_id,
+                        rules.Outcome(
+                            TaskState.FAILED, error={"code": e.code, "message": e.message}
+                        ),
+                    )
+                )
+                return start
+            params = json.loads(task.params)
+            snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+            start.job = GenerateJob(
+                job_id=task_id,
+                model_path=str(model.path),
+                messages=params["messages"],
+                max_tokens=params["max_tokens"],
+                temperature=params["temperature"],
+                top_p=params["top_p"],
+                seed=params["seed"],
+                resume_token_ids=list(snap.get("token_ids", [])),
+                resume_text=snap.get("text", ""),
+                expected_files=json.loads(model.files) if model.files else None,
             )
+        except Exception:  # a bad task must not stop the queue behind it
+            log.exception("could not start task %s", task_id)
+            start.job = None
+            error = {"code": "server_error", "message": "The task could not start."}
+            try:
+                start.committed.append(self._end(task_id, rules.Outcome(TaskState.FAILED, error)))
+            except Exception:
+                log.exception("could not fail task %s", task_id)
+        return start
+
+    def _begin(self, start: _Start) -> None:
+        for committed in start.committed:
+            self.publish(committed)
+        if start.job is None:
+            self.active.discard(start.task_id)
+            self._dispatch()
             return
-        params = json.loads(task.params)
-        snap = snapshot_of(task) if state == TaskState.RUNNING else {}
-        job = GenerateJob(
-            job_id=task_id,
-            model_path=str(model.path),
-            messages=params["messages"],
-            max_tokens=params["max_tokens"],
-            temperature=params["temperature"],
-            top_p=params["top_p"],
-            seed=params["seed"],
-            resume_token_ids=list(snap.get("token_ids", [])),
-            resume_text=snap.get("text", ""),
-            expected_files=json.loads(model.files) if model.files else None,
-        )
-        self.active.add(task_id)
-        self.engine.submit(job)
+        if start.task_id not in self.active:
+            # The worker died while this claim committed: the recovery queued after it
+            # applies the restart policy and queues the task again if it should run.
+            return
+        self.engine.submit(start.job)
 
     # -- messages from the engine ----------------------------------------------------------
 
@@ -218,7 +326,14 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
-                self.publish(rules.start_running(self.db, task_id, n))
+                self.committer.run(
+                    rules.start_running,
+                    self.db,
+                    task_id,
+                    n,
+                    runner_id=self.runner_id,
+                    then=self._committed,
+                )
             case JobTokens(job_id=task_id, token_ids=ids, text=text):
                 pending = self.pending.setdefault(task_id, _Pending())
                 pending.token_ids.extend(ids)
@@ -250,21 +365,29 @@ class TaskRunner:
                 )
             case JobFailed(job_id=task_id, code=code, message=text):
                 self._flush(task_id)
-                if code == "model_digest_mismatch":
-                    task = queries.get_task(self.db, task_id)
-                    if task is not None:
-                        self.catalog.mark(task.model, "corrupt")
                 self._finish(
                     task_id,
                     rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
+                    corrupt=code == "model_digest_mismatch",
                 )
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
-                self._finish(
-                    task_id, rules.Outcome(TaskState.CANCELLED, usage=self._usage(task_id, o))
-                )
+                self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=o)
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
+
+    def _committed(self, committed: rules.Committed) -> None:
+        self.publish(committed)
+        if committed.lost:
+            self._drop(committed.task.id)
+
+    def _drop(self, task_id: str) -> None:
+        """Another runner holds this task now (this one was declared dead while it still ran):
+        stop generating it; its end changes nothing in the database."""
+        if task_id in self.active and task_id not in self.cancelling and self.engine is not None:
+            log.warning("task %s is held by another runner now; stopping its generation", task_id)
+            self.cancelling.add(task_id)
+            self.engine.cancel(task_id)
 
     def _flush(self, *task_ids: str) -> None:
         """Commit the tokens held for these tasks, in one transaction."""
@@ -274,42 +397,114 @@ class TaskRunner:
             if pending is not None and (pending.token_ids or pending.text):
                 outputs[task_id] = (pending.token_ids, pending.text)
         if outputs:
-            for committed in rules.append_outputs(self.db, outputs):
-                self.publish(committed)
+            self.committer.run(
+                rules.append_outputs,
+                self.db,
+                outputs,
+                runner_id=self.runner_id,
+                then=self._committed_outputs,
+            )
+
+    def _committed_outputs(self, committed: list[rules.Committed]) -> None:
+        for one in committed:
+            self._committed(one)
 
     def _flush_all(self) -> None:
         self.flush_handle = None
         self._flush(*self.pending)
 
-    def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
-        self.publish(rules.finish(self.db, task_id, outcome))
+    def _finish(
+        self,
+        task_id: str,
+        outcome: rules.Outcome,
+        *,
+        output_tokens: int | None = None,
+        corrupt: bool = False,
+    ) -> None:
+        self.committer.run(
+            self._end,
+            task_id,
+            outcome,
+            output_tokens=output_tokens,
+            corrupt=corrupt,
+            then=self._finished,
+        )
+
+    def _end(
+        self,
+        task_id: str,
+        outcome: rules.Outcome,
+        *,
+        output_tokens: int | None = None,
+        corrupt: bool = False,
+    ) -> rules.Committed:
+        """(database thread) A task's terminal transaction, with what it needs read first."""
+        if corrupt or output_tokens is not None:
+            task = queries.get_task(self.db, task_id)
+            if task is not None and corrupt:
+                self.catalog.mark(task.model, "corrupt")
+            if task is not None and output_tokens is not None:
+                input_tokens = snapshot_of(task).get("input_tokens", 0)
+                outcome.usage = usage_object(input_tokens, output_tokens)
+        return rules.finish(self.db, task_id, outcome, runner_id=self.runner_id)
+
+    def _finished(self, committed: rules.Committed) -> None:
+        task_id = committed.task.id
+        self.publish(committed)
         self.active.discard(task_id)
         self.producing.discard(task_id)
+        self.cancelling.discard(task_id)
         self.cached_tokens.pop(task_id, None)
         self._dispatch()
-
-    def _usage(self, task_id: str, output_tokens: int) -> dict[str, Any] | None:
-        task = queries.get_task(self.db, task_id)
-        if task is None:
-            return None
-        return usage_object(snapshot_of(task).get("input_tokens", 0), output_tokens)
 
     def _on_worker_exit(self, job_ids: list[str], exitcode: int | None) -> None:
         log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
         self.worker_info = {"state": "restarting", "last_exit_code": exitcode}
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
-        self.active.clear()
+        self.active.difference_update(held)
         self.producing.difference_update(held)
-        report = rules.recover_after_worker_exit(self.db, held)
+        self.cancelling.difference_update(held)
+        self.committer.run(
+            rules.recover_after_worker_exit,
+            self.db,
+            held,
+            runner_id=self.runner_id,
+            then=self._after_worker_exit,
+        )
+        self.engine.restart()
+
+    def _after_worker_exit(self, report: rules.RecoveryReport) -> None:
         for committed in report.committed:
             self.publish(committed)
-        self.engine.restart()
-        for task_id in held:
-            task = queries.get_task(self.db, task_id)
-            if task is not None and task.state in (TaskState.QUEUED, TaskState.RUNNING):
+        for task_id in reversed(report.adopted):
+            if task_id not in self.queue and task_id not in self.active:
                 self.queue.appendleft(task_id)
         self._dispatch()
+
+    # -- recoveries and a lost lease (from services.lease) ----------------------------------
+
+    def recovered(self, report: rules.RecoveryReport) -> None:
+        """A recovery (this server's sweep) committed: publish what it wrote, and run the
+        tasks it adopted."""
+        for committed in report.committed:
+            self.publish(committed)
+        if report.adopted:
+            self.pick_up()
+
+    def lease_lost(self, new_runner_id: str) -> None:
+        """Another server found this runner's lease expired and took its tasks: stop every
+        generation (their commits would be refused anyway) and go on under a new lease."""
+        log.error(
+            "LMSP: this server's lease (runner %s) expired and its tasks were recovered by "
+            "another server; continuing as runner %s",
+            self.runner_id,
+            new_runner_id,
+        )
+        self.runner_id = new_runner_id
+        self.queue.clear()
+        for task_id in list(self.active):
+            self._drop(task_id)
 
 
 def _loading_event(task: Task, response: Response | None) -> list[dict[str, Any]]:

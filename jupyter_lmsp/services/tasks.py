@@ -35,7 +35,7 @@ def list_tasks(
     if not 1 <= limit <= MAX_PAGE:
         raise invalid(f"'limit' must be between 1 and {MAX_PAGE}.", param="limit")
     page = queries.list_tasks(
-        ctx.db, states=states, kind=kind, owner=caller.owner_filter, after=after, limit=limit
+        ctx.db, states=states, kind=kind, owners=caller.owner_filter, after=after, limit=limit
     )
     data = [task_object(t) for t in page.tasks]
     return {

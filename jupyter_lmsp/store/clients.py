@@ -53,9 +53,14 @@ def find_pairing(db: Database, id_or_user_code: str) -> Pairing | None:
 
 
 def decide_pairing(
-    db: Database, pairing_id: str, approve: bool, scopes: list[str] | None = None
+    db: Database,
+    pairing_id: str,
+    approve: bool,
+    scopes: list[str] | None = None,
+    decided_by: str | None = None,
 ) -> tuple[Pairing | None, str]:
-    """Approve (with `scopes`, a subset of those requested) or deny a pending pairing.
+    """Approve (with `scopes`, a subset of those requested) or deny a pending pairing, as the
+    Jupyter user `decided_by` (the client it becomes is that user's: LMSP B12).
 
     Returns the pairing and "ok", or None/the pairing and why nothing changed:
     "not_found", "expired", "decided", "scopes_not_requested".
@@ -77,6 +82,7 @@ def decide_pairing(
             pairing.granted_scopes = json.dumps(granted)
         pairing.status = "approved" if approve else "denied"
         pairing.decided_at = now
+        pairing.decided_by = decided_by
         session.add(pairing)
     return pairing, "ok"
 
@@ -128,6 +134,7 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             token_hash=codes.secret_hash(token),
             scopes=pairing.granted_scopes or "[]",
             created_at=now,
+            paired_by=pairing.decided_by,
         )
         session.add(client)
         pairing.status = "claimed"
@@ -158,12 +165,30 @@ def touch_client(db: Database, client_id: str, now: float | None = None) -> None
             session.add(client)
 
 
-def list_clients(db: Database, include_revoked: bool = False) -> list[Client]:
+def list_clients(
+    db: Database, include_revoked: bool = False, paired_by: str | None = None
+) -> list[Client]:
+    """Paired clients (only those `paired_by` approved, when given), oldest first."""
     with db.read() as session:
         query = select(Client).order_by(Client.created_at)  # type: ignore[arg-type]
         if not include_revoked:
             query = query.where(Client.revoked_at.is_(None))  # type: ignore[union-attr]
+        if paired_by is not None:
+            query = query.where(Client.paired_by == paired_by)  # type: ignore[arg-type]
         return list(session.execute(query).scalars())
+
+
+def clients_paired_by(db: Database, owner: str) -> frozenset[str]:
+    """The ids of every client (revoked too) whose pairing `owner` approved: their tasks and
+    responses are `owner`'s to see (LMSP B12)."""
+    with db.read() as session:
+        query = select(Client.id).where(Client.paired_by == owner)  # type: ignore[arg-type]
+        return frozenset(session.execute(query).scalars())
+
+
+def get_client(db: Database, client_id: str) -> Client | None:
+    with db.read() as session:
+        return session.get(Client, client_id)
 
 
 def revoke_client(db: Database, client_id: str) -> Client | None:
