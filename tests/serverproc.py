@@ -29,7 +29,8 @@ def with_test_model(data_dir: Path, test_model_dir: Path) -> Path:
 
 class ServerProcess(LMSPServerProcess):
     """Extra keyword arguments become `--LMSPExtension.<name>=<value>` options; `env` is added
-    to the server's environment."""
+    to the server's environment. Several servers on one data folder are told apart by `name`
+    (their logs and runtime folders)."""
 
     # A cold start (the worker imports MLX and loads the model) is slow on a loaded CI machine.
     start_timeout = 180.0
@@ -40,9 +41,18 @@ class ServerProcess(LMSPServerProcess):
         *,
         default_model: str = MODEL,
         env: dict[str, str] | None = None,
+        name: str | None = None,
         **traits: Any,
     ) -> None:
-        super().__init__(data_dir, token=TOKEN, default_model=default_model, traits=traits, env=env)
+        super().__init__(
+            data_dir,
+            token=TOKEN,
+            default_model=default_model,
+            traits=traits,
+            env=env,
+            log_path=Path(data_dir) / f"server-{name}.log" if name else None,
+            runtime_dir=Path(data_dir) / f"runtime-{name}" if name else None,
+        )
 
     @property
     def url(self) -> str:
