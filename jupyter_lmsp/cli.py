@@ -3,6 +3,12 @@
 jupyter lmsp tasks [--state STATE]     list tasks, newest first
 jupyter lmsp models import-demo        convert the demo model (SmolLM2) into the model store
 jupyter lmsp purge                     apply the retention period now
+jupyter lmsp backup PATH               copy the database, online and consistent
+jupyter lmsp restore PATH [--force]    replace the database with a backup (servers stopped)
+jupyter lmsp doctor [--quick] [--blas] schema version, checks, runners, unfinished tasks
+
+The work of `backup`, `restore` and `doctor` is in `store.backup` and `doctor`; this module
+only parses the command line and prints.
 """
 
 from __future__ import annotations
@@ -10,6 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from jupyter_core.paths import jupyter_data_dir
@@ -50,6 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     models_sub.add_parser("import-demo", help="convert the demo model into the model store")
     purge = sub.add_parser("purge", help="delete finished tasks older than the retention period")
     purge.add_argument("--retention-seconds", type=float, default=7 * 24 * 3600.0)
+    backup = sub.add_parser("backup", help="copy the database (online, consistent) to PATH")
+    backup.add_argument("path", type=Path)
+    restore = sub.add_parser("restore", help="replace the database with the backup at PATH")
+    restore.add_argument("path", type=Path)
+    restore.add_argument(
+        "--force", action="store_true", help="even while a server holds a lease on it"
+    )
+    doctor = sub.add_parser("doctor", help="schema, integrity, runners and unfinished tasks")
+    doctor.add_argument("--quick", action="store_true", help="SQLite's quick check only")
+    doctor.add_argument("--limit", type=int, default=20, help="unfinished tasks to list")
+    doctor.add_argument(
+        "--blas",
+        action="store_true",
+        help="also the inference worker's BLAS choice (probes the candidates if no server "
+        "has cached a verdict)",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "models":
@@ -59,12 +83,70 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo model ready: {path}")
         return 0
 
-    db = Database(sqlite_url(args.data_dir / "lmsp.sqlite"))
+    database = args.data_dir / "lmsp.sqlite"
+    if args.command in ("backup", "restore", "doctor"):
+        return _maintenance(database, args)
+    db = Database(sqlite_url(database))
     try:
         return _run(db, args)
     except LMSPError as e:
         print(f"error: {e.message}", file=sys.stderr)
         return 1
+
+
+def _maintenance(database: Path, args: argparse.Namespace) -> int:
+    """backup, restore, doctor: on the database file, without opening it as a server would
+    (no upgrade)."""
+    from . import doctor
+    from .store import backup
+
+    try:
+        if args.command == "doctor":
+            if not database.exists():
+                print(f"no database at {database}", file=sys.stderr)
+                return 1
+            diagnosis = doctor.examine(database, quick=args.quick, limit=args.limit)
+            if args.blas:
+                diagnosis.blas = doctor.blas()
+            print(doctor.render(diagnosis))
+            return 0 if diagnosis.healthy else 1
+        if args.command == "backup":
+            with _progress(f"backing up {database}") as progress:
+                report = backup.backup(database, args.path, progress)
+            print(f"backup written to {report.path} ({report.bytes} bytes, {report.seconds:.1f}s)")
+            return 0
+        described = backup.check_restorable(args.path, database, force=args.force)
+        if database.exists():
+            keep = database.with_name(
+                f"{database.name}.before-restore-{time.strftime('%Y%m%d-%H%M%S')}"
+            )
+            with _progress(f"keeping the current database as {keep.name}") as progress:
+                backup.backup(database, keep, progress)
+        with _progress(f"restoring {args.path}") as progress:
+            report = backup.restore(args.path, database, progress)
+        print(f"restored {database} from {args.path} ({described}, {report.seconds:.1f}s)")
+        return 0
+    except backup.BackupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar over pages copied (on stderr), as a callback for store.backup."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=what, unit="page", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
 
 
 def _run(db: Database, args: argparse.Namespace) -> int:

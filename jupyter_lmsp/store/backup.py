@@ -152,3 +152,50 @@ def _remove(path: Path) -> None:
     for suffix in ("", "-journal", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.remove(f"{path}{suffix}")
+
+
+def check_restorable(backup_file: Path, database: Path, *, force: bool = False) -> str:
+    """Why `backup_file` may replace `database` (its schema, described), or a `BackupError`:
+    the backup is not a sound LMSP database, it is of a newer schema than this version knows,
+    or a server (a runner with a live lease) is using `database` (unless `force`)."""
+    from sqlalchemy import create_engine
+
+    from . import runners, schema
+    from .database import Database, sqlite_url
+
+    if not backup_file.is_file():
+        raise BackupError(f"No backup at {backup_file}.")
+    problems = integrity(backup_file, quick=True)
+    if problems:
+        raise BackupError(f"{backup_file} is not a sound SQLite database: {problems[0]}")
+    engine = create_engine(sqlite_url(backup_file))
+    try:
+        with engine.connect() as conn:
+            status = schema.status(conn)
+    finally:
+        engine.dispose()
+    if status.state in ("foreign", "empty"):
+        raise BackupError(f"{backup_file} is not an LMSP database.")
+    if status.state == "newer":
+        raise BackupError(
+            f"{backup_file} has schema revision {status.revision}, newer than this "
+            f"jupyter-lmsp knows ({schema.HEAD}): restore it with a newer version."
+        )
+    if database.exists() and not force:
+        db = Database(sqlite_url(database), upgrade=False)
+        try:
+            if db.schema.status.state == "current":
+                now = time.time()
+                here = runners.this_process()
+                live = [
+                    r for r in runners.list_runners(db) if runners.gone_reason(r, now, here) is None
+                ]
+                if live:
+                    who = ", ".join(f"pid {r.pid} on {r.host}" for r in live)
+                    raise BackupError(
+                        f"A server is using {database} ({who}): stop it first (its tasks are "
+                        "held in its memory too), or pass --force."
+                    )
+        finally:
+            db.dispose()
+    return status.describe
