@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sqlite3
 import threading
 import time
@@ -113,6 +114,19 @@ def stream(server, task_id, after=-1):
                 if out[-1]["type"] in TERMINAL:
                     break
     return out
+
+
+def write_lock_is_held(path) -> bool:
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.OperationalError:
+        return True
+    else:
+        conn.execute("ROLLBACK")
+        return False
+    finally:
+        conn.close()
 
 
 def in_thread(fn, *args):
@@ -372,3 +386,54 @@ def test_a_write_lock_held_elsewhere_does_not_stall_the_event_loop(lmsp_data):
         assert task["state"] == "completed"
         check_log(log)
         assert len(deltas(log)) > progress_while_held
+
+
+def test_a_frozen_server_whose_lease_expired_cannot_write_over_the_adopter(lmsp_data):
+    """A server on another machine stops answering (SIGSTOP: frozen, not dead) past its lease:
+    the other server adopts its `resume` task and finishes it. When the frozen one wakes up,
+    its commits to the task are refused, it learns it lost its lease and stops the generation:
+    the log holds one contiguous run with the uninterrupted text."""
+    lease = {"lease_seconds": 3, "heartbeat_interval": 0.5}
+    a = ServerProcess(
+        lmsp_data, name="a", env={"LMSP_RUNNER_HOST": "machine-a"}, **SLOW, **lease
+    ).start()
+    try:
+        with ServerProcess(lmsp_data, name="b", **lease).start() as b, b.client() as cb:
+            with a.client() as ca:
+                resp = create(ca, max_output_tokens=150, temperature=0, on_restart="resume")
+                wait_for(ca, resp["task_id"], lambda t, log: len(deltas(log)) >= 5)
+            assert a.proc is not None
+            # Frozen between two transactions: a process frozen inside one keeps SQLite's
+            # write lock, and then nobody can write (no server could do anything about that).
+            for _ in range(50):
+                a.proc.send_signal(signal.SIGSTOP)
+                if not write_lock_is_held(lmsp_data / "lmsp.sqlite"):
+                    break
+                a.proc.send_signal(signal.SIGCONT)
+                time.sleep(0.01)
+            else:
+                raise AssertionError("the server always held the write lock")
+            try:
+                task, log = wait_for(cb, resp["task_id"], finished, timeout=120)
+            finally:
+                a.proc.send_signal(signal.SIGCONT)
+            assert task["state"] == "completed"
+            # A wakes up with generated text it never committed, and a lease that is gone.
+            deadline = time.monotonic() + 30
+            while "lost its lease" not in a.log_path.read_text(errors="replace"):
+                assert time.monotonic() < deadline, a.log_tail()
+                time.sleep(0.2)
+            time.sleep(1.0)
+            after = events(cb, resp["task_id"])
+            assert after == log  # nothing written over the finished task
+            check_log(after)
+            assert [e["type"] for e in after].count("response.output_item.added") == 1
+            ref = create(cb, max_output_tokens=150, temperature=0, on_restart="fail")
+            _, ref_log = wait_for(cb, ref["task_id"], finished)
+            assert text_of(after) == final_text(after) == final_text(ref_log)
+            with a.client() as ca:  # A goes on serving, under a new lease
+                assert ca.get("/service").status_code == 200
+    finally:
+        if a.proc is not None and a.proc.poll() is None:
+            a.proc.send_signal(signal.SIGCONT)
+        a.kill()

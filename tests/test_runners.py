@@ -14,7 +14,9 @@ What these tests prove, against a real SQLite file and real processes:
   the same runner at the same time, leads to one recovery, never two;
 - a runner cannot write to a task another runner holds (claim, start, text, end): it is told
   the task is lost and nothing changes; anyone may cancel it; a finished task is nobody's;
-- tasks of a runner that stopped cleanly are nobody's, and the next recovery adopts them.
+- tasks of a runner that stopped cleanly are nobody's, and the next recovery adopts them;
+- the lease's heartbeat renews it and sweeps for dead runners; a runner that finds its lease
+  gone registers again.
 """
 
 from __future__ import annotations
@@ -346,3 +348,41 @@ def test_a_finished_task_is_nobodys(db):
     assert task_row(db, task.id)["runner_id"] == mine
     rules.request_cancel(db, task.id)  # queued → cancelled at once
     assert task_row(db, task.id)["runner_id"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# the lease's heartbeat and sweep (services.lease)
+
+
+def test_a_heartbeat_renews_the_lease_and_the_sweep_recovers_dead_runners(db):
+    from jupyter_lmsp.services.lease import RunnerLease
+
+    lease = RunnerLease(db, lease_seconds=30, heartbeat_interval=1)
+    me = lease.register()
+    pid, started = _dead_process()
+    dead = _runner(db, pid, started)
+    tasks = _tasks_in_every_cell(db)
+    _hold(db, tasks, dead)
+    before = _row(db, me)
+
+    time.sleep(0.01)
+    report = lease.beat()
+
+    assert _row(db, me)[8] > before[8]  # heartbeat_at moved
+    assert report.runners == [(dead, "process_gone")] and report.examined == len(tasks)
+    for tid in report.adopted:
+        assert task_row(db, tid)["runner_id"] == me
+    assert lease.beat().runners == []  # nothing more to do
+
+
+def test_a_runner_that_lost_its_lease_registers_again_and_says_so(db):
+    from jupyter_lmsp.services.lease import RunnerLease
+
+    lease = RunnerLease(db, lease_seconds=30, heartbeat_interval=1)
+    first = lease.register()
+    runners.unregister(db, first)  # another server recovered it meanwhile
+    lease.beat()
+    assert lease.runner_id != first and _row(db, lease.runner_id) is not None
+    assert _row(db, first) is None
+    lease.stop()
+    assert _row(db, lease.runner_id) is None  # a clean stop gives the lease up
