@@ -380,3 +380,12 @@ def test_foreign_keys_are_enforced(tmp_path):
         assert left == 0
     finally:
         db.dispose()
+
+
+def test_doctor_mode_makes_nothing_in_an_empty_database(tmp_path):
+    path = tmp_path / "lmsp.sqlite"
+    path.touch()
+    db = Database(sqlite_url(path), upgrade=False)
+    db.dispose()
+    assert db.schema.status.state == "empty"
+    assert _plain(path).execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)

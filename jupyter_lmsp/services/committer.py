@@ -6,6 +6,10 @@ hands each of its transactions (claiming a task, committing generated text, endi
 recovering) to this one thread, which runs them in the order they were asked for and gives
 each result back to the loop with `call_soon_threadsafe`, in the same order: events are
 published after their commit, in commit order.
+
+A job that finds the database locked past the busy timeout (another process held the write
+lock for that long) is run again, after a pause, before any later job: each is one
+transaction that either committed or changed nothing, and the order must hold.
 """
 
 from __future__ import annotations
@@ -14,13 +18,27 @@ import asyncio
 import contextlib
 import logging
 import queue
+import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
+# Pauses between attempts of a job that found the database locked, seconds.
+RETRY_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def is_locked(exc: BaseException) -> bool:
+    """SQLite's "database is locked" / "busy", raised directly or wrapped by SQLAlchemy."""
+    for error in (exc, getattr(exc, "orig", None)):
+        if isinstance(error, sqlite3.OperationalError) and (
+            "locked" in str(error) or "busy" in str(error)
+        ):
+            return True
+    return False
 
 
 class Committer:
@@ -86,7 +104,7 @@ class Committer:
                 return
             fn, args, kwargs, then, future = job
             try:
-                result = fn(*args, **kwargs)
+                result = self._attempt(fn, args, kwargs)
             except BaseException as exc:
                 if future is not None:
                     self._resolve(future, exc=exc)
@@ -102,6 +120,25 @@ class Committer:
                     self._pending -= 1
                     if self._pending == 0:
                         self._idle.notify_all()
+
+    def _attempt(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_locked(exc):
+                    raise
+                pause = RETRY_PAUSES[min(attempt, len(RETRY_PAUSES) - 1)]
+                if attempt % 10 == 0:
+                    log.warning(
+                        "%s: the database stayed locked (%s); trying %s again",
+                        self.name,
+                        exc,
+                        getattr(fn, "__name__", fn),
+                    )
+                attempt += 1
+                time.sleep(pause)
 
     def _to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
         loop = self.loop

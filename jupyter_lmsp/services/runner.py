@@ -54,7 +54,7 @@ from ..store.database import Database
 from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
-from .committer import Committer
+from .committer import Committer, is_locked
 
 log = logging.getLogger(__name__)
 
@@ -285,7 +285,9 @@ class TaskRunner:
                 resume_text=snap.get("text", ""),
                 expected_files=json.loads(model.files) if model.files else None,
             )
-        except Exception:  # a bad task must not stop the queue behind it
+        except Exception as exc:  # a bad task must not stop the queue behind it
+            if is_locked(exc):
+                raise  # not the task's fault: the committer runs the claim again
             log.exception("could not start task %s", task_id)
             start.job = None
             error = {"code": "server_error", "message": "The task could not start."}

@@ -116,7 +116,8 @@ def prepare(
 ) -> Prepared:
     """Bring the database behind `engine` to the current schema (see the module docstring).
 
-    With `upgrade` False an old database is left alone (`jupyter lmsp doctor` reports it).
+    With `upgrade` False an old or empty database is left alone (`jupyter lmsp doctor`
+    reports it).
     `path` is the database file (None in memory), beside which the backup goes.
     `legacy_owner` is who gets the rows release 0.1.0 wrote for its one user.
     """
@@ -149,6 +150,8 @@ def _prepare(
             "point LMSPExtension.data_dir at another folder."
         )
     if found.state == "empty":
+        if not upgrade:
+            return Prepared(found)  # only looking (`jupyter lmsp doctor`): nothing is made
         SQLModel.metadata.create_all(connection)
         _stamp(connection, HEAD)
         return Prepared(SchemaStatus(HEAD, "current"))
