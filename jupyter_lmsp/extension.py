@@ -15,7 +15,7 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Integer, List, Unicode, default
+from traitlets import Bool, Float, Integer, Unicode, default
 
 from . import __version__
 from .auth.ratelimit import RateLimiter
@@ -95,12 +95,11 @@ class LMSPExtension(ExtensionApp):
         "DYNAMIC_ARCH OpenBLAS without its AVX-512 kernels (fixed-target builds such as "
         "cmeel-openblas are then skipped). Empty: the server's environment decides.",
     ).tag(config=True)
-    blas_candidates = List(
-        Unicode(),
-        default_value=[],
-        help="Probe only these BLAS candidates (names as GET /service lists them under "
-        "blas.candidates, e.g. ngsolve-openblas, system-openblas-pthread, cmeel-openblas); "
-        "empty: all found. The reference BLAS is always measured.",
+    blas_candidates = Unicode(
+        "",
+        help="Probe only these BLAS candidates, comma-separated (names as GET /service lists "
+        "them under blas.candidates: ngsolve-openblas, system-openblas-pthread, "
+        "cmeel-openblas, ...); empty: all found. The reference BLAS is always measured.",
     ).tag(config=True)
     freeze_startup_heap = Bool(
         True,
@@ -145,7 +144,7 @@ class LMSPExtension(ExtensionApp):
             log=self.log,
             threads=self._blas_threads(),
             coretype=self.blas_coretype,
-            only=list(self.blas_candidates),
+            only=[name.strip() for name in self.blas_candidates.split(",") if name.strip()],
         )
         bus = EventBus()
         runner = TaskRunner(

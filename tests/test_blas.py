@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from jpserver import call, server_config
+from jsonschema import Draft202012Validator
 
 from jupyter_lmsp.engine.blas import (
     CMEEL,
@@ -47,6 +48,7 @@ from jupyter_lmsp.engine.blas import (
 from jupyter_lmsp.engine.blas.candidates import AVX512_FLAGS, CMEEL_RELATIVE
 from jupyter_lmsp.engine.blas.choice import _cache_key, _pick
 from jupyter_lmsp.engine.blas.probe import ACCEPTED, REJECTED, SKIPPED, judge
+from jupyter_lmsp.protocol.openapi import openapi_document
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
@@ -385,6 +387,9 @@ async def test_the_service_reports_the_choice_and_answers_while_probing(jp_fetch
         await asyncio.sleep(0.05)
     blas = service["blas"]
     assert blas["state"] == "chosen" and service["worker"]["state"] == "ready", service
+    schema = openapi_document()["components"]["schemas"]["Service"]["properties"]["blas"]
+    errors = list(Draft202012Validator(schema).iter_errors(blas))
+    assert not errors, [e.message for e in errors]
     chosen = [c for c in blas["candidates"] if c["chosen"]]
     assert [c["name"] for c in chosen] == [blas["name"]]
     assert chosen[0]["verdict"] == ACCEPTED and blas["reason"]

@@ -59,6 +59,7 @@ class BlasChoice:
     threads: int | None = None
     threads_requested: int | None = None
     coretype: str | None = None
+    only: list[str] = field(default_factory=list)
     candidates: list[Verdict] = field(default_factory=list)
     probe_seconds: float = 0.0
     probed_at: str | None = None
@@ -83,6 +84,7 @@ class BlasChoice:
             "threads": self.threads,
             "threads_requested": self.threads_requested,
             "coretype": self.coretype,
+            "only": self.only,
             "reason": self.reason,
             "probe_seconds": round(self.probe_seconds, 3),
             "probed_at": self.probed_at,
@@ -131,6 +133,7 @@ def choose_blas(
     `cache_dir` holds the verdicts (default `~/.cache/jupyter-lmsp/blas`). Never raises.
     """
     base = dict(os.environ if base_env is None else base_env)
+    only = list(only)
     if sys.platform == "darwin":
         return BlasChoice("accelerate", "macOS: MLX uses Accelerate")
     if not sys.platform.startswith("linux"):
@@ -158,6 +161,7 @@ def choose_blas(
             if cached is not None:
                 return cached
         choice = _probe_all(found, base, threads, repeats, timeout)
+        choice.coretype, choice.only = coretype or None, list(only)
         if use_cache:
             _save(cache_root, key, choice)
         return choice
@@ -194,7 +198,6 @@ def _probe_all(
         corename=winner.corename,
         threads=winner.threads,
         threads_requested=threads or None,
-        coretype=chosen.coretype,
         candidates=verdicts,
         probe_seconds=time.monotonic() - started,
         probed_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
