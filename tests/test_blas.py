@@ -216,6 +216,15 @@ def test_the_probe_rejects_a_candidate_that_hangs(tmp_path: Path) -> None:
     assert verdict.verdict == REJECTED and "timed out" in verdict.reason
 
 
+@linux_only
+def test_an_unknown_candidate_name_is_said_so(tmp_path: Path) -> None:
+    choice = choose_blas(
+        threads=1, only=["no-such-blas"], base_env=base_env(), cache_dir=tmp_path, repeats=1
+    )
+    assert choice.name == REFERENCE and choice.only == ["no-such-blas"]
+    assert choice.reason == "no candidate named no-such-blas was found"
+
+
 def test_a_wrong_product_or_an_ignored_core_type_is_rejected() -> None:
     library = Path("/opt/lib/libopenblas.so.0")
     good = {

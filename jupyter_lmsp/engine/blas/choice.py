@@ -162,6 +162,8 @@ def choose_blas(
                 return cached
         choice = _probe_all(found, base, threads, repeats, timeout)
         choice.coretype, choice.only = coretype or None, list(only)
+        if only and len(found) == 1:
+            choice.reason = f"no candidate named {', '.join(only)} was found"
         if use_cache:
             _save(cache_root, key, choice)
         return choice
