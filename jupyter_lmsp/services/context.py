@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..auth.ratelimit import RateLimiter
+from ..engine.blas import BlasSelection
 from ..store.database import Database
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -29,3 +30,5 @@ class ServiceContext:
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
     # Who owns what a Jupyter-authenticated caller creates (LMSPExtension.owner_from).
     owner_from: str = "auto"
+    # The inference worker's BLAS: chosen by probing, reported by GET /service.
+    blas: BlasSelection | None = None
