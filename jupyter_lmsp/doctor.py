@@ -120,14 +120,16 @@ def examine(path: Path, *, quick: bool = False, limit: int = 20) -> Diagnosis:
         db.dispose()
 
 
-def blas() -> dict[str, Any] | None:
-    """The inference worker's BLAS choice, as the server makes it (None where this version
-    cannot say)."""
-    try:
-        from .engine.blas import blas_report  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return blas_report()
+def blas(threads: int | None = None) -> dict[str, Any]:
+    """The inference worker's BLAS choice as a server with the default settings makes it (its
+    cached verdict when there is one, else a probe of the candidates)."""
+    import os
+
+    from .engine.blas import blas_report
+
+    if threads is None:  # the extension's default `blas_threads`
+        threads = 1 if (os.cpu_count() or 1) <= 2 else 0
+    return blas_report(threads=threads)
 
 
 def render(d: Diagnosis) -> str:
@@ -173,10 +175,9 @@ def render(d: Diagnosis) -> str:
     if d.unfinished_total > len(d.unfinished):
         lines.append(f"  … and {d.unfinished_total - len(d.unfinished)} more")
     if d.blas is not None:
-        lines.append("")
-        lines.append(
-            f"inference worker BLAS: {d.blas.get('name', '?')} ({d.blas.get('reason', '')})"
-        )
+        from .engine.blas.__main__ import render as render_blas
+
+        lines += ["", "inference worker BLAS:", render_blas(d.blas)]
     return "\n".join(lines)
 
 

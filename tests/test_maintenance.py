@@ -216,3 +216,11 @@ def test_doctor_leaves_an_old_database_alone_and_finds_damage(data):
     out = lmsp(broken, "doctor")
     assert out.returncode == 1
     assert "task_events row" in out.stdout and "refers to a missing row of tasks" in out.stdout
+
+
+def test_doctor_reports_the_workers_blas_choice_on_request(data):
+    open_db(data).dispose()
+    out = lmsp(data, "doctor", "--blas")
+    assert out.returncode == 0, out.stderr
+    assert "inference worker BLAS:" in out.stdout
+    assert "chosen: " in out.stdout and "reference" in out.stdout
