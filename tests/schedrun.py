@@ -65,12 +65,14 @@ def add(
     tokenizer: Any,
     results: dict[tuple[str, int], Result],
     jobs: list[GenerateJob],
-    grammar: str | None = None,
+    grammar: str | None | dict[str, str | None] = None,
     model_key: str = "m",
 ) -> None:
+    """Admit `jobs`; `grammar` is every job's, or a grammar per job id."""
     for j in jobs:
         prompt = encode_chat(tokenizer, j.messages)
-        _, updates = sched.add(j, model_key, model, tokenizer, prompt, grammar)
+        mine = grammar.get(j.job_id) if isinstance(grammar, dict) else grammar
+        _, updates = sched.add(j, model_key, model, tokenizer, prompt, mine)
         for i in range(j.n):
             results.setdefault((j.job_id, i), Result())
         collect(results, updates)
@@ -85,7 +87,7 @@ def run(
     model: Any,
     tokenizer: Any,
     jobs: list[GenerateJob],
-    grammar: str | None = None,
+    grammar: str | None | dict[str, str | None] = None,
     sched: BatchScheduler | None = None,
 ) -> dict[tuple[str, int], Result]:
     """Admit `jobs` together and step until all have ended."""

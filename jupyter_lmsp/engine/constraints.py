@@ -110,8 +110,7 @@ class Constraint:
             mx.async_eval(logits)
             self._feed(int(context[-1].item()))
         self._started = True
-        if self.error is None:
-            self._fill()
+        self._fill()
         return apply_bitmask(logits, self._bitmask)
 
     def _feed(self, token: int) -> None:
@@ -121,10 +120,11 @@ class Constraint:
     def _fill(self) -> None:
         from llguidance.numpy import fill_next_token_bitmask
 
-        try:
-            fill_next_token_bitmask(self._matcher, self._bitmask)
-        except Exception as exc:  # an API-level failure must not pass unconstrained either
-            self.error = f"{type(exc).__name__}: {exc}"
+        if self.error is None:
+            try:
+                fill_next_token_bitmask(self._matcher, self._bitmask)
+            except Exception as exc:  # an API-level failure must not pass unconstrained either
+                self.error = f"{type(exc).__name__}: {exc}"
         if self.error is None and self._matcher.is_error():
             self.error = self._matcher.get_error()
         if self.error is None and not self._bitmask.any():

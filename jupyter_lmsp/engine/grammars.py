@@ -19,6 +19,7 @@ What the grammars allow:
   free text, or text followed by calls (once the text contains the start marker, a call is
   forced); `"required"`: one or more calls and nothing else; a function name: calls of that
   function only; `"none"`: no calls (no grammar, unless a response format asks for one).
+  The calls may be followed by one newline, then the end.
   `parallel=False` or `max_calls=1` allows one call; `max_calls` bounds them. Arguments follow
   the function's `parameters` (strictly when the tool is `strict`, else leniently as above;
   a function without parameters takes `{}` when strict, any object otherwise).
@@ -301,6 +302,8 @@ def build_grammar(
     limit = tools.call_limit
     repeat = f' ("\\n" {start} body)'
     more = "" if limit == 1 else repeat + "*" if limit is None else repeat + f"{{0,{limit - 1}}}"
+    # A newline may end the calls (a model often writes one before it stops).
+    more += ' "\\n"?'
     lines.append(f'body: "\\n" fn "\\n" {end}')
     if response_format is not None:
         schema = _with_options(_format_schema(response_format), response_format.strict)
