@@ -323,3 +323,21 @@ def test_tool_lists_are_checked() -> None:
     assert unknown is not None and unknown.path == ("choice",)
     required_nothing = check_tools(ToolSpec((), "required"))
     assert required_nothing is not None and required_nothing.path == ("choice",)
+
+
+def test_the_pure_modules_import_without_mlx() -> None:
+    """The server process validates requests and parses tool calls without loading MLX."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import jupyter_lmsp.engine.grammars, jupyter_lmsp.engine.toolcalls\n"
+        "import jupyter_lmsp.engine.stops, jupyter_lmsp.engine.messages\n"
+        "import jupyter_lmsp.engine.client\n"
+        "from jupyter_lmsp.engine.grammars import ResponseFormat, check_response_format\n"
+        "assert check_response_format(ResponseFormat('json_object')) is None\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm')], 'mlx'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

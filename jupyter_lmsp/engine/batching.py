@@ -476,10 +476,13 @@ class BatchScheduler:
         stops = StopSequences(job.stop)
         constraints: list[Constraint | None] = [None] * len(points)
         if grammar is not None:
-            from jupyter_lmsp.engine.constraints import Constraint, ll_tokenizer
+            from jupyter_lmsp.engine.constraints import Constraint, compile_grammar, ll_tokenizer
 
             ll = ll_tokenizer(model_key, model, tokenizer)
-            constraints = [Constraint(ll, grammar, point.token_ids) for point in points]
+            compiled = compile_grammar(ll, grammar)  # once per job, copied for each choice
+            constraints = [
+                Constraint(ll, compiled.deep_copy(), point.token_ids) for point in points
+            ]
         batch = self._batch_for(model_key, model, tokenizer)
         entry = _Job(job, batch, list(prompt_ids), 0)
         if job.logprobs:

@@ -73,21 +73,33 @@ def forget_tokenizer(model_key: Hashable) -> None:
     _TOKENIZERS.pop(model_key, None)
 
 
+def compile_grammar(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
+    """A fresh matcher for `grammar`; raises `ConstraintError` if it does not compile."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(matcher.get_error())
+    return matcher
+
+
 class Constraint:
     """One choice's grammar matcher, as an mlx-lm logits processor (see the module docstring).
 
-    Raises `ConstraintError` if the grammar does not compile, or if the resumed tokens do not
-    follow it.
+    `grammar` is llguidance's grammar text, or a fresh matcher of it (`compile_grammar`, whose
+    `deep_copy()` gives each choice of a job its own without compiling again). Raises
+    `ConstraintError` if the grammar does not compile, or if the resumed tokens do not follow it.
     """
 
     def __init__(
-        self, tokenizer: llguidance.LLTokenizer, grammar: str, resumed: Sequence[int] = ()
+        self,
+        tokenizer: llguidance.LLTokenizer,
+        grammar: str | llguidance.LLMatcher,
+        resumed: Sequence[int] = (),
     ) -> None:
-        import llguidance
-
-        self._matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
-        if self._matcher.is_error():
-            raise ConstraintError(self._matcher.get_error())
+        if isinstance(grammar, str):
+            grammar = compile_grammar(tokenizer, grammar)
+        self._matcher = grammar
         if resumed and not self._matcher.consume_tokens(list(resumed)):
             raise ConstraintError(
                 f"the resumed tokens do not follow the grammar: {self._matcher.get_error()}"

@@ -283,7 +283,7 @@ class Worker:
         for job in self._queue:
             if job.job_id == job_id:
                 self._queue.remove(job)
-                self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
+                self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
                 return
         # Unknown id: the job already ended and its final message is on its way.
 
@@ -383,7 +383,7 @@ class Worker:
             self._flush(job_id)
             self._send(JobCancelled(job_id, generated))
         for job in self._queue:
-            self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
+            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
         self._queue.clear()
 
     def _fits(self) -> bool:
@@ -534,6 +534,11 @@ class Worker:
         message = outbox.take()
         if message is not None:
             self._send(message)
+
+
+def _resumed_tokens(job: GenerateJob) -> int:
+    """The tokens a job had generated before it came (all its choices)."""
+    return sum(len(point.token_ids) for point in job.resume_points())
 
 
 def _listing(path: Path) -> tuple[tuple[str, int, int], ...]:
