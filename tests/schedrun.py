@@ -65,7 +65,7 @@ def add(
     tokenizer: Any,
     results: dict[tuple[str, int], Result],
     jobs: list[GenerateJob],
-    grammar: str | None | dict[str, str | None] = None,
+    grammar: str | dict[str, str | None] | None = None,
     model_key: str = "m",
 ) -> None:
     """Admit `jobs`; `grammar` is every job's, or a grammar per job id."""
@@ -87,7 +87,7 @@ def run(
     model: Any,
     tokenizer: Any,
     jobs: list[GenerateJob],
-    grammar: str | None | dict[str, str | None] = None,
+    grammar: str | dict[str, str | None] | None = None,
     sched: BatchScheduler | None = None,
 ) -> dict[tuple[str, int], Result]:
     """Admit `jobs` together and step until all have ended."""

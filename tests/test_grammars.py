@@ -193,7 +193,7 @@ def test_special_token_markers_are_matched_as_tokens(ll, tokenizer) -> None:
     body = tokenizer.encode('\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n')
     text = tokenizer.encode("Sure. ", add_special_tokens=False)
     for tokens, ok in [
-        (text + [start, *body, end], True),
+        ([*text, start, *body, end], True),
         (text, True),
         (tokenizer.encode("Sure. <|system|>" + '\n{"name"', add_special_tokens=False), True),
     ]:
