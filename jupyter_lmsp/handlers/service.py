@@ -37,6 +37,7 @@ class ServiceHandler(LMSPHandler):
                     "max_output_tokens_default": ctx.max_output_tokens_default,
                 },
                 "worker": ctx.runner.worker_info,
+                "blas": ctx.blas.report() if ctx.blas is not None else None,
             }
         )
 

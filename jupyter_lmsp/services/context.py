@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..auth.ratelimit import RateLimiter
+from ..engine.blas import BlasSelection
 from ..store.database import Database
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -27,3 +28,5 @@ class ServiceContext:
     idempotency_ttl: float = 24 * 3600.0
     pairing_ttl: float = 600.0
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    # The inference worker's BLAS: chosen by probing, reported by GET /service.
+    blas: BlasSelection | None = None
