@@ -28,6 +28,7 @@ from .services.registration import ModelRegistrar
 from .services.runner import TaskRunner
 from .store import Database, queries, rules
 from .store.database import sqlite_url
+from .store.private import private_folder
 
 
 class LMSPExtension(ExtensionApp):
@@ -83,6 +84,15 @@ class LMSPExtension(ExtensionApp):
     pairing_burst = Integer(10, help="Unauthenticated pairing requests allowed in a burst.").tag(
         config=True
     )
+    pairing_poll_rate_per_minute = Float(
+        30.0, help="Polls for a pairing's token allowed per minute and pairing."
+    ).tag(config=True)
+    pairing_poll_burst = Integer(10, help="Polls for a pairing's token allowed in a burst.").tag(
+        config=True
+    )
+    max_pending_pairings = Integer(
+        20, help="Pairing requests that may wait for the owner at once; more get 429."
+    ).tag(config=True)
     use_openblas = Unicode(
         "auto", help="'auto' uses OpenBLAS for the worker on Linux when it can; 'no' never."
     ).tag(config=True)
@@ -106,6 +116,8 @@ class LMSPExtension(ExtensionApp):
         return str(Path(self.data_dir) / "models")
 
     def initialize_settings(self) -> None:
+        # Other local users must not read the database or the models (docs/security.md).
+        private_folder(self.data_dir)
         self.db = Database(self.db_url)
         report = rules.recover_at_startup(self.db)
         if report.released_claims:
@@ -148,6 +160,12 @@ class LMSPExtension(ExtensionApp):
             idempotency_ttl=self.idempotency_ttl,
             pairing_ttl=self.pairing_ttl,
             pairing_limiter=RateLimiter(self.pairing_rate_per_minute, self.pairing_burst),
+            poll_limiter=RateLimiter(
+                self.pairing_poll_rate_per_minute,
+                self.pairing_poll_burst,
+                "Too many polls for this pairing; poll every 'interval' seconds.",
+            ),
+            max_pending_pairings=self.max_pending_pairings,
         )
         self._purge_task: asyncio.Task[None] | None = None
 

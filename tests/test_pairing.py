@@ -315,7 +315,7 @@ def test_no_secret_in_the_database_file(server, matrix):
 def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
     with_test_model(tmp_path, test_model_dir)
     with (
-        ServerProcess(tmp_path, pairing_burst=20, pairing_rate_per_minute=30) as server,
+        ServerProcess(tmp_path, pairing_poll_burst=12, pairing_poll_rate_per_minute=30) as server,
         httpx.Client(base_url=server.api, timeout=30) as anon,
     ):
         p = anon.post("/pairings", json={"client_name": "victim", "scopes": ["tasks:read"]}).json()
@@ -327,7 +327,13 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
         assert verdicts == ["invalid_grant"] * 8
         right = anon.post(f"/pairings/{p['id']}/token", json={"device_code": p["device_code"]})
         assert right.json()["error"]["code"] == "expired_token"
-        # The address has used 10 of its 20-request burst; the rest are allowed, then 429.
+        # Polls are limited per pairing (12 in a burst): the pairing has used 9 of its 12.
+        for _ in range(3):
+            r = anon.post(f"/pairings/{p['id']}/token", json={"device_code": "lmspdc_more"})
+            assert r.status_code == 400
+        r = anon.post(f"/pairings/{p['id']}/token", json={"device_code": "lmspdc_more"})
+        assert r.status_code == 429
+        # Polls for pairings that do not exist share one bucket per address: 12, then 429.
         allowed = 0
         while True:
             r = anon.post("/pairings/pair_x/token", json={"device_code": "lmspdc_x"})
@@ -335,6 +341,6 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
                 break
             allowed += 1
             assert allowed < 100
-        assert allowed == 10
+        assert allowed == 12
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert int(r.headers["Retry-After"]) >= 1

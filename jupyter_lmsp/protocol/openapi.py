@@ -1323,9 +1323,8 @@ def _paths() -> dict[str, Any]:
                 "Start pairing a client (no credentials): the device flow of RFC 8628",
                 "pairing",
                 _ok("The pairing, with the device and user codes.", "PairingStarted", status="201"),
-                parameters=[_idempotency_header()],
                 body="StartPairingRequest",
-                errors=(400, 409, 413, 422, 429),
+                errors=(400, 413, 429),
                 public=True,
             ),
             "get": _op(

@@ -26,4 +26,7 @@ class ServiceContext:
     max_body_bytes: int = 1024 * 1024
     idempotency_ttl: float = 24 * 3600.0
     pairing_ttl: float = 600.0
+    # Starting a pairing, per remote address; polling for its token, per pairing.
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    poll_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    max_pending_pairings: int = 20

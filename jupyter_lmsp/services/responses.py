@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..auth.scopes import Caller
-from ..protocol.errors import LMSPError, invalid, not_found
+from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
 from ..protocol.objects import input_item, response_object
 from ..protocol.requests import ResponseRequest
@@ -194,13 +194,18 @@ def response_events(
     ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
 ) -> TaskEventStream:
     _, task = _find(ctx, response_id, caller)
-    return TaskEventStream(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
+    return TaskEventStream(
+        ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval, caller=caller.id
+    )
 
 
 async def wait_for_response(
     ctx: ServiceContext, response_id: str, caller: Caller
 ) -> dict[str, Any]:
     """The finished response object, once its task reached a terminal state."""
-    async for _ in response_events(ctx, response_id, caller):
+    events = response_events(ctx, response_id, caller)
+    async for _ in events:
         pass
+    if events.revoked:
+        raise unauthenticated("The access token was revoked.")
     return get_response(ctx, response_id, caller)
