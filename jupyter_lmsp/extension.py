@@ -15,7 +15,7 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Integer, Unicode, default
+from traitlets import Bool, Float, Integer, List, Unicode, default
 
 from . import __version__
 from .auth.ratelimit import RateLimiter
@@ -42,6 +42,17 @@ class LMSPExtension(ExtensionApp):
         config=True
     )
     default_model = Unicode("", help="Model used when a request names none.").tag(config=True)
+    model_source_dirs = List(
+        Unicode(),
+        help="Folders paired clients may register models from, besides the model folder and "
+        "the Hugging Face cache (the owner may register from anywhere).",
+    ).tag(config=True)
+    max_model_bytes = Integer(
+        128 * 1024**3, help="Largest total size of a model's files; larger ones are refused."
+    ).tag(config=True)
+    registration_concurrency = Integer(
+        1, help="Model registrations (conversion, hashing) that run at once; the rest queue."
+    ).tag(config=True)
     retention_seconds = Float(
         7 * 24 * 3600.0, help="How long finished tasks, their events and responses are kept."
     ).tag(config=True)
@@ -132,7 +143,9 @@ class LMSPExtension(ExtensionApp):
                 report.examined,
                 ", ".join(f"{k} x{v}" for k, v in sorted(report.transitions.items())),
             )
-        catalog = ModelCatalog(self.db, Path(self.model_dir), self.default_model or None)
+        catalog = ModelCatalog(
+            self.db, Path(self.model_dir), self.default_model or None, self.max_model_bytes
+        )
         for model_id in catalog.sync_model_dir():
             self.log.info("LMSP: registered model directory %s", model_id)
         bus = EventBus()
@@ -144,7 +157,14 @@ class LMSPExtension(ExtensionApp):
             snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
         )
-        registrar = ModelRegistrar(self.db, bus, catalog)
+        registrar = ModelRegistrar(
+            self.db,
+            bus,
+            catalog,
+            allowed_dirs=[Path(d).expanduser() for d in self.model_source_dirs],
+            max_model_bytes=self.max_model_bytes,
+            concurrency=self.registration_concurrency,
+        )
         runner.cancel_listeners.append(registrar.kill)
         self.ctx = ServiceContext(
             db=self.db,

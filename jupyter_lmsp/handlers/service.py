@@ -45,7 +45,7 @@ class ModelsHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("models:read")
     def get(self) -> None:
-        self.write_json({"object": "list", "data": self.ctx.catalog.list()})
+        self.write_json({"object": "list", "data": self.ctx.catalog.list(self.caller)})
 
     @allow_unauthenticated
     @requires("models:write")
@@ -61,7 +61,7 @@ class ModelHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("models:read")
     def get(self, model_id: str) -> None:
-        self.write_json(self.ctx.catalog.get(model_id))
+        self.write_json(self.ctx.catalog.get(model_id, self.caller))
 
     @allow_unauthenticated
     @requires("models:write")
