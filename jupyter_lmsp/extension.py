@@ -8,6 +8,7 @@ inference worker process) starts once the event loop runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 from pathlib import Path
@@ -21,6 +22,8 @@ from . import __version__
 from .auth.ratelimit import RateLimiter
 from .engine.client import EngineClient
 from .handlers import routes
+from .protocol.errors import LMSPError
+from .services.admission import Admission
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
 from .services.context import ServiceContext
@@ -64,6 +67,19 @@ class LMSPExtension(ExtensionApp):
     max_body_bytes = Integer(1024 * 1024, help="Largest accepted request body.").tag(config=True)
     max_output_tokens_default = Integer(
         1024, help="max_output_tokens when a request gives none."
+    ).tag(config=True)
+    max_context_tokens = Integer(
+        0,
+        help="Context window requests are held to (prompt and output together); 0: each "
+        "model's own. A smaller one bounds the memory a single request can take.",
+    ).tag(config=True)
+    client_max_tasks = Integer(
+        64, help="Unfinished tasks a paired client may have at once; more get 429."
+    ).tag(config=True)
+    client_max_tokens = Integer(
+        131072,
+        help="Tokens a paired client may have in flight (prompt plus output limit of its "
+        "unfinished tasks); more get 429.",
     ).tag(config=True)
     keepalive_interval = Float(15.0, help="Seconds of silence before an SSE keep-alive.").tag(
         config=True
@@ -157,10 +173,17 @@ class LMSPExtension(ExtensionApp):
             snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
         )
+        admission = Admission(
+            max_output_tokens_default=self.max_output_tokens_default,
+            max_context_tokens=self.max_context_tokens,
+            max_tasks=self.client_max_tasks,
+            max_tokens=self.client_max_tokens,
+        )
         registrar = ModelRegistrar(
             self.db,
             bus,
             catalog,
+            admission=admission,
             allowed_dirs=[Path(d).expanduser() for d in self.model_source_dirs],
             max_model_bytes=self.max_model_bytes,
             concurrency=self.registration_concurrency,
@@ -186,6 +209,7 @@ class LMSPExtension(ExtensionApp):
                 "Too many polls for this pairing; poll every 'interval' seconds.",
             ),
             max_pending_pairings=self.max_pending_pairings,
+            admission=admission,
         )
         self._purge_task: asyncio.Task[None] | None = None
 
@@ -194,6 +218,9 @@ class LMSPExtension(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.ctx.runner.start()
+        # The default model's tokenizer, for counting prompts (loaded off the loop).
+        with contextlib.suppress(LMSPError):
+            self.ctx.admission.warm(self.ctx.catalog.resolve(None))
         if not self.ctx.registrar.started:
             self.ctx.registrar.start()
         self._purge_task = asyncio.create_task(self._purge_periodically())
@@ -211,6 +238,7 @@ class LMSPExtension(ExtensionApp):
         if self._purge_task is not None:
             self._purge_task.cancel()
         self.ctx.runner.stop()
+        self.ctx.admission.close()
         self.db.dispose()
 
     def _make_engine(self, on_message: Any) -> EngineClient:

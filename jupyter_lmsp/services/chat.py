@@ -50,7 +50,7 @@ class ChatRun:
         return str(self.response["task_id"])
 
 
-def start_chat_completion(
+async def start_chat_completion(
     ctx: ServiceContext, request: ChatRequest, caller: Caller, keyed: KeyedRequest | None = None
 ) -> ChatRun:
     """Commit the chat completion's response and task (queued) and hand it to the runner.
@@ -74,7 +74,9 @@ def start_chat_completion(
         # Stored in the Responses input form, so /responses/{id}/input_items can list it.
         raw_input=request.messages,
     )
-    response = responses.create_response(ctx, as_response, caller, keyed=keyed)
+    response = await responses.create_response(
+        ctx, as_response, caller, keyed=keyed, input_param="messages"
+    )
     return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 

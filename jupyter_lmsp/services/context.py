@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ..auth.ratelimit import RateLimiter
 from ..store.database import Database
+from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
 from .registration import ModelRegistrar
@@ -30,3 +31,5 @@ class ServiceContext:
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
     poll_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
     max_pending_pairings: int = 20
+    # Context windows, output limits and per-client quotas (services.admission).
+    admission: Admission = field(default_factory=Admission)

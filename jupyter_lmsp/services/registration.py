@@ -35,6 +35,7 @@ from ..protocol.states import RestartPolicy, TaskState
 from ..store import models as model_store
 from ..store import queries, rules
 from ..store.tables import Model, Task
+from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
 
@@ -57,6 +58,7 @@ class ModelRegistrar:
         allowed_dirs: list[Path] | None = None,
         max_model_bytes: int = DEFAULT_MAX_BYTES,
         concurrency: int = 1,
+        admission: Admission | None = None,
     ) -> None:
         self.db = db
         self.bus = bus
@@ -66,6 +68,8 @@ class ModelRegistrar:
         self.allowed_dirs = list(allowed_dirs or [])
         self.max_model_bytes = max_model_bytes
         self.concurrency = max(1, concurrency)
+        # A paired client's registrations count against its quota of unfinished tasks.
+        self.admission = admission or Admission()
         self.processes: dict[str, asyncio.subprocess.Process] = {}
         self.started = False
         self._slots: asyncio.Semaphore | None = None
@@ -112,7 +116,7 @@ class ModelRegistrar:
             created_at=now,
             updated_at=now,
         )
-        committed = rules.create_task(self.db, task)
+        committed = rules.create_task(self.db, task, admit=self.admission.quota(caller, 0))
         self.bus.publish(task.id, committed.events)
         self.submit(task.id)
         return task_object(committed.task)

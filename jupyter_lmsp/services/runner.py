@@ -8,6 +8,9 @@ Generated tokens are coalesced for `snapshot_interval` seconds, then committed t
 the snapshot that covers them (LMSP B7): a crash loses at most that much uncommitted work, and a
 resumed task continues from exactly what its watchers saw. A task's first text is committed on
 the loop's next turn instead, so nobody waits up to an interval for it.
+
+Queued tasks wait in a `FairQueue`: their owners take turns for the free slots, so one
+caller's backlog never holds another's new task back by more than one turn.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,8 @@ from ..store.database import Database
 from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
+from .conversation import stored_messages
+from .fairqueue import FairQueue
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +74,7 @@ class TaskRunner:
         self.max_active = max_active
         self.engine: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.queue: deque[str] = deque()
+        self.queue = FairQueue()
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
         # One timer for all running tasks: their tokens are committed together, one
@@ -98,7 +102,7 @@ class TaskRunner:
         self.engine.start()
         self.worker_info = {"state": "starting"}
         for task in queries.tasks_to_run(self.db):
-            self.queue.append(task.id)
+            self.queue.push(task.id, task.owner)
         self._dispatch()
 
     def stop(self) -> None:
@@ -108,11 +112,12 @@ class TaskRunner:
 
     # -- requests from the services --------------------------------------------------------
 
-    def submit(self, task_id: str) -> None:
-        """A task was committed `queued`: run it when a slot is free."""
+    def submit(self, task_id: str, owner: str) -> None:
+        """A task of `owner` was committed `queued`: run it when a slot is free (and it is its
+        owner's turn)."""
         if not self.started:
             return  # start() picks it up from the database
-        self.queue.append(task_id)
+        self.queue.push(task_id, owner)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
             # jobs waits for it instead of starting without it.
@@ -145,7 +150,7 @@ class TaskRunner:
 
     def _dispatch(self) -> None:
         while self.queue and len(self.active) < self.max_active:
-            task_id = self.queue.popleft()
+            task_id = self.queue.pop()
             if task_id in self.active:
                 continue
             try:
@@ -164,7 +169,7 @@ class TaskRunner:
         found = queries.get_task_and_response(self.db, task_id)
         if found is None:
             return
-        task, _ = found
+        task, response = found
         state = TaskState(task.state)
         if state == TaskState.QUEUED:
             committed = rules.append_events(
@@ -190,10 +195,11 @@ class TaskRunner:
             return
         params = json.loads(task.params)
         snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+        assert response is not None  # only response tasks reach the runner
         job = GenerateJob(
             job_id=task_id,
             model_path=str(model.path),
-            messages=params["messages"],
+            messages=stored_messages(response, task),
             max_tokens=params["max_tokens"],
             temperature=params["temperature"],
             top_p=params["top_p"],
@@ -310,10 +316,10 @@ class TaskRunner:
         for committed in report.committed:
             self.publish(committed)
         self.engine.restart()
-        for task_id in held:
+        for task_id in reversed(held):
             task = queries.get_task(self.db, task_id)
             if task is not None and task.state in (TaskState.QUEUED, TaskState.RUNNING):
-                self.queue.appendleft(task_id)
+                self.queue.push_front(task_id, task.owner)
         self._dispatch()
 
 

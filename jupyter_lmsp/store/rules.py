@@ -107,11 +107,14 @@ def create_task(
     task: Task,
     response: Response | None = None,
     idempotency: IdempotencyKey | None = None,
+    admit: Callable[[sqlite3.Cursor], None] | None = None,
 ) -> Committed:
     """Insert a task (and its response) with its first event, in one transaction.
 
     The caller writes `202 Accepted` only after this returns: the task is then on disk. An
     idempotency record, when given, is stored in the same transaction as the work it started.
+    `admit`, when given, runs first in the transaction and may raise to refuse the task (a
+    quota counted over the tasks already committed, so concurrent creates cannot overshoot).
     """
     now = time.time()
     task.state = TaskState.QUEUED
@@ -127,6 +130,8 @@ def create_task(
     # Plain SQL on a sqlite3 cursor (no ORM session): this runs once per created task, on the
     # request's path to its 202, and SQLAlchemy's per-statement work would be a third of it.
     with db.write_cursor() as cursor:
+        if admit is not None:
+            admit(cursor)
         if response is not None:
             _insert(cursor, "responses", response.model_dump())
         _insert(cursor, "tasks", task.model_dump())
