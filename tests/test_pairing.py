@@ -258,6 +258,31 @@ def test_matrix_other_callers_resources_are_404(server, matrix):
         assert c.get(f"/responses/{matrix['client_resp']['id']}").status_code == 200
 
 
+def test_matrix_what_paired_clients_see_and_may_do(server, matrix):
+    """Beyond scopes (issue 12): no host paths for any paired client, registration only from
+    the allowed folders (one error for everything else), no approving one's own pairing."""
+    full = {"Authorization": f"Bearer {matrix['full']['access_token']}"}
+    narrow = {"Authorization": f"Bearer {matrix['narrow']['access_token']}"}
+    for headers in (full, narrow):
+        listed = send(server, "GET", "/models", None, headers).json()["data"]
+        one = send(server, "GET", "/models/tiny", None, headers).json()
+        for model in [*listed, one]:
+            assert model["path"] is None and model["files"] is None and model["source"] is None
+    with owner(server) as own:
+        assert own.get("/models/tiny").json()["path"].endswith("tiny")
+        missing = own.post("/models", json={"source": "/nonexistent/model"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "source_not_found"
+    for source in ("/nonexistent/model", "/etc", str(server.data_dir)):
+        r = send(server, "POST", "/models", {"source": source}, full)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "source_unusable", r.text
+    started = send(
+        server, "POST", "/pairings", {"client_name": "x", "scopes": ["tasks:read"]}, full
+    )
+    assert started.status_code == 201
+    r = send(server, "POST", f"/pairings/{started.json()['id']}/approve", {}, full)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "pairing_self_approval"
+
+
 def test_matrix_jupyter_token_has_full_access(server, matrix):
     for headers in ({"Authorization": f"token {TOKEN}"}, {"Authorization": f"Bearer {TOKEN}"}):
         with httpx.Client(base_url=server.api, timeout=30, headers=headers) as c:

@@ -138,7 +138,7 @@ class ModelLoader:
                 changed = self.verifier.changed(request.path, identities)
                 if changed:
                     raise Mismatch(
-                        f"{len(changed)} file(s) of {request.path.name} changed while loading: "
+                        f"{len(changed)} file(s) of the model changed while it was loaded: "
                         + ", ".join(changed[:5]),
                         changed,
                     )

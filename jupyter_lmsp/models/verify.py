@@ -81,7 +81,7 @@ class Verifier:
         extra = _unexpected(directory, set(recorded))
         if extra:
             raise Mismatch(
-                f"{len(extra)} file(s) of {directory.name} were not registered: "
+                f"{len(extra)} file(s) in the model's folder were not registered: "
                 + ", ".join(extra[:5]),
                 extra,
             )
@@ -108,7 +108,7 @@ class Verifier:
                     reasons.append(f"{name} ({e})")
         if bad:
             raise Mismatch(
-                f"{len(bad)} file(s) of {directory.name} no longer match their digests: "
+                f"{len(bad)} file(s) of the model no longer match their digests: "
                 + ", ".join(reasons[:5]),
                 bad,
             )

@@ -467,14 +467,18 @@ def _model() -> Schema:
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
             "format": {"type": "string"},
-            "path": {"type": "string"},
+            "path": {
+                "type": ["string", "null"],
+                "description": "Its folder on the host; null for a paired client.",
+            },
             "size_bytes": {"type": "integer", "minimum": 0},
             "digest": {
                 "type": ["string", "null"],
                 "description": "`sha256:` over its files' digests.",
             },
             "files": {
-                "type": "array",
+                "type": ["array", "null"],
+                "description": "Its files (relative paths); null for a paired client.",
                 "items": {
                     "type": "object",
                     "required": ["path", "size", "sha256"],
@@ -486,7 +490,11 @@ def _model() -> Schema:
                 },
             },
             "state": {"enum": ["available", "loaded", "missing", "corrupt"]},
-            "source": {"type": ["string", "null"]},
+            "source": {
+                "type": ["string", "null"],
+                "description": "A Hugging Face repo id, or the path registered from (null "
+                "for a paired client).",
+            },
         },
     }
 

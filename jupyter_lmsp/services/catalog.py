@@ -157,6 +157,16 @@ class ModelCatalog:
             )
         return model
 
+    def without_paths(self, model_id: str, message: str) -> str:
+        """`message` (an engine error, which a paired client may read) with the model's folder
+        replaced by its id: no host path in what a client sees."""
+        model = self._get(model_id)
+        if model is None:
+            return message
+        for path in sorted({model.path, str(Path(model.path).resolve())}, key=len, reverse=True):
+            message = message.replace(path, f"<model {model_id}>")
+        return message
+
     def mark(self, model_id: str, state: str) -> None:
         store.set_model_state(self.db, model_id, state)
         self.forget()

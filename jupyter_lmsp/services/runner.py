@@ -261,10 +261,11 @@ class TaskRunner:
                 )
             case JobFailed(job_id=task_id, code=code, message=text):
                 self._flush(task_id)
-                if code == "model_digest_mismatch":
-                    task = queries.get_task(self.db, task_id)
-                    if task is not None:
-                        self.catalog.mark(task.model, "corrupt")
+                task = queries.get_task(self.db, task_id)
+                if task is not None:
+                    text = self.catalog.without_paths(task.model, text)
+                if code == "model_digest_mismatch" and task is not None:
+                    self.catalog.mark(task.model, "corrupt")
                 self._finish(
                     task_id,
                     rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
