@@ -1112,7 +1112,7 @@ def _paths() -> dict[str, Any]:
                 },
                 parameters=[_idempotency_header()],
                 body="RegisterModelRequest",
-                errors=(*POSTED, 404),
+                errors=(*POSTED, 404, 429),
             ),
         },
         "/models/{model_id}": {
@@ -1160,7 +1160,7 @@ def _paths() -> dict[str, Any]:
                 },
                 parameters=[_idempotency_header()],
                 body="CreateResponseRequest",
-                errors=(*POSTED, 404),
+                errors=(*POSTED, 404, 429),
             )
         },
         "/responses/{response_id}": {
@@ -1322,7 +1322,7 @@ def _paths() -> dict[str, Any]:
                 ),
                 parameters=[_idempotency_header()],
                 body="CreateChatCompletionRequest",
-                errors=(*POSTED, 404, 500),
+                errors=(*POSTED, 404, 429, 500),
             )
         },
         "/pairings": {
