@@ -13,7 +13,7 @@ from storehelpers import make_task, new_task, open_db
 from jupyter_lmsp.auth.scopes import Caller
 from jupyter_lmsp.protocol.errors import LMSPError
 from jupyter_lmsp.services.admission import Admission
-from jupyter_lmsp.services.fairqueue import FairQueue
+from jupyter_lmsp.services.fairqueue import FairQueue, over_share
 from jupyter_lmsp.store import rules
 from jupyter_lmsp.store.tables import Client, Task
 
@@ -31,6 +31,26 @@ def test_owners_take_turns():
     q.push("b2", "bob")
     q.push_front("r", "bob")  # a task started again goes first
     assert q.pop() == "r" and "a5" in q and len(q) == 2
+
+
+def test_an_owner_over_its_share_is_named_only_when_another_waits():
+    # Slots free: nobody is over anything.
+    assert over_share(["a"], ["b"], 2) is None
+    # a holds both slots, b waits with none: a is over its share of 1.
+    assert over_share(["a", "a"], ["b"], 2) == "a"
+    # Nobody waits, or the waiting owner holds its share already: no pause.
+    assert over_share(["a", "a"], [], 2) is None
+    assert over_share(["a", "b"], ["b"], 2) is None
+    # 8 slots, a holds 6, b 2, c waits: the share is 2, a gives one up.
+    assert over_share(["a"] * 6 + ["b"] * 2, ["c"], 8) == "a"
+    assert over_share(["a"] * 3 + ["b"] * 3 + ["c"] * 2, ["c"], 8) is None
+    q = FairQueue()
+    q.push("a1", "alice")
+    q.push("b1", "bob")
+    q.push_paused("p", "alice")  # first in alice's line, but alice's turn after bob's
+    assert [q.pop() for _ in range(3)] == ["b1", "p", "a1"]
+    q.push("x", "bob")
+    assert q.remove("x") and not q.remove("x") and len(q) == 0
 
 
 def test_a_quota_holds_under_concurrent_creates(tmp_path):

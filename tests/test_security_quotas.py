@@ -6,9 +6,10 @@ callers take turns for the decoding slots, and a request's input is stored once.
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
-from securityhelpers import bearer, database, pair, wait_task
+from securityhelpers import bearer, database, events, pair, wait_task
 from serverproc import ServerProcess
 
 from jupyter_lmsp.engine.worker import encode_chat
@@ -135,6 +136,37 @@ def test_one_callers_backlog_does_not_starve_another(lmsp_data):
     # One slot: the backlog's running task, then at most one more of it, then the owner's.
     later = [r for r in backlog if starts[r["id"]] > starts[mine["id"]]]
     assert len(later) >= 4, starts
+
+
+def test_a_caller_holding_every_slot_yields_one(lmsp_data):
+    """Two slots, both taken by one client's long generations: the owner's task starts within
+    a step or two (one of them is paused), and the paused one resumes to the same text."""
+    with ServerProcess(lmsp_data, max_batch_size=2, **SLOW) as server:
+        c = pair(server, "hog", WRITER)
+        with bearer(server, c["access_token"]) as client, server.client() as owner:
+            long = {"input": "Tell", "background": True, "max_output_tokens": 600}
+            hogs = [
+                client.post("/responses", json={**long, "temperature": 0}).json() for _ in range(2)
+            ]
+            for r in hogs:
+                wait_task(owner, r["task_id"], lambda t: t["state"] == "running", timeout=60)
+            asked = time.monotonic()
+            mine = owner.post("/responses", json={**long, "max_output_tokens": 5}).json()
+            wait_task(owner, mine["task_id"], lambda t: t["state"] != "queued", timeout=120)
+            waited = time.monotonic() - asked
+            assert waited < 4.0, waited
+            assert wait_task(owner, mine["task_id"])["state"] == "completed"
+            texts = []
+            for r in hogs:
+                assert wait_task(owner, r["task_id"], timeout=300)["state"] == "completed"
+                log = events(owner, r["task_id"])
+                assert [e["sequence_number"] for e in log] == list(range(len(log)))
+                done = owner.get(f"/responses/{r['id']}").json()
+                assert done["status"] == "incomplete" and done["usage"]["output_tokens"] == 600
+                texts.append(done["output"][0]["content"][0]["text"])
+                deltas = "".join(e["delta"] for e in log if e["type"].endswith("text.delta"))
+                assert deltas == texts[-1]
+            assert texts[0] == texts[1]  # greedy, same prompt: the paused one lost nothing
 
 
 def test_the_input_is_stored_once(lmsp_data):

@@ -10,7 +10,11 @@ resumed task continues from exactly what its watchers saw. A task's first text i
 the loop's next turn instead, so nobody waits up to an interval for it.
 
 Queued tasks wait in a `FairQueue`: their owners take turns for the free slots, so one
-caller's backlog never holds another's new task back by more than one turn.
+caller's backlog never holds another's new task back by more than one turn. When every slot
+is taken and an owner holds more than its share while another waits with less, one of its
+running generations is paused — cancelled in the worker, its tokens committed, the task left
+`running` — and queued again: it resumes from its snapshot (LMSP B7) when its turn comes, with
+the tokens an uninterrupted run would give, and its watchers see one contiguous stream.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +47,7 @@ from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
 from .conversation import stored_messages
-from .fairqueue import FairQueue
+from .fairqueue import FairQueue, over_share
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +88,11 @@ class TaskRunner:
         # Tasks whose text has begun (their first text is not held for an interval).
         self.producing: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
+        # Whose each active task is, and when the running ones started (for pausing one).
+        self.owner_of: dict[str, str] = {}
+        self.running_since: dict[str, float] = {}
+        # Tasks whose generation is being paused to free a slot for another owner.
+        self.pausing: set[str] = set()
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
@@ -141,6 +151,10 @@ class TaskRunner:
         self.publish(committed)
         task_id = committed.task.id
         if committed.task.state == TaskState.CANCELLING:
+            if task_id not in self.active and self.queue.remove(task_id):
+                # A paused generation waiting for its turn: nothing runs, it ends now.
+                self._finish(task_id, rules.Outcome(TaskState.CANCELLED))
+                return
             if task_id in self.active:
                 self.engine.cancel(task_id)
             for listener in self.cancel_listeners:
@@ -149,6 +163,42 @@ class TaskRunner:
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        self._fill()
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        """Pause one generation of an owner holding more than its share of the slots while
+        another owner waits with less (one pause at a time: the freed slot goes to the waiting
+        owner, then the shares are looked at again)."""
+        if self.pausing or not self.queue or len(self.active) < self.max_active:
+            return
+        held = [self.owner_of[t] for t in self.active if t in self.owner_of]
+        owner = over_share(held, self.queue.owners(), self.max_active)
+        if owner is None:
+            return
+        candidates = [t for t, o in self.owner_of.items() if o == owner and t in self.running_since]
+        if not candidates:
+            return  # its tasks are still loading: not paused (they could not resume from there)
+        victim = max(candidates, key=lambda t: self.running_since[t])
+        log.info("pausing task %s of %s: another caller waits for a slot", victim, owner)
+        self.pausing.add(victim)
+        self.engine.cancel(victim)
+
+    def _paused(self, task_id: str) -> bool:
+        """A pause took effect (the worker let the task go): queue it again, unless it was
+        cancelled meanwhile (then it ends as cancelled, as any cancel)."""
+        self.pausing.discard(task_id)
+        task = queries.get_task(self.db, task_id)
+        if task is None or TaskState(task.state) != TaskState.RUNNING:
+            return False
+        self.active.discard(task_id)
+        self.running_since.pop(task_id, None)
+        owner = self.owner_of.pop(task_id, task.owner)
+        self.queue.push_paused(task_id, owner)
+        self._dispatch()
+        return True
+
+    def _fill(self) -> None:
         while self.queue and len(self.active) < self.max_active:
             task_id = self.queue.pop()
             if task_id in self.active:
@@ -209,6 +259,7 @@ class TaskRunner:
             expected_files=json.loads(model.files) if model.files else None,
         )
         self.active.add(task_id)
+        self.owner_of[task_id] = task.owner
         self.engine.submit(job)
 
     # -- messages from the engine ----------------------------------------------------------
@@ -229,6 +280,7 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
+                self.running_since[task_id] = time.monotonic()
                 self.publish(rules.start_running(self.db, task_id, n))
             case JobTokens(job_id=task_id, token_ids=ids, text=text):
                 pending = self.pending.setdefault(task_id, _Pending())
@@ -272,6 +324,8 @@ class TaskRunner:
                 )
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
+                if task_id in self.pausing and self._paused(task_id):
+                    return
                 self._finish(
                     task_id, rules.Outcome(TaskState.CANCELLED, usage=self._usage(task_id, o))
                 )
@@ -298,6 +352,9 @@ class TaskRunner:
         self.active.discard(task_id)
         self.producing.discard(task_id)
         self.cached_tokens.pop(task_id, None)
+        self.owner_of.pop(task_id, None)
+        self.running_since.pop(task_id, None)
+        self.pausing.discard(task_id)
         self._dispatch()
 
     def _usage(self, task_id: str, output_tokens: int) -> dict[str, Any] | None:
@@ -312,6 +369,9 @@ class TaskRunner:
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.clear()
+        self.owner_of.clear()
+        self.running_since.clear()
+        self.pausing.clear()
         self.producing.difference_update(held)
         report = rules.recover_after_worker_exit(self.db, held)
         for committed in report.committed:
