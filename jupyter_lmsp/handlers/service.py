@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..services import disclosure
 from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
 
 CAPABILITIES = [
@@ -37,6 +38,9 @@ class ServiceHandler(LMSPHandler):
                     "max_output_tokens_default": ctx.max_output_tokens_default,
                 },
                 "worker": ctx.runner.worker_info,
+                "blas": disclosure.blas_report(
+                    ctx.blas.report() if ctx.blas is not None else None, self.caller
+                ),
             }
         )
 

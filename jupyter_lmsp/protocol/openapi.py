@@ -453,6 +453,61 @@ def _service() -> Schema:
             "capabilities": {"type": "array", "items": {"type": "string"}},
             "default_model": {"type": ["string", "null"]},
             "limits": {"type": "object"},
+            "blas": _blas(),
+        },
+    }
+
+
+def _blas() -> Schema:
+    number = {"type": ["number", "null"]}
+    text = {"type": ["string", "null"]}
+    return {
+        "type": ["object", "null"],
+        "description": "The inference worker's BLAS: chosen by probing candidates for "
+        "correctness and speed (`choosing` until then). Host paths only under `paths`.",
+        "required": ["state"],
+        "properties": {
+            "state": {"enum": ["choosing", "chosen"]},
+            "name": {"type": "string"},
+            "config": text,
+            "corename": text,
+            "threads": {"type": ["integer", "null"]},
+            "threads_requested": {"type": ["integer", "null"]},
+            "coretype": text,
+            "only": {"type": "array", "items": {"type": "string"}},
+            "reason": {"type": "string"},
+            "probe_seconds": {"type": "number"},
+            "probed_at": text,
+            "cached": {"type": "boolean"},
+            "candidates": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "verdict", "chosen", "reason"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "verdict": {"enum": ["accepted", "rejected", "skipped"]},
+                        "chosen": {"type": "boolean"},
+                        "reason": {"type": "string"},
+                        "origin": {"type": "string"},
+                        "coretype": text,
+                        "decode_ms": number,
+                        "prefill_ms": number,
+                        "threads": {"type": ["integer", "null"]},
+                        "threads_honoured": {"type": ["boolean", "null"]},
+                        "config": text,
+                        "corename": text,
+                        "seconds": number,
+                    },
+                },
+            },
+            "paths": {
+                "type": "object",
+                "properties": {
+                    "library": text,
+                    "candidates": {"type": "object", "additionalProperties": text},
+                },
+            },
         },
     }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..auth.ratelimit import RateLimiter
+from ..engine.blas import BlasSelection
 from ..store.database import Database
 from .admission import Admission
 from .bus import EventBus
@@ -33,3 +34,5 @@ class ServiceContext:
     max_pending_pairings: int = 20
     # Context windows, output limits and per-client quotas (services.admission).
     admission: Admission = field(default_factory=Admission)
+    # The inference worker's BLAS: chosen by probing, reported by GET /service.
+    blas: BlasSelection | None = None
