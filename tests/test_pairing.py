@@ -275,6 +275,13 @@ def test_matrix_what_paired_clients_see_and_may_do(server, matrix):
     for source in ("/nonexistent/model", "/etc", str(server.data_dir)):
         r = send(server, "POST", "/models", {"source": source}, full)
         assert r.status_code == 400 and r.json()["error"]["code"] == "source_unusable", r.text
+    for headers in (full, narrow):  # nor the BLAS libraries' files in the service's report
+        service = send(server, "GET", "/service", None, headers).json()
+        assert "paths" not in (service["blas"] or {})
+        assert sys.prefix not in json.dumps(service)
+    with owner(server) as own:
+        blas = own.get("/service").json()["blas"]
+        assert blas["state"] == "chosen" and "paths" in blas  # the owner sees them
     started = send(
         server, "POST", "/pairings", {"client_name": "x", "scopes": ["tasks:read"]}, full
     )
