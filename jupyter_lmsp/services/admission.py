@@ -105,7 +105,9 @@ class Admission:
         charged = prompt if prompt is not None else _bytes(messages)
         return Plan(prompt, max_tokens, charged + max_tokens)
 
-    def quota(self, caller: Caller, budget: int) -> Callable[[sqlite3.Cursor], None] | None:
+    def quota(
+        self, caller: Caller, budget: int, output_param: str = "max_output_tokens"
+    ) -> Callable[[sqlite3.Cursor], None] | None:
         """The check `rules.create_task` runs in its transaction for a task of `caller` that
         holds `budget` tokens; None for the owner."""
         if caller.is_owner:
@@ -115,8 +117,8 @@ class Admission:
                 400,
                 "quota_exceeded",
                 f"This request needs {budget} tokens (prompt and output limit), more than a "
-                f"client may have in flight ({self.max_tokens}); lower 'max_output_tokens'.",
-                param="max_output_tokens",
+                f"client may have in flight ({self.max_tokens}); lower '{output_param}'.",
+                param=output_param,
             )
         max_tasks, max_tokens = self.max_tasks, self.max_tokens
 

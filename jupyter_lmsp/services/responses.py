@@ -52,7 +52,9 @@ async def create_response(
         request.max_output_tokens,
         input_param,
     )
-    admit = ctx.admission.quota(caller, plan.budget)
+    admit = ctx.admission.quota(
+        caller, plan.budget, "max_tokens" if input_param == "messages" else "max_output_tokens"
+    )
     now = time.time()
     response_id = new_id("resp")
     task_id = new_id("task")
