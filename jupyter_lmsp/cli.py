@@ -23,7 +23,6 @@ from pathlib import Path
 from jupyter_core.paths import jupyter_data_dir
 
 from .auth import pairing
-from .auth.identity import server_owner
 from .protocol.errors import LMSPError
 from .store import Database, queries, rules
 from .store.database import sqlite_url
@@ -165,9 +164,8 @@ def _run(db: Database, args: argparse.Namespace) -> int:
             scopes = None
             if args.pair_command == "approve" and args.scopes:
                 scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
-            p = pairing.decide(
-                db, args.code, args.pair_command == "approve", scopes, decided_by=server_owner()
-            )
+            # As the user the server runs for (auth.scopes.OWNER): the client is theirs.
+            p = pairing.decide(db, args.code, args.pair_command == "approve", scopes)
             print(f"{p['status']}: {p['client_name']} ({','.join(p['granted_scopes'] or [])})")
         return 0
     if args.command == "clients":

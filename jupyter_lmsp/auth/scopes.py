@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..protocol.errors import insufficient_scope, invalid
-from .identity import is_jupyter_owner
+from .identity import is_jupyter_owner, server_owner
 
 SCOPES = (
     "models:read",
@@ -38,6 +38,12 @@ class Caller:
     def is_jupyter_user(self) -> bool:
         return is_jupyter_owner(self.id)
 
+    @property
+    def is_owner(self) -> bool:
+        """A Jupyter user (an owner of the service's host, as opposed to a paired client):
+        host paths, no quotas, every scope its authorizer grants."""
+        return self.is_jupyter_user
+
     def require(self, scope: str) -> None:
         if scope not in self.scopes:
             raise insufficient_scope(scope)
@@ -68,3 +74,9 @@ def parse_scopes(value: object, param: str = "scopes") -> list[str]:
             f"Unknown scope(s): {', '.join(unknown)}. Known: {', '.join(SCOPES)}.", param=param
         )
     return sorted(set(value), key=SCOPES.index)
+
+
+# The user the server runs for, with every scope: who the command line acts as, and the
+# default where a function serves the server's own user.
+OWNER_ID = server_owner()
+OWNER = Caller(OWNER_ID, frozenset(SCOPES), "Jupyter user")

@@ -7,9 +7,12 @@ same event can come both ways (a task this server watches changes hands), so the
 for each watched task, the highest sequence number it delivered and drops anything at or
 below it. Watchers that need every event (`services.follow`) fill a gap from the database.
 
-`publish` may be called from any thread once the bus is bound to its loop (`bind`): from
-another thread it hands the events to the loop. `watched()` tells the feed which tasks to read
-and from where, from the feed's thread.
+`publish` and `close_caller` may be called from any thread once the bus is bound to its loop
+(`bind`): from another thread they hand their work to the loop. `watched()` tells the feed
+which tasks to read and from where, from the feed's thread.
+
+A subscription may name the caller it serves; `close_caller` then ends every such subscription
+(a revoked client's streams close at once): its queue receives `CLOSED`.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from typing import Any
 Event = dict[str, Any]
 
 ALL_TASKS = "*"
+# Put in a subscription's queue when its caller lost access: the subscriber stops.
+CLOSED: Event = {"type": "lmsp.closed"}
 
 
 class Subscription:
-    def __init__(self, bus: EventBus, task_id: str) -> None:
+    def __init__(self, bus: EventBus, task_id: str, caller: str | None = None) -> None:
         self.bus = bus
         self.task_id = task_id
+        self.caller = caller
         self.queue: asyncio.Queue[tuple[str, Event]] = asyncio.Queue()
 
     async def get(self, timeout: float | None = None) -> tuple[str, Event] | None:
@@ -72,13 +78,33 @@ class EventBus:
         self.loop = loop
         self._loop_thread = threading.current_thread()
 
-    def subscribe(self, task_id: str = ALL_TASKS) -> Subscription:
-        sub = Subscription(self, task_id)
+    def subscribe(self, task_id: str = ALL_TASKS, caller: str | None = None) -> Subscription:
+        sub = Subscription(self, task_id, caller)
         with self._lock:
             self._subscribers[task_id].add(sub)
             if task_id != ALL_TASKS:
                 self._delivered.setdefault(task_id, None)
         return sub
+
+    def close_caller(self, caller: str) -> int:
+        """End every subscription held for `caller`; how many there were."""
+        with self._lock:
+            subs = [sub for group in self._subscribers.values() for sub in group]
+        closing = [sub for sub in subs if sub.caller == caller]
+        for sub in closing:
+            if self._off_loop():
+                assert self.loop is not None
+                self.loop.call_soon_threadsafe(sub.queue.put_nowait, (sub.task_id, CLOSED))
+            else:
+                sub.queue.put_nowait((sub.task_id, CLOSED))
+        return len(closing)
+
+    def _off_loop(self) -> bool:
+        return (
+            self.loop is not None
+            and self._loop_thread is not None
+            and threading.current_thread() is not self._loop_thread
+        )
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
@@ -99,11 +125,8 @@ class EventBus:
     def publish(self, task_id: str, events: list[Event]) -> None:
         if not events:
             return
-        if (
-            self.loop is not None
-            and self._loop_thread is not None
-            and threading.current_thread() is not self._loop_thread
-        ):
+        if self._off_loop():
+            assert self.loop is not None
             self.loop.call_soon_threadsafe(self._deliver, task_id, events)
             return
         self._deliver(task_id, events)

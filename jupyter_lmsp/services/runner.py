@@ -20,8 +20,15 @@ the snapshot that covers them (LMSP B7): a crash loses at most that much uncommi
 resumed task continues from exactly what its watchers saw. A task's first text is committed on
 the loop's next turn instead, so nobody waits up to an interval for it.
 
-`submit`, `publish` and `cancel` may be called from any thread (request handlers may run
-their service calls off the loop); the rest runs on the loop.
+Queued tasks wait in a `FairQueue`: their owners take turns for the free slots, so one
+caller's backlog never holds another's new task back by more than one turn. When every slot
+is taken and an owner holds more than its share while another waits with less, one of its
+running generations is paused — cancelled in the worker, its tokens committed, the task left
+`running` — and queued again: it resumes from its snapshot (LMSP B7) when its turn comes, with
+the tokens an uninterrupted run would give, and its watchers see one contiguous stream.
+
+`submit`, `publish`, `cancel` and `cancelled` may be called from any thread (request handlers
+may run their service calls off the loop); the rest runs on the loop.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections import deque
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +62,8 @@ from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
 from .committer import Committer, is_locked
+from .conversation import stored_messages
+from .fairqueue import FairQueue, over_share
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +82,7 @@ class _Start:
 
     task_id: str
     job: GenerateJob | None = None
+    owner: str = ""
     committed: list[rules.Committed] = field(default_factory=list)
 
 
@@ -101,7 +111,7 @@ class TaskRunner:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: threading.Thread | None = None
         self.committer = Committer("lmsp-runner-db")
-        self.queue: deque[str] = deque()
+        self.queue = FairQueue()
         # Tasks with a slot: being claimed, or handed to the engine.
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
@@ -113,6 +123,11 @@ class TaskRunner:
         # Tasks the engine was told to cancel (so a cancel noticed twice is sent once).
         self.cancelling: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
+        # Whose each active task is, and when the running ones started (for pausing one).
+        self.owner_of: dict[str, str] = {}
+        self.running_since: dict[str, float] = {}
+        # Tasks whose generation is being paused to free a slot for another owner.
+        self.pausing: set[str] = set()
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
@@ -160,8 +175,8 @@ class TaskRunner:
 
     def _queue_found(self, tasks: list[Task]) -> None:
         for task in tasks:
-            if task.id not in self.active and task.id not in self.queue:
-                self.queue.append(task.id)
+            if task.id not in self.active:
+                self.queue.push(task.id, task.owner)
         self._dispatch()
 
     def holds(self, task_id: str) -> bool:
@@ -179,14 +194,15 @@ class TaskRunner:
 
     # -- requests from the services (any thread) -------------------------------------------
 
-    def submit(self, task_id: str) -> None:
-        """A task was committed `queued`, held by this runner: run it when a slot is free."""
+    def submit(self, task_id: str, owner: str) -> None:
+        """A task of `owner` was committed `queued`, held by this runner: run it when a slot
+        is free (and it is its owner's turn)."""
         if not self.started:
             return  # start() picks it up from the database
-        self._on_loop(self._submit, task_id)
+        self._on_loop(self._submit, task_id, owner)
 
-    def _submit(self, task_id: str) -> None:
-        self.queue.append(task_id)
+    def _submit(self, task_id: str, owner: str) -> None:
+        self.queue.push(task_id, owner)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
             # jobs waits for it instead of starting without it.
@@ -205,16 +221,25 @@ class TaskRunner:
         thread; the engine hears of it if this runner runs the task. Another server's runner
         notices the `cancelling` state itself (`notice_cancelled`)."""
         committed = rules.request_cancel(self.db, task_id)
+        self.cancelled(committed)
+        return committed
+
+    def cancelled(self, committed: rules.Committed) -> None:
+        """Publish a committed cancel and stop the work of a task now `cancelling`."""
         self.publish(committed)
         if committed.task.state == TaskState.CANCELLING:
-            self._on_loop(self.notice_cancelled, [task_id])
-        return committed
+            self._on_loop(self.notice_cancelled, [committed.task.id])
 
     def notice_cancelled(self, task_ids: Iterable[str]) -> None:
         """These tasks were committed `cancelling` (here or by another server): stop their
-        generation. Only the tasks this runner runs matter; each is told once."""
+        generation. Only the tasks this runner holds matter; each is told once."""
         for task_id in task_ids:
             if task_id in self.cancelling:
+                continue
+            if task_id not in self.active and self.queue.remove(task_id):
+                # A generation waiting for its turn (paused, or adopted to resume): nothing
+                # runs, it ends now.
+                self._finish(task_id, rules.Outcome(TaskState.CANCELLED))
                 continue
             if task_id in self.active and self.engine is not None:
                 self.cancelling.add(task_id)
@@ -225,8 +250,48 @@ class TaskRunner:
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        self._fill()
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        """Pause one generation of an owner holding more than its share of the slots while
+        another owner waits with less (one pause at a time: the freed slot goes to the waiting
+        owner, then the shares are looked at again)."""
+        if self.pausing or not self.queue or len(self.active) < self.max_active:
+            return
+        held = [self.owner_of[t] for t in self.active if t in self.owner_of]
+        owner = over_share(held, self.queue.owners(), self.max_active)
+        if owner is None:
+            return
+        candidates = [t for t, o in self.owner_of.items() if o == owner and t in self.running_since]
+        if not candidates:
+            return  # its tasks are still loading: not paused (they could not resume from there)
+        victim = max(candidates, key=lambda t: self.running_since[t])
+        log.info("pausing task %s of %s: another caller waits for a slot", victim, owner)
+        self.pausing.add(victim)
+        self.engine.cancel(victim)
+
+    def _paused(self, task_id: str, task: Task | None, output_tokens: int) -> None:
+        """A pause took effect (the worker let the task go, its tokens are committed): queue
+        it again, unless it was cancelled meanwhile (then it ends as cancelled, as any
+        cancel) or is no longer this runner's."""
+        self.pausing.discard(task_id)
+        if (
+            task is None
+            or TaskState(task.state) != TaskState.RUNNING
+            or (self.runner_id is not None and task.runner_id != self.runner_id)
+        ):
+            self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=output_tokens)
+            return
+        self.active.discard(task_id)
+        self.running_since.pop(task_id, None)
+        owner = self.owner_of.pop(task_id, task.owner)
+        self.queue.push_paused(task_id, owner)
+        self._dispatch()
+
+    def _fill(self) -> None:
         while self.queue and len(self.active) < self.max_active:
-            task_id = self.queue.popleft()
+            task_id = self.queue.pop()
             if task_id in self.active:
                 continue
             self.active.add(task_id)  # the slot is taken while the claim commits
@@ -240,9 +305,10 @@ class TaskRunner:
             found = queries.get_task_and_response(self.db, task_id)
             if found is None:
                 return start
-            task, _ = found
+            task, response = found
             if self.runner_id is not None and task.runner_id != self.runner_id:
                 return start  # not ours (any more)
+            start.owner = task.owner
             state = TaskState(task.state)
             if state == TaskState.QUEUED:
                 committed = rules.append_events(
@@ -257,6 +323,10 @@ class TaskRunner:
                     return start  # cancelled meanwhile
                 start.committed.append(committed)
                 task = committed.task
+            elif state == TaskState.CANCELLING:
+                # Cancelled while it waited to resume: nothing runs, it ends now.
+                start.committed.append(self._end(task_id, rules.Outcome(TaskState.CANCELLED)))
+                return start
             elif state != TaskState.RUNNING:
                 return start  # a resumed task is `running`; anything else is not to start
             try:
@@ -273,10 +343,11 @@ class TaskRunner:
                 return start
             params = json.loads(task.params)
             snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+            assert response is not None  # only response tasks reach the runner
             start.job = GenerateJob(
                 job_id=task_id,
                 model_path=str(model.path),
-                messages=params["messages"],
+                messages=stored_messages(response, task),
                 max_tokens=params["max_tokens"],
                 temperature=params["temperature"],
                 top_p=params["top_p"],
@@ -308,6 +379,7 @@ class TaskRunner:
             # The worker died while this claim committed: the recovery queued after it
             # applies the restart policy and queues the task again if it should run.
             return
+        self.owner_of[start.task_id] = start.owner
         self.engine.submit(start.job)
 
     # -- messages from the engine ----------------------------------------------------------
@@ -328,6 +400,8 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
+                if task_id in self.active:
+                    self.running_since[task_id] = time.monotonic()
                 self.committer.run(
                     rules.start_running,
                     self.db,
@@ -374,6 +448,16 @@ class TaskRunner:
                 )
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
+                if task_id in self.pausing:
+                    # Paused to free its slot: its state decides (read after its tokens
+                    # committed) whether it waits for its turn or ends cancelled.
+                    self.committer.run(
+                        queries.get_task,
+                        self.db,
+                        task_id,
+                        then=lambda task, t=task_id, n=o: self._paused(t, task, n),
+                    )
+                    return
                 self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=o)
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
@@ -441,8 +525,13 @@ class TaskRunner:
         corrupt: bool = False,
     ) -> rules.Committed:
         """(database thread) A task's terminal transaction, with what it needs read first."""
-        if corrupt or output_tokens is not None:
+        if corrupt or output_tokens is not None or outcome.error is not None:
             task = queries.get_task(self.db, task_id)
+            if task is not None and outcome.error is not None and "message" in outcome.error:
+                # An engine error may name the model's folder; a paired client may read it.
+                outcome.error["message"] = self.catalog.without_paths(
+                    task.model, outcome.error["message"]
+                )
             if task is not None and corrupt:
                 self.catalog.mark(task.model, "corrupt")
             if task is not None and output_tokens is not None:
@@ -457,6 +546,9 @@ class TaskRunner:
         self.producing.discard(task_id)
         self.cancelling.discard(task_id)
         self.cached_tokens.pop(task_id, None)
+        self.owner_of.pop(task_id, None)
+        self.running_since.pop(task_id, None)
+        self.pausing.discard(task_id)
         self._dispatch()
 
     def _on_worker_exit(self, job_ids: list[str], exitcode: int | None) -> None:
@@ -467,6 +559,9 @@ class TaskRunner:
         self.active.difference_update(held)
         self.producing.difference_update(held)
         self.cancelling.difference_update(held)
+        self.owner_of.clear()
+        self.running_since.clear()
+        self.pausing.clear()
         self.committer.run(
             rules.recover_after_worker_exit,
             self.db,
@@ -480,8 +575,8 @@ class TaskRunner:
         for committed in report.committed:
             self.publish(committed)
         for task_id in reversed(report.adopted):
-            if task_id not in self.queue and task_id not in self.active:
-                self.queue.appendleft(task_id)
+            if task_id not in self.active:
+                self.queue.push_front(task_id, report.owners[task_id])
         self._dispatch()
 
     # -- recoveries and a lost lease (from services.lease) ----------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 
 from ..auth import secrets as codes
+from ..auth.identity import is_jupyter_owner
 from .database import Database
 from .tables import Client, Pairing
 
@@ -21,13 +22,34 @@ MAX_FAILED_POLLS = 5
 SLOW_DOWN_STEP = 5
 
 
-def create_pairing(db: Database, pairing: Pairing) -> Pairing:
+def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = None) -> float | None:
+    """Store a new pairing request, unless `max_pending` unexpired requests already wait: then
+    nothing is stored and the time the oldest of them expires is returned (None on success).
+    Counting and inserting share the transaction, so concurrent starts cannot overshoot."""
     with db.write() as session:
+        if max_pending is not None:
+            waiting = (
+                select(Pairing.expires_at)
+                .where(
+                    Pairing.status == "pending",  # type: ignore[arg-type]
+                    Pairing.expires_at > pairing.created_at,  # type: ignore[arg-type,operator]
+                )
+                .order_by(Pairing.expires_at)  # type: ignore[arg-type]
+            )
+            expiries = list(session.execute(waiting).scalars())
+            if len(expiries) >= max_pending:
+                return expiries[0]
         session.add(pairing)
-    return pairing
+    return None
+
+
+def get_pairing(db: Database, pairing_id: str) -> Pairing | None:
+    with db.read() as session:
+        return session.get(Pairing, pairing_id)
 
 
 def list_pairings(db: Database, status: str | None = "pending") -> list[Pairing]:
+    """Pairing requests, oldest first (a flood of new ones never pushes an earlier one down)."""
     now = time.time()
     with db.read() as session:
         query = select(Pairing).order_by(Pairing.created_at)  # type: ignore[arg-type]
@@ -57,13 +79,20 @@ def decide_pairing(
     pairing_id: str,
     approve: bool,
     scopes: list[str] | None = None,
+    *,
     decided_by: str | None = None,
+    held: frozenset[str] | None = None,
 ) -> tuple[Pairing | None, str]:
-    """Approve (with `scopes`, a subset of those requested) or deny a pending pairing, as the
-    Jupyter user `decided_by` (the client it becomes is that user's: LMSP B12).
+    """Approve (with `scopes`, a subset of those requested) or deny a pending pairing.
+
+    `decided_by` is the deciding caller's id (the client it becomes belongs to that Jupyter
+    user, or to the user of the deciding client: LMSP B12), `held` the scopes it holds when it is a paired
+    client (None: the owner, who holds all). A client grants only scopes it holds and decides
+    no pairing it started itself.
 
     Returns the pairing and "ok", or None/the pairing and why nothing changed:
-    "not_found", "expired", "decided", "scopes_not_requested".
+    "not_found", "expired", "decided", "scopes_not_requested", "scopes_not_held",
+    "self_approval".
     """
     now = time.time()
     with db.write() as session:
@@ -74,11 +103,15 @@ def decide_pairing(
             return pairing, "decided"
         if pairing.expires_at <= now:
             return pairing, "expired"
+        if held is not None and decided_by is not None and pairing.started_by == decided_by:
+            return pairing, "self_approval"
         requested = json.loads(pairing.requested_scopes)
         if approve:
             granted = requested if scopes is None else scopes
             if not set(granted) <= set(requested):
                 return pairing, "scopes_not_requested"
+            if held is not None and not set(granted) <= held:
+                return pairing, "scopes_not_held"
             pairing.granted_scopes = json.dumps(granted)
         pairing.status = "approved" if approve else "denied"
         pairing.decided_at = now
@@ -134,7 +167,8 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             token_hash=codes.secret_hash(token),
             scopes=pairing.granted_scopes or "[]",
             created_at=now,
-            paired_by=pairing.decided_by,
+            approved_by=pairing.decided_by,
+            paired_by=_jupyter_user_of(session, pairing.decided_by),
         )
         session.add(client)
         pairing.status = "claimed"
@@ -191,12 +225,10 @@ def get_client(db: Database, client_id: str) -> Client | None:
         return session.get(Client, client_id)
 
 
-def revoke_client(db: Database, client_id: str) -> Client | None:
-    with db.write() as session:
-        client = session.get(Client, client_id)
-        if client is None:
-            return None
-        if client.revoked_at is None:
-            client.revoked_at = time.time()
-            session.add(client)
-        return client
+def _jupyter_user_of(session, approver: str | None) -> str | None:  # type: ignore[no-untyped-def]
+    """The Jupyter user a client approved by `approver` belongs to: the approver itself, or
+    the user of the approving client."""
+    if approver is None or is_jupyter_owner(approver):
+        return approver
+    client = session.get(Client, approver)
+    return client.paired_by if client is not None else None

@@ -47,7 +47,11 @@ class Client(SQLModel, table=True):
     created_at: float
     last_used_at: float | None = None
     revoked_at: float | None = None
-    # The Jupyter user who approved its pairing (LMSP B12: that user sees this client's tasks).
+    # Who approved this client (a paired client's id, or a Jupyter user's). Revoking a client
+    # revokes the clients it approved, so a token it minted cannot outlive its own revocation.
+    approved_by: str | None = None
+    # The Jupyter user it belongs to (LMSP B12: that user sees this client's tasks): who
+    # approved it, or the user of the client that approved it.
     paired_by: str | None = Field(default=None, index=True)
 
 
@@ -71,7 +75,9 @@ class Pairing(SQLModel, table=True):
     created_at: float
     expires_at: float
     decided_at: float | None = None
-    # The Jupyter user who approved or denied it.
+    # Who started it (a paired client's id, a Jupyter user's, or None without credentials) and
+    # who decided it: a client may not approve a pairing it started itself.
+    started_by: str | None = None
     decided_by: str | None = None
 
 
@@ -88,6 +94,9 @@ class Model(SQLModel, table=True):
     source: str = ""
     owned_by: str = "owner"
     created_at: float
+    # True only for a directory the service created itself (a GGUF conversion into its model
+    # folder, with a marker file naming the model). Only such a directory is ever deleted.
+    managed: bool = False
 
 
 class Response(SQLModel, table=True):
