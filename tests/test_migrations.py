@@ -223,6 +223,12 @@ def test_a_release_0_1_0_database_is_upgraded_with_nothing_lost(tmp_path):
             ("pair_1", NEW_OWNER),
             ("pair_2", None),
         ]
+        # ... who approved them, for revocation; the models are not the service's to delete.
+        assert conn.execute("SELECT id, approved_by FROM clients ORDER BY id").fetchall() == [
+            ("client_1", NEW_OWNER),
+            ("client_2", NEW_OWNER),
+        ]
+        assert conn.execute("SELECT id, managed FROM models").fetchall() == [("tiny", 0)]
         assert conn.execute(
             "SELECT count(*) FROM tasks WHERE runner_id IS NOT NULL"
         ).fetchone() == (0,)

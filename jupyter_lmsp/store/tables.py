@@ -47,12 +47,12 @@ class Client(SQLModel, table=True):
     created_at: float
     last_used_at: float | None = None
     revoked_at: float | None = None
-    # Who approved this client (a paired client's id, or a Jupyter user's). Revoking a client
-    # revokes the clients it approved, so a token it minted cannot outlive its own revocation.
-    approved_by: str | None = None
     # The Jupyter user it belongs to (LMSP B12: that user sees this client's tasks): who
     # approved it, or the user of the client that approved it.
     paired_by: str | None = Field(default=None, index=True)
+    # Who approved this client (a paired client's id, or a Jupyter user's). Revoking a client
+    # revokes the clients it approved, so a token it minted cannot outlive its own revocation.
+    approved_by: str | None = None
 
 
 class Pairing(SQLModel, table=True):
@@ -75,10 +75,10 @@ class Pairing(SQLModel, table=True):
     created_at: float
     expires_at: float
     decided_at: float | None = None
-    # Who started it (a paired client's id, a Jupyter user's, or None without credentials) and
-    # who decided it: a client may not approve a pairing it started itself.
-    started_by: str | None = None
+    # Who decided it, and who started it (a paired client's id, a Jupyter user's, or None
+    # without credentials): a client may not approve a pairing it started itself.
     decided_by: str | None = None
+    started_by: str | None = None
 
 
 class Model(SQLModel, table=True):
