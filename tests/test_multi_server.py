@@ -433,6 +433,9 @@ def test_a_frozen_server_whose_lease_expired_cannot_write_over_the_adopter(lmsp_
             assert text_of(after) == final_text(after) == final_text(ref_log)
             with a.client() as ca:  # A goes on serving, under a new lease
                 assert ca.get("/service").status_code == 200
+            log_a = a.log_path.read_text(errors="replace")
+            assert "stopping its generation" in log_a
+            assert "Traceback" not in log_a, log_a[-3000:]
     finally:
         if a.proc is not None and a.proc.poll() is None:
             a.proc.send_signal(signal.SIGCONT)

@@ -34,6 +34,7 @@ may run their service calls off the loop); the rest runs on the loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
@@ -271,7 +272,7 @@ class TaskRunner:
         self.pausing.add(victim)
         self.engine.cancel(victim)
 
-    def _paused(self, task_id: str, task: Task | None, output_tokens: int) -> None:
+    def _paused(self, task_id: str, output_tokens: int, task: Task | None) -> None:
         """A pause took effect (the worker let the task go, its tokens are committed): queue
         it again, unless it was cancelled meanwhile (then it ends as cancelled, as any
         cancel) or is no longer this runner's."""
@@ -455,7 +456,7 @@ class TaskRunner:
                         queries.get_task,
                         self.db,
                         task_id,
-                        then=lambda task, t=task_id, n=o: self._paused(t, task, n),
+                        then=functools.partial(self._paused, task_id, o),
                     )
                     return
                 self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=o)
@@ -599,7 +600,7 @@ class TaskRunner:
             new_runner_id,
         )
         self.runner_id = new_runner_id
-        self.queue.clear()
+        self.queue = FairQueue()
         for task_id in list(self.active):
             self._drop(task_id)
 

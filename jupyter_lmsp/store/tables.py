@@ -24,10 +24,9 @@ from sqlmodel import Field, SQLModel
 
 # Foreign keys get names (SQLite keeps them in the table's SQL), so a migration can name the
 # one it adds or drops. Only `fk`: the other constraints keep the names they always had.
-SQLModel.metadata.naming_convention = {
-    **SQLModel.metadata.naming_convention,
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-}
+_naming = dict(SQLModel.metadata.naming_convention)
+_naming["fk"] = "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s"
+SQLModel.metadata.naming_convention = _naming
 
 
 class ServiceConfig(SQLModel, table=True):
