@@ -19,12 +19,14 @@ key's `response_id` a result that may have been deleted since.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Column, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 # Foreign keys get names (SQLite keeps them in the table's SQL), so a migration can name the
 # one it adds or drops. Only `fk`: the other constraints keep the names they always had.
-_naming = dict(SQLModel.metadata.naming_convention)
+_naming: dict[str, Any] = dict(SQLModel.metadata.naming_convention)
 _naming["fk"] = "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s"
 SQLModel.metadata.naming_convention = _naming
 
