@@ -33,6 +33,7 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     JobStarted,
     JobTokens,
+    WorkerSettings,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -61,7 +62,7 @@ def engine(test_model_dir: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def cold_engine(test_model_dir: Path) -> Iterator[Engine]:
     """A worker without a prompt cache: every prompt is prefilled from scratch."""
-    eng = start_engine(test_model_dir, env={"LMSP_PROMPT_CACHE_BYTES": "0"})
+    eng = start_engine(test_model_dir, settings=WorkerSettings(prompt_cache_bytes=0))
     yield eng
     eng.client.stop()
 
@@ -69,7 +70,7 @@ def cold_engine(test_model_dir: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
     """50 ms after each step, at most three jobs at once."""
-    eng = start_engine(test_model_dir, token_delay=0.05, env={"LMSP_MAX_BATCH_SIZE": "3"})
+    eng = start_engine(test_model_dir, token_delay=0.05, settings=WorkerSettings(max_batch_size=3))
     yield eng
     eng.client.stop()
 

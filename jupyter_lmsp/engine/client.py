@@ -34,6 +34,7 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     Shutdown,
     WorkerExited,
+    WorkerSettings,
 )
 from jupyter_lmsp.engine.worker import worker_main
 
@@ -135,7 +136,8 @@ class EngineClient:
     `JobFinished`, `JobFailed`, `JobCancelled`) and `WorkerExited`, in order, from the reader
     thread; it must not block for long. `env` entries are added to (or override) the worker's
     environment, e.g. `LD_PRELOAD` for OpenBLAS; the server's own environment is unchanged.
-    `token_delay` is the worker's test hook (see `worker.worker_main`).
+    `settings` are the worker's (`messages.WorkerSettings`); `token_delay` is its test hook
+    (see `worker.worker_main`).
     """
 
     def __init__(
@@ -143,11 +145,13 @@ class EngineClient:
         on_message: Callable[[object], None],
         *,
         token_delay: float = 0.0,
+        settings: WorkerSettings | None = None,
         env: dict[str, str] | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self._on_message = on_message
         self._token_delay = token_delay
+        self._settings = settings or WorkerSettings()
         self._env = dict(env) if env else None
         self._log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()
@@ -198,7 +202,7 @@ class EngineClient:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(
             target=worker_main,
-            args=(child_conn, self._token_delay, os.getpid()),
+            args=(child_conn, self._token_delay, os.getpid(), self._settings),
             name="lmsp-engine-worker",
             daemon=True,
         )

@@ -16,6 +16,8 @@ class FallbackHandler(LMSPHandler):
         return None
 
     async def prepare(self) -> None:  # type: ignore[override]
+        # The size limit holds here too: the body is refused, never read.
+        self._check_declared_size()
         raise LMSPError(
             404,
             "not_found",

@@ -1,56 +1,115 @@
 """`/lmsp/v1/pairings` and `/lmsp/v1/clients`: the pairing flow and the owner's client list.
 
 Starting a pairing and polling for its token need no credentials (the client has none yet);
-both are rate-limited per remote address. Deciding and managing clients need `clients:admin`.
+both are rate-limited per remote address, and neither takes an `Idempotency-Key` (nothing is
+keyed before the caller is known). Deciding and managing clients need `clients:admin`.
 """
 
 from __future__ import annotations
 
-from ..auth import pairing
-from .base import LMSPHandler, allow_unauthenticated, idempotent, public, requires
+from ..protocol.operations import Reply
+from ..protocol.pairing import (
+    Client,
+    ClientList,
+    Pairing,
+    PairingDecisionRequest,
+    PairingList,
+    PairingStarted,
+    PairingToken,
+    PairingTokenRequest,
+    StartPairingRequest,
+)
+from ..services import pairing
+from .base import LMSPHandler, operation
 
 
 class PairingsHandler(LMSPHandler):
-    @allow_unauthenticated
-    @public
-    @idempotent
-    def post(self) -> None:
+    @operation(
+        "startPairing",
+        "Start pairing a client (no credentials): the device flow of RFC 8628",
+        "pairing",
+        access="public",
+        replies={201: Reply("The pairing, with the device and user codes.", PairingStarted)},
+        errors=(429,),
+    )
+    async def post(self, body: StartPairingRequest) -> None:
         self.ctx.pairing_limiter.check(self.remote_address)
-        self.write_json(pairing.start(self.ctx.db, self.json_body(), self.ctx.pairing_ttl), 201)
+        self.write_json(
+            await self.call(pairing.start, self.ctx.db, body, self.ctx.pairing_ttl), 201
+        )
 
-    @allow_unauthenticated
-    @requires("clients:admin")
-    def get(self) -> None:
-        self.write_json(pairing.pending(self.ctx.db))
+    @operation(
+        "listPairings",
+        "Pairings waiting for the owner's decision",
+        "pairing",
+        access="clients:admin",
+        replies={200: Reply("The pairings.", PairingList)},
+    )
+    async def get(self) -> None:
+        self.write_json(await self.call(pairing.pending, self.ctx.db))
 
 
-class PairingDecisionHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("clients:admin")
-    @idempotent
-    def post(self, pairing_id: str, decision: str) -> None:
-        body = self.json_body() if self.request.body else {}
-        approve = decision == "approve"
-        self.write_json(pairing.decide(self.ctx.db, pairing_id, approve, body.get("scopes")))
+def _decision(approve: bool) -> type[LMSPHandler]:
+    verb = "approve" if approve else "deny"
+
+    class PairingDecisionHandler(LMSPHandler):
+        @operation(
+            f"{verb}Pairing",
+            f"{verb.capitalize()} a pairing (by its id or its user code)",
+            "pairing",
+            access="clients:admin",
+            replies={200: Reply("The pairing as decided.", Pairing)},
+            errors=(400, 404),
+            idempotent=True,
+        )
+        async def post(self, pairing_id: str, body: PairingDecisionRequest | None) -> None:
+            scopes = body.scopes if approve and body is not None else None
+            self.write_json(
+                await self.call(pairing.decide, self.ctx.db, pairing_id, approve, scopes)
+            )
+
+    PairingDecisionHandler.__name__ = f"Pairing{verb.capitalize()}Handler"
+    return PairingDecisionHandler
+
+
+PairingApproveHandler = _decision(approve=True)
+PairingDenyHandler = _decision(approve=False)
 
 
 class PairingTokenHandler(LMSPHandler):
-    @allow_unauthenticated
-    @public
-    def post(self, pairing_id: str) -> None:
+    @operation(
+        "pollPairingToken",
+        "Poll for the access token (no credentials)",
+        "pairing",
+        access="public",
+        replies={200: Reply("The access token, issued once.", PairingToken)},
+        errors=(404, 429),
+    )
+    async def post(self, pairing_id: str, body: PairingTokenRequest) -> None:
         self.ctx.pairing_limiter.check(self.remote_address)
-        self.write_json(pairing.poll(self.ctx.db, pairing_id, self.json_body()))
+        self.write_json(await self.call(pairing.poll, self.ctx.db, pairing_id, body))
 
 
 class ClientsHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("clients:admin")
-    def get(self) -> None:
-        self.write_json(pairing.list_clients(self.ctx.db))
+    @operation(
+        "listClients",
+        "Paired clients",
+        "pairing",
+        access="clients:admin",
+        replies={200: Reply("The clients.", ClientList)},
+    )
+    async def get(self) -> None:
+        self.write_json(await self.call(pairing.list_clients, self.ctx.db))
 
 
 class ClientHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("clients:admin")
-    def delete(self, client_id: str) -> None:
-        self.write_json(pairing.revoke(self.ctx.db, client_id))
+    @operation(
+        "revokeClient",
+        "Revoke a paired client's token",
+        "pairing",
+        access="clients:admin",
+        replies={200: Reply("The client, revoked.", Client)},
+        errors=(404,),
+    )
+    async def delete(self, client_id: str) -> None:
+        self.write_json(await self.call(pairing.revoke, self.ctx.db, client_id))

@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..auth.scopes import Caller
@@ -20,6 +21,7 @@ from ..models.sources import MODEL_ID, SourceError, resolve_source
 from ..protocol.errors import LMSPError, conflict, invalid
 from ..protocol.ids import new_id
 from ..protocol.objects import model_object, task_object
+from ..protocol.registry import RegisterModelRequest
 from ..protocol.states import RestartPolicy, TaskState
 from ..store import models as model_store
 from ..store import queries, rules
@@ -28,6 +30,9 @@ from .bus import EventBus
 from .catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
+
+# ServiceContext.offload: runs a function on a database thread.
+Offload = Callable[..., Awaitable[Any]]
 
 
 class ModelRegistrar:
@@ -44,16 +49,19 @@ class ModelRegistrar:
         for task in queries.tasks_to_run(self.db, kind="model"):
             self.submit(task.id)
 
-    def create(self, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        source = body.get("source")
-        if not isinstance(source, str) or not source.strip():
-            raise invalid("'source' must be a path or a Hugging Face repo id.", param="source")
-        unknown = set(body) - {"source", "id"}
-        if unknown:
-            name = sorted(unknown)[0]
-            raise invalid(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
+    async def create(
+        self, request: RegisterModelRequest, caller: Caller, offload: Offload
+    ) -> dict[str, Any]:
+        """Commit a registration task (queued) off the loop, then start it."""
+        committed = await offload(self._commit, request, caller)
+        self.bus.publish(committed.task.id, committed.events)
+        self.submit(committed.task.id)
+        return task_object(committed.task)
+
+    def _commit(self, request: RegisterModelRequest, caller: Caller) -> rules.Committed:
+        source = request.source.strip()
         try:
-            resolved = resolve_source(source.strip())
+            resolved = resolve_source(source)
         except SourceError as e:
             raise LMSPError(
                 404 if e.code in ("source_not_found", "model_not_in_cache") else 400,
@@ -64,8 +72,8 @@ class ModelRegistrar:
                 if e.code != "unsupported_source"
                 else "invalid_request_error",
             ) from None
-        model_id = body.get("id") or resolved.suggested_id
-        if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
+        model_id = request.id or resolved.suggested_id
+        if not MODEL_ID.match(model_id):
             raise invalid("'id' must be 1-100 letters, digits, '.', '_' or '-'.", param="id")
         if model_store.get_model(self.db, model_id) is not None:
             raise conflict("model_exists", f"A model with id '{model_id}' is already registered.")
@@ -77,14 +85,11 @@ class ModelRegistrar:
             on_restart=RestartPolicy.RETRY,
             owner=caller.id,
             model=model_id,
-            params=json.dumps({"source": source.strip(), "model_id": model_id}),
+            params=json.dumps({"source": source, "model_id": model_id}),
             created_at=now,
             updated_at=now,
         )
-        committed = rules.create_task(self.db, task)
-        self.bus.publish(task.id, committed.events)
-        self.submit(task.id)
-        return task_object(committed.task)
+        return rules.create_task(self.db, task)
 
     def submit(self, task_id: str) -> None:
         if self.started:

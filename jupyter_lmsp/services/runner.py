@@ -128,13 +128,19 @@ class TaskRunner:
 
     def cancel(self, task_id: str) -> rules.Committed:
         committed = rules.request_cancel(self.db, task_id)
+        self.cancelled(committed)
+        return committed
+
+    def cancelled(self, committed: rules.Committed) -> None:
+        """Act on a committed cancel request (`rules.request_cancel`, run off the loop by a
+        request): publish its events, and stop the generation or registration it cancels."""
         self.publish(committed)
+        task_id = committed.task.id
         if committed.task.state == TaskState.CANCELLING:
             if task_id in self.active:
                 self.engine.cancel(task_id)
             for listener in self.cancel_listeners:
                 listener(task_id)
-        return committed
 
     # -- dispatch --------------------------------------------------------------------------
 

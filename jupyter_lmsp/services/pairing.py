@@ -1,0 +1,155 @@
+"""Pairing and paired clients (LMSP B3, shaped like RFC 8628): start, decide, poll for the
+token; the owner's view of paired clients; and who a bearer token belongs to.
+
+Every function here is database work only (the handlers run it off the IOLoop, the command
+line calls it directly).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from ..auth import secrets as codes
+from ..auth.scopes import Caller
+from ..protocol.errors import LMSPError, not_found
+from ..protocol.ids import new_id
+from ..protocol.objects import client_object, pairing_object
+from ..protocol.pairing import (
+    ClientList,
+    PairingList,
+    PairingStarted,
+    PairingToken,
+    PairingTokenRequest,
+    Scopes,
+    StartPairingRequest,
+)
+from ..protocol.validation import validate_value
+from ..store import clients as store
+from ..store.database import Database
+from ..store.tables import Pairing
+
+PAIRING_TTL = 600.0
+POLL_INTERVAL = 5
+# How stale `last_used_at` may get before a request writes it again (one write a minute per
+# client, not one per request).
+TOUCH_INTERVAL = 60.0
+
+_SCOPES = TypeAdapter(Scopes)
+
+_POLL_ERRORS = {
+    "authorization_pending": "The owner has not approved this pairing yet; poll again later.",
+    "slow_down": "Polling too fast; wait `interval` seconds between polls.",
+    "access_denied": "The owner denied this pairing.",
+    "expired_token": "This pairing has expired or its token was already issued.",
+    "invalid_grant": "The device code does not match this pairing.",
+}
+
+
+def start(db: Database, request: StartPairingRequest, ttl: float = PAIRING_TTL) -> dict[str, Any]:
+    device_code = codes.new_device_code()
+    now = time.time()
+    pairing = store.create_pairing(
+        db,
+        Pairing(
+            id=new_id("pair"),
+            client_name=request.client_name,
+            requested_scopes=json.dumps(request.scopes),
+            user_code=codes.new_user_code(),
+            device_code_hash=codes.secret_hash(device_code),
+            interval=POLL_INTERVAL,
+            created_at=now,
+            expires_at=now + ttl,
+        ),
+    )
+    return PairingStarted(
+        id=pairing.id,
+        device_code=device_code,
+        user_code=pairing.user_code,
+        expires_at=int(pairing.expires_at),
+        interval=pairing.interval,
+        scopes=request.scopes,
+    ).wire()
+
+
+def parse_scopes(value: object) -> list[str]:
+    """Scope names given on the command line, checked as the API checks them."""
+    return list(validate_value(_SCOPES, value, "scopes"))
+
+
+def decide(
+    db: Database, id_or_code: str, approve: bool, scopes: list[str] | None = None
+) -> dict[str, Any]:
+    pairing = store.find_pairing(db, id_or_code)
+    if pairing is None:
+        raise not_found("pairing", id_or_code)
+    updated, why = store.decide_pairing(db, pairing.id, approve, scopes)
+    if why == "ok" and updated is not None:
+        return pairing_object(updated)
+    messages = {
+        "expired": "This pairing has expired.",
+        "decided": f"This pairing was already {pairing.status}.",
+        "scopes_not_requested": "Approval may narrow the requested scopes, not add to them.",
+    }
+    raise LMSPError(
+        400,
+        f"pairing_{why}",
+        messages.get(why, why),
+        param="scopes" if why.startswith("scopes") else None,
+    )
+
+
+def poll(db: Database, pairing_id: str, request: PairingTokenRequest) -> dict[str, Any]:
+    result = store.poll_pairing(db, pairing_id, request.device_code)
+    if result.outcome == "not_found":
+        raise not_found("pairing", pairing_id)
+    if result.outcome == "token":
+        assert result.client is not None and result.access_token is not None
+        return PairingToken(
+            client_id=result.client.id,
+            access_token=result.access_token,
+            scopes=json.loads(result.client.scopes),
+        ).wire()
+    headers = None
+    if result.outcome == "slow_down" and result.pairing is not None:
+        headers = {"Retry-After": str(result.pairing.interval)}
+    raise LMSPError(
+        400,
+        result.outcome,
+        _POLL_ERRORS[result.outcome],
+        type="authorization_error",
+        headers=headers,
+    )
+
+
+def pending(db: Database) -> dict[str, Any]:
+    return PairingList.model_validate(
+        {"data": [pairing_object(p) for p in store.list_pairings(db)]}
+    ).wire()
+
+
+def list_clients(db: Database) -> dict[str, Any]:
+    return ClientList.model_validate(
+        {"data": [client_object(c) for c in store.list_clients(db)]}
+    ).wire()
+
+
+def revoke(db: Database, client_id: str) -> dict[str, Any]:
+    client = store.revoke_client(db, client_id)
+    if client is None:
+        raise not_found("client", client_id)
+    return client_object(client)
+
+
+def authenticate(db: Database, token: str) -> Caller | None:
+    """The paired client whose access token this is (None: unknown or revoked); its
+    `last_used_at` is brought up to date at most once a minute."""
+    client = store.client_for_token(db, token)
+    if client is None:
+        return None
+    if client.last_used_at is None or client.last_used_at < time.time() - TOUCH_INTERVAL:
+        store.touch_client(db, client.id)
+    return Caller(client.id, frozenset(json.loads(client.scopes)), client.name)
