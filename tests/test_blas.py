@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from prerequisites import require, require_linux
 
 from jupyter_lmsp.engine.blas import (
     OPENBLAS_RELATIVE,
@@ -39,10 +40,14 @@ def _has_cmeel_openblas() -> bool:
     return True
 
 
-needs_openblas = pytest.mark.skipif(
-    not (sys.platform.startswith("linux") and _has_cmeel_openblas()),
-    reason="cmeel-openblas on Linux",
-)
+@pytest.fixture
+def cmeel_openblas() -> None:
+    """cmeel-openblas on Linux (a dependency there: missing, the test fails under `CI`)."""
+    require_linux("the OpenBLAS recipe")
+    require(_has_cmeel_openblas(), "cmeel-openblas (a dependency on Linux)")
+
+
+needs_openblas = pytest.mark.usefixtures("cmeel_openblas")
 
 # The matmul size of a 484-token prompt through SmolLM2's up projection.
 _MATMUL_SCRIPT = r"""

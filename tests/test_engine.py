@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from prerequisites import require
 
 from jupyter_lmsp.engine.client import EngineClient, EngineNotRunning
 from jupyter_lmsp.engine.messages import (
@@ -563,8 +564,8 @@ def _openblas_env(tmp_path: Path) -> dict[str, str] | None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux BLAS setup")
 def test_worker_environment(test_model_dir: Path, tmp_path: Path) -> None:
     env = _openblas_env(tmp_path)
-    if env is None:
-        pytest.skip("cmeel-openblas is not installed")
+    require(env is not None, "cmeel-openblas (a dependency on Linux)")
+    assert env is not None
     before = dict(os.environ)
     eng = start_engine(test_model_dir, env=env)
     try:

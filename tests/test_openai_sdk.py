@@ -304,7 +304,8 @@ def test_stream_helper_background_dropped_and_resumed(slow_client):
     """`responses.stream(..., background=True)`, left midway, then
     `responses.stream(response_id=…, starting_after=N)`: the helper's final response is the
     task's."""
-    with slow_client.responses.stream(model=MODEL, **LONG_BACKGROUND) as stream:
+    # `get_final_response()` wants `response.completed`: a prompt the model ends by itself.
+    with slow_client.responses.stream(model=MODEL, background=True, **COMPLETES) as stream:
         first = _first_events(stream, deltas=2)
     response_id = response_id_of(first[0])
     cursor = first[-1].sequence_number
@@ -312,7 +313,7 @@ def test_stream_helper_background_dropped_and_resumed(slow_client):
         rest = list(stream)
         final = stream.get_final_response()
     check_event_order(first + rest)
-    assert final.id == response_id
+    assert final.id == response_id and final.status == "completed"
     assert final.output_text == wait_finished(slow_client, response_id).output_text
 
 

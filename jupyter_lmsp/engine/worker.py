@@ -277,7 +277,7 @@ class Worker:
         from mlx_lm import load
 
         try:
-            model, tokenizer = load(str(path))
+            model, tokenizer = load(str(path))[:2]
         except Exception as exc:
             log.exception("loading %s failed", path)
             raise JobError("model_load_failed", f"{type(exc).__name__}: {exc}") from exc

@@ -28,13 +28,14 @@ import re
 import types
 import typing
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
 from pydantic import BaseModel
 from tornado import web
+from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
 from .. import failpoints
@@ -161,6 +162,7 @@ def operation(
         async def method(self: LMSPHandler, *path_args: str) -> None:
             await self.run_operation(op, fn, path_args)
 
+        # A function attribute marks the method, as Jupyter's own decorators do.
         method.operation = op  # type: ignore[attr-defined]
         # LMSP authenticates its callers itself (Jupyter's decorator: no redirect to login).
         return allow_unauthenticated(method)
@@ -198,7 +200,8 @@ class LMSPHandler(APIHandler):
             if size > self.ctx.max_body_bytes:
                 raise too_large(self.ctx.max_body_bytes)
         # A body that trickles in is dropped (with the connection) after this long.
-        self.request.connection.set_body_timeout(self.ctx.body_timeout)  # type: ignore[union-attr]
+        if isinstance(self.request.connection, HTTP1Connection):
+            self.request.connection.set_body_timeout(self.ctx.body_timeout)
 
     def data_received(self, chunk: bytes) -> None:
         if self._finished:
@@ -217,6 +220,7 @@ class LMSPHandler(APIHandler):
 
     # -- who is calling --------------------------------------------------------------------
 
+    # Async, as Jupyter's own APIHandler.prepare (which overrides Tornado's the same way).
     async def prepare(self) -> None:  # type: ignore[override]
         # Before anything else looks at the request: its size, then its credentials.
         self._check_declared_size()
@@ -412,7 +416,7 @@ class LMSPHandler(APIHandler):
         self.finish(json.dumps(obj))
 
     async def stream_sse(
-        self, frames: AsyncIterator[str], ready: Callable[[], bool] = lambda: False
+        self, frames: AsyncGenerator[str, None], ready: Callable[[], bool] = lambda: False
     ) -> bool:
         """Answer 200 with `frames` as a `text/event-stream`; False if the client went away.
 
@@ -440,7 +444,7 @@ class LMSPHandler(APIHandler):
         except StreamClosedError:
             return False
         finally:
-            await frames.aclose()  # type: ignore[attr-defined]
+            await frames.aclose()
         self.finish()
         return True
 
@@ -449,7 +453,7 @@ class LMSPHandler(APIHandler):
         idle. Every `data` carries `type` and `sequence_number`, which is all the openai SDK
         reads."""
 
-        async def frames() -> AsyncIterator[str]:
+        async def frames() -> AsyncGenerator[str, None]:
             try:
                 async for event in events:
                     yield ": keep-alive\n\n" if event is None else sse_frame(event)
@@ -497,7 +501,12 @@ class LMSPHandler(APIHandler):
             f"{self.request.method} {redact_uri(self.request.uri or '')} ({self.request.remote_ip})"
         )
 
-    def log_exception(self, typ, value, tb) -> None:  # type: ignore[no-untyped-def,override]
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
         if isinstance(value, LMSPError):
             self.log.debug(
                 "%s %s -> %s %s",
@@ -512,4 +521,4 @@ class LMSPHandler(APIHandler):
             return
         # Tornado's own line names the whole request (`repr(self.request)`, the raw URL
         # with any `?token=`): this one names it without credentials.
-        self.log.error("Uncaught exception %s", self._request_summary(), exc_info=(typ, value, tb))
+        self.log.error("Uncaught exception %s", self._request_summary(), exc_info=value)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ..protocol.chat import ChatCompletion, ChatCompletionChunk, CreateChatCompletionRequest
@@ -85,11 +85,13 @@ class ChatCompletionsHandler(LMSPHandler):
         finally:
             self.done = True
 
-    async def write_chat_sse(self, chunks: AsyncIterator[chat.Chunk]) -> None:
+    async def write_chat_sse(self, chunks: AsyncGenerator[chat.Chunk, None]) -> None:
         if not await self.stream_sse(self._chat_frames(chunks)):
             await self._cancel_unfinished()
 
-    async def _chat_frames(self, chunks: AsyncIterator[chat.Chunk]) -> AsyncIterator[str]:
+    async def _chat_frames(
+        self, chunks: AsyncGenerator[chat.Chunk, None]
+    ) -> AsyncGenerator[str, None]:
         try:
             async for item in chunks:
                 if item is None:
@@ -100,7 +102,7 @@ class ChatCompletionsHandler(LMSPHandler):
                 else:
                     yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
     def on_connection_close(self) -> None:
         super().on_connection_close()

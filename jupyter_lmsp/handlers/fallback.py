@@ -15,6 +15,7 @@ class FallbackHandler(LMSPHandler):
         # Nothing here acts on anyone's behalf, so there is nothing to forge.
         return None
 
+    # Async, as Jupyter's own APIHandler.prepare (which overrides Tornado's the same way).
     async def prepare(self) -> None:  # type: ignore[override]
         # The size limit holds here too: the body is refused, never read.
         self._check_declared_size()

@@ -33,3 +33,19 @@ class OpenAPIHandler(LMSPHandler):
     async def get(self) -> None:
         self.set_header("Cache-Control", "no-cache")
         self.write_json(document(self.api_prefix, self.ctx.version))
+
+
+def main() -> None:
+    """`python -m jupyter_lmsp.handlers.openapi`: the document (mounted at `/lmsp/v1`) on
+    stdout, as `make types` writes it to labextension/openapi.json for the sidebar's types."""
+    import json
+    import sys
+
+    from .._version import __version__
+
+    json.dump(document("/lmsp/v1", __version__), sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -4,8 +4,9 @@ the registry's, pairing's and client's objects.
 These functions are the only place that decides what an object looks like on the wire;
 handlers, the event log and the store all call them. They build through the models of this
 package, so what they return is what the OpenAPI document says. A row is anything with the
-attributes of its table (`ResponseRow`, …): the store's SQLModel rows, or the plain records of
-its raw-SQL paths; the protocol does not depend on the store.
+attributes of its table (`ResponseRow`, …, read-only: a row may be more precise): the store's
+SQLModel rows, or the plain records of its raw-SQL paths; the protocol does not depend on the
+store.
 """
 
 from __future__ import annotations
@@ -46,68 +47,163 @@ __all__ = [
 
 
 class ResponseRow(Protocol):
-    id: str
-    request: str
-    output: str
-    error: str | None
-    usage: str | None
-    incomplete_reason: str | None
-    model: str
-    previous_response_id: str | None
-    store: bool
-    created_at: float
-    completed_at: float | None
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def request(self) -> str: ...
+
+    @property
+    def output(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def usage(self) -> str | None: ...
+
+    @property
+    def incomplete_reason(self) -> str | None: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def previous_response_id(self) -> str | None: ...
+
+    @property
+    def store(self) -> bool: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def completed_at(self) -> float | None: ...
 
 
 class TaskRow(Protocol):
-    id: str
-    kind: str
-    state: str
-    on_restart: str
-    model: str | None
-    response_id: str | None
-    owner: str
-    error: str | None
-    next_sequence: int
-    attempts: int
-    created_at: float
-    updated_at: float
-    finished_at: float | None
-    snapshot: str | None
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def on_restart(self) -> str: ...
+
+    @property
+    def model(self) -> str | None: ...
+
+    @property
+    def response_id(self) -> str | None: ...
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+    @property
+    def next_sequence(self) -> int: ...
+
+    @property
+    def attempts(self) -> int: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def updated_at(self) -> float: ...
+
+    @property
+    def finished_at(self) -> float | None: ...
+
+    @property
+    def snapshot(self) -> str | None: ...
 
 
 class ModelRow(Protocol):
-    id: str
-    created_at: float
-    owned_by: str
-    format: str
-    path: str
-    size_bytes: int
-    digest: str | None
-    files: str
-    state: str
-    source: str | None
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def owned_by(self) -> str: ...
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    @property
+    def digest(self) -> str | None: ...
+
+    @property
+    def files(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def source(self) -> str | None: ...
 
 
 class PairingRow(Protocol):
-    id: str
-    client_name: str
-    requested_scopes: str
-    granted_scopes: str | None
-    user_code: str
-    status: str
-    client_id: str | None
-    created_at: float
-    expires_at: float
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def client_name(self) -> str: ...
+
+    @property
+    def requested_scopes(self) -> str: ...
+
+    @property
+    def granted_scopes(self) -> str | None: ...
+
+    @property
+    def user_code(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def client_id(self) -> str | None: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def expires_at(self) -> float: ...
 
 
 class ClientRow(Protocol):
-    id: str
-    name: str
-    scopes: str
-    created_at: float
-    last_used_at: float | None
-    revoked_at: float | None
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def scopes(self) -> str: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def last_used_at(self) -> float | None: ...
+
+    @property
+    def revoked_at(self) -> float | None: ...
 
 
 def usage_object(input_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:

@@ -223,15 +223,19 @@ def _data_path(data: Any, loc: tuple[str | int, ...], *, missing: bool) -> tuple
     path: list[str | int] = []
     current = data
     for i, step in enumerate(loc):
-        last = i == len(loc) - 1
-        if (isinstance(current, dict) and isinstance(step, str) and step in current) or (
-            isinstance(current, list) and isinstance(step, int) and 0 <= step < len(current)
-        ):
-            path.append(step)
-            current = current[step]
-        elif last and missing and isinstance(current, dict) and isinstance(step, str):
+        found, current = _step(current, step)
+        if found or (i == len(loc) - 1 and missing and isinstance(current, dict)):
             path.append(step)
     return tuple(path)
+
+
+def _step(value: Any, step: str | int) -> tuple[bool, Any]:
+    """(True, value[step]) when `step` is a key or index of `value`, else (False, value)."""
+    if isinstance(value, dict) and isinstance(step, str) and step in value:
+        return True, value[step]
+    if isinstance(value, list) and isinstance(step, int) and 0 <= step < len(value):
+        return True, value[step]
+    return False, value
 
 
 def render_path(path: tuple[str | int, ...]) -> str:

@@ -9,7 +9,7 @@ deltas, then the chunk with `finish_reason`, then usage when asked for).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,7 +119,7 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
     return completion_object(terminal["response"])
 
 
-async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncIterator[Chunk]:
+async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, None]:
     """The chat stream: chunk objects, None for a keep-alive, an error body if the task failed
     or was cancelled, and DONE last."""
     head = run.response

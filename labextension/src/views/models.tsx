@@ -48,12 +48,12 @@ export function ModelsView(props: { model: SidebarModel }): React.ReactElement {
           {data.map(m => (
             <li key={m.id} className="jp-LMSP-row jp-LMSP-modelRow" data-model-id={m.id}>
               <div className="jp-LMSP-line">
-                <span className="jp-LMSP-name" title={m.path ?? m.id}>
+                <span className="jp-LMSP-name" title={m.path}>
                   {m.id}
                 </span>
                 {m.id === defaultModel ? <span className="jp-LMSP-tag">default</span> : null}
                 <span className="jp-LMSP-grow" />
-                <StateBadge state={m.state ?? 'available'} />
+                <StateBadge state={m.state} />
               </div>
               <div className="jp-LMSP-line jp-LMSP-sub">
                 <span className="jp-LMSP-size">{size(m.size_bytes)}</span>
