@@ -228,8 +228,11 @@ def test_no_token_reaches_the_log(tmp_path, test_model_dir):
             # The fail point fires in `listTasks`: a 500, logged with its traceback.
             r = c.get("/tasks", params={"token": TOKEN})
             assert r.status_code == 500
-            # Refused before any operation runs (no such route; a body too large).
+            # Refused before any operation runs (no such route; a body too large), or by it
+            # (a body nested too deep: the 500 whose log line used to hold the raw URL).
             assert c.get("/nothing", params={"token": TOKEN}).status_code == 404
+            deep = "[" * 100_000 + "]" * 100_000
+            assert c.post("/responses", params={"token": TOKEN}, content=deep).status_code == 400
         answer = _declared_only(
             server.port, "POST", f"/lmsp/v1/responses?token={TOKEN}&device_code=lmspdc_secret"
         )
