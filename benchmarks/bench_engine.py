@@ -12,8 +12,10 @@ hits all of them alike:
 - **service**: a real `jupyter server` with this extension, streaming `POST /lmsp/v1/responses`
   (every token goes through the worker process, the SQLite store and SSE).
 
-All three run MLX with OpenBLAS (`jupyter_lmsp.engine.blas.worker_environment`: the service's
-worker gets it from the extension, the other two from this script), greedy, 64 tokens.
+All three run MLX on the BLAS the probe chooses (`jupyter_lmsp.engine.blas.choose_blas`: the
+service's worker gets it from the extension, the other two from this script; `--blas-coretype
+Haswell` masks AVX-512 for all of them, `--blas-candidates` restricts the choice), greedy, 64
+tokens. `--mlx-server-blas stock` runs mlx_lm.server on the BLAS `pip install mlx-lm` gives it.
 
 Measured:
 1. single stream: time to first token and decode rate, (tokens - 1) / (last - first token time),
@@ -175,7 +177,7 @@ def iter_sse(response: httpx.Response) -> Iterator[tuple[str | None, str]]:
 
 
 class BareTarget:
-    """`mlx_lm.stream_generate` in a child process with the OpenBLAS environment.
+    """`mlx_lm.stream_generate` in a child process with the chosen BLAS's environment.
 
     The child reads one JSON request per line on stdin and answers with one JSON line of
     durations measured around `stream_generate` itself.
@@ -264,7 +266,7 @@ def bare_child(model_path: str) -> None:
 
 
 class MlxServerTarget:
-    """`python -m mlx_lm.server` with the OpenBLAS environment, OpenAI chat endpoint."""
+    """`python -m mlx_lm.server` with the chosen BLAS's environment, OpenAI chat endpoint."""
 
     name = "mlx_lm.server"
 
@@ -341,10 +343,16 @@ class ServiceTarget:
 
     name = "LMSP service"
 
-    def __init__(self, model: Path, data_dir: Path, max_batch_size: int) -> None:
+    def __init__(
+        self, model: Path, data_dir: Path, max_batch_size: int, blas_traits: dict[str, Any]
+    ) -> None:
         from jupyter_lmsp.client.sandbox import LMSPServerProcess
 
-        traits: dict[str, Any] = {"model_dir": model.parent, "max_batch_size": max_batch_size}
+        traits: dict[str, Any] = {
+            "model_dir": model.parent,
+            "max_batch_size": max_batch_size,
+            **blas_traits,
+        }
         if os.environ.get("OPENBLAS_NUM_THREADS"):
             # The same thread count as the other two (the service otherwise picks its own).
             traits["blas_threads"] = os.environ["OPENBLAS_NUM_THREADS"]
@@ -531,7 +539,8 @@ def second_turn(
 
 def run(args: argparse.Namespace) -> Results:
     sys.path.insert(0, str(REPO))
-    from jupyter_lmsp.engine.blas import prepare_worker_blas
+    from jupyter_lmsp.engine.blas import REFERENCE, choose_blas
+    from jupyter_lmsp.engine.blas.candidates import read_cpu
     from jupyter_lmsp.models.demo import ensure_demo_model
 
     model = ensure_demo_model(args.model_dir)
@@ -539,8 +548,17 @@ def run(args: argparse.Namespace) -> Results:
         # Inherited by all three: the children below, and the service's worker through the
         # jupyter server's environment.
         os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
-    blas = prepare_worker_blas()
-    log(f"model {model}; BLAS for mlx-lm children: {blas.blas} ({blas.reason})")
+    # Probed once (or read from the cache the service reads too) with the service's settings.
+    blas = choose_blas(
+        threads=args.blas_threads, coretype=args.blas_coretype, only=args.blas_candidates
+    )
+    blas_env = blas.worker_environment()
+    log(f"model {model}; BLAS for mlx-lm children: {blas.name} ({blas.reason})")
+    # The service is held to the same library (it still probes it: a rejected one is not used).
+    blas_traits: dict[str, Any] = {"blas_coretype": args.blas_coretype}
+    if blas.name != REFERENCE:
+        blas_traits["blas_candidates"] = blas.name
+    cpu = read_cpu()
     results = Results()
     results.meta = {
         "model": model.name,
@@ -550,6 +568,15 @@ def run(args: argparse.Namespace) -> Results:
         "max_batch_size": args.max_batch_size,
         "mlx_server_blas": args.mlx_server_blas,
         "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "OpenBLAS default"),
+        # Every flag of this run, so the results say how they were made.
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "openblas_coretype": blas.coretype or os.environ.get("OPENBLAS_CORETYPE") or "",
+        "cpu": {
+            "model": cpu.model,
+            "avx512": cpu.avx512,
+            "simd_flags": sorted(f for f in cpu.flags if f.startswith(("avx", "fma", "sse4"))),
+        },
+        "blas_choice": blas.report(),
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -560,25 +587,31 @@ def run(args: argparse.Namespace) -> Results:
     tmp = Path(tempfile.mkdtemp(prefix="lmsp-bench-"))
     targets: list[Any] = []
     try:
-        bare = BareTarget(model, blas.env)
+        bare = BareTarget(model, blas_env)
         targets.append(bare)
         # `stock`: mlx_lm.server as `pip install mlx-lm` runs it on Linux, with the BLAS that
         # mlx[cpu] bundles; `openblas` (the default): with the OpenBLAS the service's worker
         # uses, so the comparison is of the serving, not of the BLAS.
         stock = args.mlx_server_blas == "stock"
-        mlx = MlxServerTarget(model, None if stock else blas.env, tmp)
+        mlx = MlxServerTarget(model, None if stock else blas_env, tmp)
         targets.append(mlx)
-        service = ServiceTarget(model, tmp / "service", args.max_batch_size)
+        service = ServiceTarget(model, tmp / "service", args.max_batch_size, blas_traits)
         targets.append(service)
         log("warming up")
         for target in targets:
             target.stream(chat("Say hello."), 8)
-        worker = service.service().get("worker", {})
+        description = service.service()
+        worker, service_blas = description.get("worker", {}), description.get("blas") or {}
+        results.meta["service_blas"] = service_blas
+        chosen = f"{blas.name} ({blas.config or 'mlx bundled'}, {bare.blas} in the child)"
         results.meta["blas"] = {
-            bare.name: bare.blas,
-            mlx.name: "mlx[cpu]'s bundled BLAS (stock)" if stock else blas.blas,
-            service.name: worker.get("blas", "unknown"),
+            bare.name: chosen,
+            mlx.name: "mlx[cpu]'s bundled BLAS (stock)" if stock else chosen,
+            service.name: f"{service_blas.get('name')} ({service_blas.get('config')}, "
+            f"{worker.get('blas', 'unknown')} in the worker)",
         }
+        if service_blas.get("name") != blas.name:
+            log(f"warning: the service chose {service_blas.get('name')}, the script {blas.name}")
         log(f"BLAS: {results.meta['blas']}")
 
         tokens = args.tokens
@@ -613,7 +646,7 @@ def run(args: argparse.Namespace) -> Results:
                         f"{sum(s.tokens for s in samples)} tok, {aggregate_tps(samples):.1f} tok/s"
                     )
                 if not stock:  # the ceiling of the BLAS both servers use
-                    measured = forward_pass(model, blas.env, n)
+                    measured = forward_pass(model, blas_env, n)
                     results.ceiling[n].append(measured)
                     log(
                         f"no server n={n} r{round_}: step {measured['step_ms']:.1f} ms, "
@@ -647,7 +680,7 @@ def package_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {}
-    for name in ("mlx", "mlx-lm", "jupyter-lmsp", "cmeel-openblas"):
+    for name in ("mlx", "mlx-lm", "jupyter-lmsp", "ngsolve-openblas", "cmeel-openblas"):
         with contextlib.suppress(PackageNotFoundError):
             found[name] = version(name)
     return found
@@ -700,6 +733,58 @@ def _fields(sample: dict[str, Any]) -> dict[str, Any]:
     return {k: sample[k] for k in ("sent", "first", "last", "done", "tokens", "cached_tokens")}
 
 
+# Issue 11's figures for a user of a CPU without AVX-512 before the BLAS choice (AMD EPYC, AVX2,
+# everything on mlx's reference BLAS): single-stream decode 4.1 tok/s, 8 streams 2.8 tok/s in
+# aggregate. The targets are 2.5x and 10x those, on such a CPU (or with AVX-512 masked).
+ISSUE_11_BASELINE = {"single": 4.1, "8 streams": 2.8}
+ISSUE_11_FACTOR = {"single": 2.5, "8 streams": 10.0}
+
+
+def _issue_11(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    service = ServiceTarget.name
+    measured = {
+        "single": summary["single"][service]["decode_tps"],
+        "8 streams": summary["concurrent"][service].get(8),
+    }
+    lines = [
+        "Issue 11 (a CPU without AVX-512; this run: AVX-512 "
+        + (
+            f"masked, OPENBLAS_CORETYPE={meta['openblas_coretype']}"
+            if meta["openblas_coretype"]
+            else ("present" if meta["cpu"]["avx512"] else "absent")
+        )
+        + "):",
+        "",
+        "| | before (reference BLAS) | target | LMSP service | × before |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for what, before in ISSUE_11_BASELINE.items():
+        value = measured[what]
+        target = before * ISSUE_11_FACTOR[what]
+        if value is None:
+            lines.append(f"| {what} | {before} | ≥ {target:.1f} | not run | |")
+        else:
+            lines.append(
+                f"| {what} | {before} | ≥ {target:.1f} | {value:.1f} | {value / before:.1f}× |"
+            )
+    return [*lines, ""]
+
+
+def _flags(args: dict[str, Any]) -> list[str]:
+    flags = []
+    for name, value in args.items():
+        if name == "bare_child" or value in (None, False, [], ""):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags.append(f"{flag} {' '.join(map(str, value))}")
+        else:
+            flags.append(f"{flag} {value}")
+    return flags
+
+
 def render(results: Results, summary: dict[str, Any]) -> str:
     meta = results.meta
     mlx, service = MlxServerTarget.name, ServiceTarget.name
@@ -714,8 +799,12 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         + ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
         + ". BLAS: "
         + ", ".join(f"{k}: {v}" for k, v in meta["blas"].items())
-        + f", OPENBLAS_NUM_THREADS={meta['blas_threads']} for the OpenBLAS ones. Service: `--LMSPExtension.max_batch_size={meta['max_batch_size']}`, default "
-        "prompt cache.",
+        + f", OPENBLAS_NUM_THREADS={meta['blas_threads']}, OPENBLAS_CORETYPE="
+        f"{meta['openblas_coretype'] or '(unset)'} for the OpenBLAS ones. CPU: "
+        f"{meta['cpu']['model']}, AVX-512 {'yes' if meta['cpu']['avx512'] else 'no'}"
+        f" ({' '.join(meta['cpu']['simd_flags'])}). Service: "
+        f"`--LMSPExtension.max_batch_size={meta['max_batch_size']}`, default prompt cache. "
+        "Flags: `" + " ".join(_flags(meta["args"])) + "`.",
         "",
         "## Single stream",
         "",
@@ -733,6 +822,7 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         f"Service / mlx_lm.server: decode {s['decode_tps'] / m['decode_tps']:.2f}×, "
         f"end-to-end {s['e2e_tps'] / m['e2e_tps']:.2f}× (target ≥ 1.0×).",
         "",
+        *_issue_11(summary, meta),
         "## Aggregate throughput, concurrent streams (tok/s)",
         "",
         "| streams | mlx_lm.server | LMSP service | service / mlx_lm.server "
@@ -856,7 +946,10 @@ def plot(results: Results, summary: dict[str, Any], path: Path) -> None:
     )
     ax.set_ylabel("seconds")
     ax.set_title("Second turn: time to first token")
-    fig.suptitle(f"{results.meta['model']}, {results.meta['cpus']} CPUs, OpenBLAS, greedy")
+    fig.suptitle(
+        f"{results.meta['model']}, {results.meta['cpus']} CPUs, "
+        f"{results.meta['blas_choice']['name']}, greedy"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -891,6 +984,19 @@ def main(argv: list[str] | None = None) -> int:
         choices=["openblas", "stock"],
         default="openblas",
         help="mlx_lm.server with the service's OpenBLAS (default) or as pip installs it",
+    )
+    parser.add_argument(
+        "--blas-coretype",
+        default="",
+        help="OPENBLAS_CORETYPE for all three (e.g. Haswell: AVX-512 masked on a DYNAMIC_ARCH "
+        "OpenBLAS, fixed AVX-512 builds skipped); default: the environment's",
+    )
+    parser.add_argument(
+        "--blas-candidates",
+        nargs="+",
+        default=[],
+        help="choose only among these BLAS candidates (names as `python -m "
+        "jupyter_lmsp.engine.blas` lists them; the reference is always measured)",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--keep-logs", action="store_true", help="keep the servers' logs")

@@ -6,8 +6,8 @@ Every server that decodes N streams together on this machine pays at least one f
 N tokens per step, so N / step time is the most tokens/s any of them can reach, whatever its
 scheduling. This measures that step (the model on mlx-lm's `BatchKVCache`, greedy, pipelined the way
 mlx-lm's decoders run it, the context growing from 100 tokens), and separately the time the
-weight matmuls alone take, for each OpenBLAS thread count, with the same
-OpenBLAS the service's worker uses.
+weight matmuls alone take, for each OpenBLAS thread count, with the BLAS the service's worker
+would get (`jupyter_lmsp.engine.blas.choose_blas`; `--blas-coretype Haswell` masks AVX-512).
 
 Writes `benchmarks/results/forward.md` (and `.json`). Compare it with `engine.md`: at 8 streams
 `mlx_lm.server` already reaches most of the ceiling, which bounds the ratio any server can reach
@@ -119,6 +119,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument(
+        "--blas-coretype",
+        default="",
+        help="OPENBLAS_CORETYPE (e.g. Haswell: a DYNAMIC_ARCH OpenBLAS without AVX-512)",
+    )
+    parser.add_argument(
+        "--blas-candidates", nargs="+", default=[], help="probe only these BLAS candidates"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "BATCH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -127,15 +135,20 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(REPO))
-    from jupyter_lmsp.engine.blas import prepare_worker_blas
+    from jupyter_lmsp.engine.blas import choose_blas
     from jupyter_lmsp.models.demo import ensure_demo_model
 
     model = ensure_demo_model(args.model_dir)
-    blas = prepare_worker_blas()
     rows: list[dict[str, Any]] = []
+    choices = {}
     for threads in args.threads:
+        # The BLAS the service's worker would get with this many threads (probed, cached).
+        blas = choices[threads] = choose_blas(
+            threads=threads, coretype=args.blas_coretype, only=args.blas_candidates
+        )
+        print(f"threads={threads}: BLAS {blas.name} ({blas.reason})", file=sys.stderr)
         for batch in args.batch:
-            env = dict(blas.env or os.environ, OPENBLAS_NUM_THREADS=str(threads))
+            env = blas.worker_environment()
             row = {"threads": threads, "batch": batch, **measure_in_child(model, env, batch)}
             row["ceiling_tps"] = batch / row["step_ms"] * 1000
             rows.append(row)
@@ -147,7 +160,8 @@ def main() -> int:
             )
     meta = {
         "model": model.name,
-        "blas": blas.blas,
+        "blas": {str(t): c.report() for t, c in choices.items()},
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "context": CONTEXT,
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
@@ -160,7 +174,9 @@ def main() -> int:
         "# Decode ceiling: one forward step, no server",
         "",
         f"`benchmarks/bench_forward.py`, {meta['when']}. Model `{model.name}` (float32), "
-        f"BLAS {blas.blas}, context {CONTEXT}–{CONTEXT + STEPS + 4} tokens, {meta['cpus']} CPUs, "
+        "BLAS "
+        + ", ".join(f"{c.name} ({c.config or 'mlx bundled'})" for c in choices.values())
+        + f", context {CONTEXT}–{CONTEXT + STEPS + 4} tokens, {meta['cpus']} CPUs, "
         f"load average {meta['load_after'][0]:.1f} after.",
         "",
         "| OpenBLAS threads | batch | step (ms) | of it, weight matmuls (ms) | ceiling (tok/s) "

@@ -19,6 +19,7 @@ from traitlets import Bool, Float, Integer, Unicode, default
 
 from ._version import __version__
 from .auth.ratelimit import RateLimiter
+from .engine.blas import BlasSelection
 from .engine.client import EngineClient
 from .engine.messages import WorkerSettings
 from .handlers.routes import routes
@@ -107,7 +108,21 @@ class LMSPExtension(ExtensionApp):
         config=True
     )
     use_openblas = Unicode(
-        "auto", help="'auto' uses OpenBLAS for the worker on Linux when it can; 'no' never."
+        "auto",
+        help="'auto' gives the worker the fastest BLAS that passes the probe (an OpenBLAS on "
+        "Linux when one is correct and faster than mlx's reference BLAS); 'no' never probes.",
+    ).tag(config=True)
+    blas_coretype = Unicode(
+        "",
+        help="OPENBLAS_CORETYPE for the worker and the BLAS probe, e.g. 'Haswell' to run a "
+        "DYNAMIC_ARCH OpenBLAS without its AVX-512 kernels (fixed-target builds such as "
+        "cmeel-openblas are then skipped). Empty: the server's environment decides.",
+    ).tag(config=True)
+    blas_candidates = Unicode(
+        "",
+        help="Probe only these BLAS candidates, comma-separated (names as GET /service lists "
+        "them under blas.candidates: ngsolve-openblas, system-openblas-pthread, "
+        "cmeel-openblas, ...); empty: all found. The reference BLAS is always measured.",
     ).tag(config=True)
     freeze_startup_heap = Bool(
         True,
@@ -146,6 +161,14 @@ class LMSPExtension(ExtensionApp):
         catalog = ModelCatalog(self.db, Path(self.model_dir), self.default_model or None)
         for model_id in catalog.sync_model_dir():
             self.log.info("LMSP: registered model directory %s", model_id)
+        # Chosen on first use, on the engine client's spawner thread (never on the IOLoop).
+        self.blas = BlasSelection(
+            enabled=self.use_openblas != "no",
+            log=self.log,
+            threads=self._blas_threads(),
+            coretype=self.blas_coretype,
+            only=[name.strip() for name in self.blas_candidates.split(",") if name.strip()],
+        )
         bus = EventBus()
         runner = TaskRunner(
             self.db,
@@ -172,6 +195,7 @@ class LMSPExtension(ExtensionApp):
             idempotency_ttl=self.idempotency_ttl,
             pairing_ttl=self.pairing_ttl,
             pairing_limiter=RateLimiter(self.pairing_rate_per_minute, self.pairing_burst),
+            blas=self.blas,
         )
         self._purge_task: asyncio.Task[None] | None = None
 
@@ -210,17 +234,16 @@ class LMSPExtension(ExtensionApp):
         self.ctx.close()
         self.db.dispose()
 
+    def _blas_threads(self) -> int:
+        return self.blas_threads or (1 if (os.cpu_count() or 1) <= 2 else 0)
+
     def _make_engine(self, on_message: Any) -> EngineClient:
         env = {}
-        threads = self.blas_threads or (1 if (os.cpu_count() or 1) <= 2 else 0)
+        threads = self._blas_threads()
         if threads:
             env["OPENBLAS_NUM_THREADS"] = str(threads)
-        if self.use_openblas != "no":
-            from .engine.blas import worker_environment
-
-            blas_env, blas = worker_environment()
-            env.update(blas_env or {})
-            self.log.info("LMSP inference worker BLAS: %s", blas)
+        if self.blas_coretype:
+            env["OPENBLAS_CORETYPE"] = self.blas_coretype
         settings = WorkerSettings(
             max_batch_size=max(1, self.max_batch_size),
             prompt_cache_bytes=max(0, self.prompt_cache_bytes),
@@ -232,6 +255,7 @@ class LMSPExtension(ExtensionApp):
             token_delay=self.engine_token_delay,
             settings=settings,
             env=env,
+            prepare_env=self.blas.worker_env,
             log=self.log,
         )
 

@@ -8,6 +8,7 @@ import pytest
 from prerequisites import require
 from serverproc import with_test_model
 
+from jupyter_lmsp.engine.blas import BlasChoice, choose_blas
 from jupyter_lmsp.models.testmodel import make_test_model
 
 
@@ -41,3 +42,13 @@ def demo_gguf() -> Path:
 def lmsp_data(tmp_path: Path, test_model_dir: Path) -> Path:
     """A data folder for the extension, with the test model linked in as `serverproc.MODEL`."""
     return with_test_model(tmp_path, test_model_dir)
+
+
+@pytest.fixture(scope="session")
+def worker_blas(tmp_path_factory: pytest.TempPathFactory) -> BlasChoice:
+    """The BLAS the probe chose for a one-thread worker here (probed once, in a private cache).
+
+    Tests start workers with `worker_blas.env` only: never with an environment the probe has
+    not accepted.
+    """
+    return choose_blas(threads=1, cache_dir=tmp_path_factory.mktemp("blas"))

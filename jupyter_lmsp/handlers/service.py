@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..protocol.operations import Reply, ResponseHeader
 from ..protocol.registry import Model, ModelDeleted, ModelList, RegisterModelRequest
-from ..protocol.service import Limits, Service, WorkerInfo
+from ..protocol.service import Blas, Limits, Service, WorkerInfo
 from ..protocol.tasks import Task
 from .base import LMSPHandler, operation
 
@@ -34,9 +34,13 @@ class ServiceHandler(LMSPHandler):
     async def get(self) -> None:
         ctx = self.ctx
         worker = dict(ctx.runner.worker_info)
+        blas = ctx.blas.report() if ctx.blas is not None else None
         if not self.caller.is_owner:
-            # Which process runs the models is the owner's business, not a paired client's.
+            # Which process runs the models, and where its libraries are on the host, are
+            # the owner's business, not a paired client's.
             worker.pop("pid", None)
+            if blas is not None:
+                blas.pop("paths", None)
         service = Service(
             id=ctx.service_id,
             name="jupyter-lmsp",
@@ -48,10 +52,15 @@ class ServiceHandler(LMSPHandler):
                 max_output_tokens_default=ctx.max_output_tokens_default,
             ),
             worker=WorkerInfo.model_validate(worker),
-        ).wire()
-        # The worker's fields are there only when they apply (no pid while it starts).
-        service["worker"] = {k: v for k, v in service["worker"].items() if k in worker}
-        self.write_json(service)
+            blas=None if blas is None else Blas.model_validate(blas),
+        )
+        wire = service.wire()
+        # The worker's and the BLAS's fields are there only when they apply (no pid while
+        # the worker starts, no probe results while the BLAS is being chosen).
+        wire["worker"] = {k: v for k, v in wire["worker"].items() if k in worker}
+        if blas is not None:
+            wire["blas"] = {k: v for k, v in wire["blas"].items() if k in blas}
+        self.write_json(wire)
 
 
 class ModelsHandler(LMSPHandler):

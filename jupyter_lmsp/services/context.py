@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 from ..auth.ratelimit import RateLimiter
+from ..engine.blas import BlasSelection
 from ..store.database import Database
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -47,6 +48,8 @@ class ServiceContext:
     idempotency_ttl: float = 24 * 3600.0
     pairing_ttl: float = 600.0
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    # The inference worker's BLAS: chosen by probing, reported by GET /service.
+    blas: BlasSelection | None = None
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(DB_THREADS, thread_name_prefix="lmsp-db")
     )

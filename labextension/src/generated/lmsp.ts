@@ -414,6 +414,71 @@ export interface components {
             /** @default null */
             continuation_id?: string | null;
         };
+        /**
+         * Blas
+         * @description The inference worker's BLAS: chosen by probing candidates for correctness and speed
+         *     (`choosing` until then). Host paths only under `paths`, which paired clients do not see.
+         */
+        Blas: {
+            /** @enum {string} */
+            state: "choosing" | "chosen";
+            /** @default null */
+            name?: string | null;
+            /** @default null */
+            config?: string | null;
+            /** @default null */
+            corename?: string | null;
+            /** @default null */
+            threads?: number | null;
+            /** @default null */
+            threads_requested?: number | null;
+            /** @default null */
+            coretype?: string | null;
+            /** @default null */
+            only?: string[] | null;
+            /** @default null */
+            reason?: string | null;
+            /** @default null */
+            probe_seconds?: number | null;
+            /** @default null */
+            probed_at?: string | null;
+            /** @default null */
+            cached?: boolean | null;
+            /** @default null */
+            candidates?: components["schemas"]["BlasCandidate"][] | null;
+            /** @default null */
+            paths?: components["schemas"]["BlasPaths"] | null;
+        };
+        /**
+         * BlasCandidate
+         * @description What the probe found for one BLAS candidate (times in ms).
+         */
+        BlasCandidate: {
+            name: string;
+            /** @enum {string} */
+            verdict: "accepted" | "rejected" | "skipped";
+            chosen: boolean;
+            reason: string;
+            origin: string;
+            coretype: string | null;
+            decode_ms: number | null;
+            prefill_ms: number | null;
+            threads: number | null;
+            threads_honoured: boolean | null;
+            config: string | null;
+            corename: string | null;
+            seconds: number | null;
+        };
+        /**
+         * BlasPaths
+         * @description Where the BLAS libraries are on the host (the owner's to see only).
+         */
+        BlasPaths: {
+            library: string | null;
+            candidates: {
+                [key: string]: string | null;
+            };
+        };
         /** ChatCompletion */
         ChatCompletion: {
             id: string;
@@ -1314,6 +1379,7 @@ export interface components {
             default_model: string | null;
             limits: components["schemas"]["Limits"];
             worker: components["schemas"]["WorkerInfo"];
+            blas: components["schemas"]["Blas"] | null;
         };
         /** StartPairingRequest */
         StartPairingRequest: {
