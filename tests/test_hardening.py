@@ -293,3 +293,37 @@ def test_the_worker_pid_is_the_owners_to_see(server):
         headers = {"Authorization": f"Bearer {token.json()['access_token']}"}
         worker = anon.get("/service", headers=headers).json()["worker"]
     assert worker["state"] == "ready" and "pid" not in worker
+
+
+def _exchange(sock: socket.socket, request: str) -> bytes:
+    """Send one request on a kept-alive connection and read its whole answer."""
+    sock.sendall(request.encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        head += chunk
+    head, body = head.split(b"\r\n\r\n", 1)
+    length = int(
+        next(
+            line.split(b":")[1]
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        )
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head
+
+
+def test_refusals_without_a_body_keep_the_connection_open(server):
+    """A 404 or a 401 for a request without a body is answered once Tornado has read its (empty)
+    body, so a client's kept-alive connection stays usable; only a body left unread closes it."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        get = "GET /lmsp/v1/{} HTTP/1.1\r\nHost: 127.0.0.1\r\n{}\r\n"
+        assert _exchange(sock, get.format("no/such/thing", "")).startswith(b"HTTP/1.1 404")
+        assert _exchange(sock, get.format("service", "")).startswith(b"HTTP/1.1 401")
+        bad = "Authorization: Bearer lmsp_unknown\r\n"
+        assert _exchange(sock, get.format("tasks", bad)).startswith(b"HTTP/1.1 401")
+        good = f"Authorization: token {TOKEN}\r\n"
+        assert _exchange(sock, get.format("service", good)).startswith(b"HTTP/1.1 200")

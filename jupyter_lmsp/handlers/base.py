@@ -180,6 +180,7 @@ class LMSPHandler(APIHandler):
     ctx: ServiceContext
     keyed: idempotency.KeyedRequest | None = None
     written_json: tuple[int, Any] | None = None
+    _deferred_error: Exception | None = None
     lmsp_caller: Caller | None = None
     bearer_client: bool = False
 
@@ -224,6 +225,22 @@ class LMSPHandler(APIHandler):
     async def prepare(self) -> None:  # type: ignore[override]
         # Before anything else looks at the request: its size, then its credentials.
         self._check_declared_size()
+        try:
+            await self._prepare_caller()
+        except (LMSPError, web.HTTPError) as e:
+            if self.has_body():
+                raise  # answered at once, the body unread (and the connection closed)
+            # Nothing to read: answered from the operation, once Tornado has seen the empty
+            # body, so the connection stays open for the client's next request (an answer
+            # written from prepare() makes Tornado close it).
+            self._deferred_error = e
+
+    def has_body(self) -> bool:
+        """Whether the request announces a body (chunked, or a Content-Length above 0)."""
+        headers = self.request.headers
+        return "Transfer-Encoding" in headers or headers.get("Content-Length", "0") not in ("", "0")
+
+    async def _prepare_caller(self) -> None:
         await self._authenticate_bearer()
         await super().prepare()
         if self.lmsp_caller is None and self.current_user:
@@ -297,6 +314,8 @@ class LMSPHandler(APIHandler):
     ) -> None:
         if self._finished:
             return  # the body was refused while it arrived (413)
+        if self._deferred_error is not None:
+            raise self._deferred_error
         failpoints.hit(f"raise_in_{op.operation_id}")
         if op.scope is not None:
             self.caller.require(op.scope)

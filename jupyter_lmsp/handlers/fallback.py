@@ -19,9 +19,21 @@ class FallbackHandler(LMSPHandler):
     async def prepare(self) -> None:  # type: ignore[override]
         # The size limit holds here too: the body is refused, never read.
         self._check_declared_size()
-        raise LMSPError(
+        if self.has_body() or self.request.method == "OPTIONS":
+            # At once, the body unread (the connection is closed); OPTIONS is Jupyter's
+            # (CORS preflight), which would otherwise answer for a path that does not exist.
+            raise self.not_found()
+
+    def not_found(self) -> LMSPError:
+        return LMSPError(
             404,
             "not_found",
             f"There is no endpoint at '{self.request.path}'.",
             type="not_found_error",
         )
+
+    # Without a body, answered from the method: the connection stays open.
+    async def get(self, *_: str) -> None:
+        raise self.not_found()
+
+    post = put = patch = delete = head = get
