@@ -9,7 +9,9 @@ the owner. A request neither recognises gets 401 with `WWW-Authenticate: Bearer`
 Bodies are streamed in (`stream_request_body`): a body over `max_body_bytes` is refused with
 413 from its `Content-Length`, before anything reads it, or as soon as that many bytes of a
 chunked body arrived; Tornado would otherwise read any body (up to Jupyter's 512 MiB) into
-memory before the handler runs.
+memory before the handler runs. A request refused for its credentials (or its path) is
+answered once its body, within the limit, has arrived and been dropped unread: an answer
+written from `prepare()` would make Tornado close the client's kept-alive connection.
 
 An endpoint method is declared once with `@operation(...)`: its access (a scope, `public`, or
 any `authenticated` caller), replies, errors and idempotency; its body and query models are the
@@ -213,7 +215,8 @@ class LMSPHandler(APIHandler):
             error = too_large(self.ctx.max_body_bytes)
             self.send_error(error.status, exc_info=(type(error), error, None))
             return
-        self._chunks.append(chunk)
+        if self._deferred_error is None:  # a refused request's body is counted, never kept
+            self._chunks.append(chunk)
 
     @property
     def raw_body(self) -> bytes:
@@ -228,17 +231,10 @@ class LMSPHandler(APIHandler):
         try:
             await self._prepare_caller()
         except (LMSPError, web.HTTPError) as e:
-            if self.has_body():
-                raise  # answered at once, the body unread (and the connection closed)
-            # Nothing to read: answered from the operation, once Tornado has seen the empty
-            # body, so the connection stays open for the client's next request (an answer
-            # written from prepare() makes Tornado close it).
+            # Answered from the operation, once the body (within the limit) has arrived and
+            # been dropped unread: an answer written from prepare() makes Tornado close the
+            # connection, and the client's next request on it would meet a reset.
             self._deferred_error = e
-
-    def has_body(self) -> bool:
-        """Whether the request announces a body (chunked, or a Content-Length above 0)."""
-        headers = self.request.headers
-        return "Transfer-Encoding" in headers or headers.get("Content-Length", "0") not in ("", "0")
 
     async def _prepare_caller(self) -> None:
         await self._authenticate_bearer()

@@ -17,12 +17,13 @@ class FallbackHandler(LMSPHandler):
 
     # Async, as Jupyter's own APIHandler.prepare (which overrides Tornado's the same way).
     async def prepare(self) -> None:  # type: ignore[override]
-        # The size limit holds here too: the body is refused, never read.
+        # The size limit holds here too: a larger body is refused, never read.
         self._check_declared_size()
-        if self.has_body() or self.request.method == "OPTIONS":
-            # At once, the body unread (the connection is closed); OPTIONS is Jupyter's
-            # (CORS preflight), which would otherwise answer for a path that does not exist.
+        if self.request.method == "OPTIONS":
+            # Jupyter's (CORS preflight) would otherwise answer for a path that does not exist.
             raise self.not_found()
+        # The 404 is answered once the body (within the limit) has arrived, dropped unread.
+        self._deferred_error = self.not_found()
 
     def not_found(self) -> LMSPError:
         return LMSPError(
@@ -32,7 +33,7 @@ class FallbackHandler(LMSPHandler):
             type="not_found_error",
         )
 
-    # Without a body, answered from the method: the connection stays open.
+    # Answered from the method, after the body: the connection stays open.
     async def get(self, *_: str) -> None:
         raise self.not_found()
 
