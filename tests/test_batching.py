@@ -512,3 +512,32 @@ def test_a_fetched_cache_does_not_alias_the_entry() -> None:
     assert n == 8
     keys = again[0].keys[0, 0, :, 0].tolist()
     assert keys == [float(i) for i in range(8)]
+
+
+def test_batched_prefill_is_one_chunk_per_step_and_a_cancel_stops_it(test_model_dir: Path) -> None:
+    """Each step reads one chunk of every prompt being prefilled (beside one decode step of the
+    running rows); a cancel between steps drops the prompt before its next chunk."""
+    from mlx_lm import load
+    from schedrun import add, collect, job, scheduler
+    from test_choices import Recording
+
+    model, tok = load(str(test_model_dir))
+    recording = Recording(model)
+    sched = scheduler(prefill_step=16)
+    results: dict = {}
+    long_prompt = [{"role": "user", "content": " ".join(QUESTIONS) * 4}]
+    add(sched, recording, tok, results, [job("runner", max_tokens=200)])
+    while not results[("runner", 0)].tokens:  # decoding
+        collect(results, sched.step())
+    add(sched, recording, tok, results, [job("long", messages=long_prompt, max_tokens=5)])
+    recording.calls.clear()
+    for _ in range(3):
+        collect(results, sched.step())
+    # Per step: the runner's decode step, and one 16-token chunk of the long prompt.
+    assert recording.calls == [(1, 1), (1, 16)] * 3
+    assert sched.cancel("long") == 0 and sched.cancel("long") is None
+    recording.calls.clear()
+    collect(results, sched.step())
+    assert recording.calls == [(1, 1)]  # only the runner's decode step
+    sched.cancel("runner")
+    assert not sched.active

@@ -1,54 +1,69 @@
 """Continuous batching for the inference worker: the running jobs of a model decode together.
 
-`BatchScheduler` owns the jobs the worker has admitted. Each job:
+`BatchScheduler` owns the jobs the worker has admitted. A job has one or more *choices* (n > 1
+generates several answers to one prompt); each choice is one row of its model's batch. A job:
 
 1. is admitted (`add`): its context (the prompt, plus the tokens already generated when
    resuming) is looked up in the `PromptCache`, and the longest cached prefix is reused;
 2. joins its model's `BatchGenerator` (mlx-lm's continuous batching) with the cached prefix and
    the rest of its context. The generator prefills the prompts waiting together as one batch,
-   `prefill_step` tokens each per step, and moves each finished prompt into the decoding batch;
-3. gets one token per `step` until EOS, max_tokens or a cancel, and leaves the batch at once.
+   `prefill_step` tokens each per step, and moves each finished prompt into the decoding batch.
+   With n > 1 only the first choice prefills the prompt; the others start from a copy of its
+   KV cache once it is read (the prompt is prefilled once), each then decoding its own row;
+3. gets one token per choice per `step` until EOS, a stop sequence, the grammar's end,
+   max_tokens or a cancel, and each choice leaves the batch as soon as it ends.
 
-Each step is one decode step of the running jobs plus one prefill chunk of the waiting ones, so
-running jobs keep decoding while prompts are read, and a cancel (handled between steps) takes
-effect within one step. The KV cache of every prompt, once prefilled, and of every job that
-ends goes into the prompt cache, so concurrent jobs sharing a system prompt and follow-up turns
-reuse it.
+Each step is one decode step of the running rows plus one prefill chunk of the waiting ones,
+so running jobs keep decoding while prompts are read, and a cancel (handled between steps)
+takes effect within one step: a row being decoded is gone before the next decode step, a
+prompt being read is abandoned before its next chunk. The KV cache of every prompt, once
+prefilled, and of every choice that ends goes into the prompt cache, so concurrent jobs
+sharing a system prompt and follow-up turns reuse it.
 
-Sampling stays per job: each job has its own sampler from `sampling.make_sampler`, started at its
-own position, which `GenerationBatch` calls once per step on that job's row. The random key of
-a token depends only on (seed, position), batched or not, resumed or not. Greedy jobs share one
-sampler function, which `GenerationBatch` applies to the whole batch at once.
+Per choice, never per row (rows move as jobs join and leave):
+- its sampler (`sampling.make_sampler`, seeded with `sampling.choice_seed`, started at its own
+  position), which `GenerationBatch` calls once per step on that row; greedy choices share one
+  sampler function, which `GenerationBatch` applies to the whole batch at once;
+- its text (`stops.TextStream`: detokenizer and stop sequences);
+- its grammar (`constraints.Constraint`), the row's logits processor: masks are computed and
+  applied only for rows that have one;
+- its log-probabilities (`logprobs`), computed after the step from the row's distribution,
+  only for jobs that asked for them.
 
 Batched and sequential runs give the same tokens: the batch pads (left for caches, right for
 prompt chunks) and masks, and per-row results matched single-sequence runs token for token in
 every case tried (tests/test_batching.py; SmolLM2 and the test model, prompts of different
 lengths, joined together or staggered, prefill chunks of 16 to 2048).
 
-A model whose cache layers cannot be merged into a batch decodes one job at a time through
-`mlx_lm.generate.generate_step` instead (`_SerialDecoder`); its other jobs wait their turn, and a
-cancel of the running one waits for its prefill to end.
+A model whose cache layers cannot be merged into a batch decodes one choice at a time
+(`_SerialDecoder`): its prompt is prefilled one chunk per step (so a cancel acts within one
+chunk there too), then `mlx_lm.generate.generate_step` decodes it; the others wait their turn.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from jupyter_lmsp.engine.messages import GenerateJob
-from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable
+from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
+from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
+from jupyter_lmsp.engine.stops import StopSequences, TextStream
 
 if TYPE_CHECKING:
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+    from jupyter_lmsp.engine.constraints import Constraint
+    from jupyter_lmsp.engine.logprobs import TokenBytes
+
 log = logging.getLogger(__name__)
 
-# Jobs running at once in one worker, unless configured otherwise.
+# Rows decoding at once in one worker, unless configured otherwise.
 DEFAULT_MAX_BATCH_SIZE = 8
 # Prompt tokens per job prefilled in one step. A step prefills this much of every waiting prompt
 # at once, so it bounds how long new prompts stall the running jobs (and a cancel waits): one
@@ -57,16 +72,19 @@ DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_PREFILL_STEP = 128
 
 Sampler = Callable[["mx.array"], "mx.array"]
+LogitsProcessor = Callable[["mx.array", "mx.array"], "mx.array"]
 
 
 @dataclass
 class Update:
-    """What one scheduler step produced for one job.
+    """What one scheduler step produced for one choice of a job.
 
-    `token_ids` holds the new token (none on a final "stop" step: EOS is not output); `text` is
-    the text it completed, possibly "" (a partial UTF-8 character is held back). A final update
-    has `finish_reason` "stop" (EOS) or "length" (max_tokens), or `error` when generation failed
-    (tokens sent before it are valid).
+    `token_ids` holds the new token (none on a final step that ends on EOS: EOS is not output);
+    `text` is the text it completed, possibly "" (held back: half a character, or what could
+    begin a stop sequence); `logprobs` one entry per token, when the job asked for them. A
+    final update has `finish_reason` "stop" (EOS, a stop sequence) or "length" (max_tokens):
+    that choice has ended. An update with `error` ends the whole job (tokens sent before it are
+    valid); no update for that job follows it.
     """
 
     job_id: str
@@ -74,40 +92,13 @@ class Update:
     text: str = ""
     finish_reason: str | None = None
     error: str | None = None
+    choice: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    error_code: str = "generation_failed"
 
     @property
     def final(self) -> bool:
         return self.finish_reason is not None or self.error is not None
-
-
-class _TextStream:
-    """A job's streamed text: a detokenizer primed with the resumed tokens.
-
-    Text is tracked by length against the detokenizer's (monotonically growing) text; the
-    resumed text is a prefix of it, possibly minus a trailing character still incomplete, so a
-    resumed job emits exactly the text an uninterrupted run would have emitted after it.
-    """
-
-    def __init__(self, tokenizer: TokenizerWrapper, resumed: list[int], resume_text: str) -> None:
-        self._detokenizer = tokenizer.detokenizer
-        for token in resumed:
-            self._detokenizer.add_token(token)
-        self._emitted = len(resume_text)
-
-    def add(self, token: int) -> None:
-        self._detokenizer.add_token(token)
-
-    def take(self, final: bool = False) -> str:
-        if final:
-            # Flushes bytes held back (an incomplete character at the very end, or a space kept
-            # waiting for the next token), as an uninterrupted run does when it ends.
-            self._detokenizer.finalize()
-        text: str = self._detokenizer.text
-        if len(text) <= self._emitted:
-            return ""
-        chunk = text[self._emitted :]
-        self._emitted = len(text)
-        return chunk
 
 
 @dataclass
@@ -119,11 +110,13 @@ class _Token:
     finish_reason: str | None
     cache: list[Any] | None = None
     cache_tokens: list[int] | None = None
+    # The step's log-probabilities for this row (the model's, after any grammar mask).
+    logprobs: mx.array | None = None
 
 
 @dataclass
 class _Prefilled:
-    """A sequence's prompt is prefilled (all but its last token): its cache, for the prompt cache."""
+    """A segment of a sequence's context is prefilled: its cache, and the tokens it holds."""
 
     uid: int
     cache: list[Any]
@@ -135,10 +128,11 @@ class _Decoder(Protocol):
 
     def insert(
         self,
-        prompt: list[int],
+        segments: list[list[int]],
         cache: list[Any],
         cache_tokens: list[int],
         sampler: Sampler,
+        processors: list[LogitsProcessor],
         max_tokens: int,
     ) -> int: ...
 
@@ -150,7 +144,11 @@ class _Decoder(Protocol):
 
 
 class _BatchDecoder:
-    """A model's batch: mlx-lm's `BatchGenerator`, prefilling and decoding its sequences."""
+    """A model's batch: mlx-lm's `BatchGenerator`, prefilling and decoding its sequences.
+
+    `insert` takes a sequence's context as segments: the generator reports the end of each
+    (but the last, whose last token it splits off to start decoding) as `_Prefilled`.
+    """
 
     def __init__(
         self, model: nn.Module, eos_ids: set[int], max_batch_size: int, prefill_step: int
@@ -171,21 +169,21 @@ class _BatchDecoder:
 
     def insert(
         self,
-        prompt: list[int],
+        segments: list[list[int]],
         cache: list[Any],
         cache_tokens: list[int],
         sampler: Sampler,
+        processors: list[LogitsProcessor],
         max_tokens: int,
     ) -> int:
-        # One segment: BatchGenerator splits its last token off into a segment of its own and
-        # reports the end of the first, which is when the prompt's cache is worth keeping.
         (uid,) = self._generator.insert_segments(
-            [[list(prompt)]],
+            [[list(segment) for segment in segments if segment]],
             max_tokens=[max_tokens],
             caches=[cache],
             # BatchGenerator appends to this list as the sequence grows: it must be our own.
             all_tokens=[list(cache_tokens)],
             samplers=[sampler],
+            logits_processors=[list(processors)],
         )
         self._uids.add(uid)
         return uid
@@ -218,6 +216,7 @@ class _BatchDecoder:
                     response.finish_reason,
                     response.prompt_cache,
                     response.all_tokens,
+                    response.logprobs,
                 )
             )
         return prefilled, tokens
@@ -229,16 +228,21 @@ class _BatchDecoder:
 @dataclass(eq=False)
 class _SerialSequence:
     uid: int
-    prompt: list[int]
+    # The context still to prefill, and where its segments end (positions in `cache_tokens`).
+    pending: list[int]
+    boundaries: list[int]
     cache: list[Any]
+    cache_tokens: list[int]
     sampler: Sampler
+    processors: list[LogitsProcessor]
     max_tokens: int
     produced: int = 0
-    steps: Any = None  # the running generate_step generator
+    steps: Any = None  # the running generate_step generator, once prefilled
 
 
 class _SerialDecoder:
-    """One sequence at a time through `generate_step`, for models that cannot batch."""
+    """One sequence at a time, for models that cannot batch: its context prefilled one chunk
+    per `next`, then decoded by `generate_step`."""
 
     def __init__(self, model: nn.Module, eos_ids: set[int], prefill_step: int) -> None:
         self._model = model
@@ -253,20 +257,45 @@ class _SerialDecoder:
 
     def insert(
         self,
-        prompt: list[int],
+        segments: list[list[int]],
         cache: list[Any],
         cache_tokens: list[int],
         sampler: Sampler,
+        processors: list[LogitsProcessor],
         max_tokens: int,
     ) -> int:
         uid = self._next_uid
         self._next_uid += 1
-        self._waiting.append(_SerialSequence(uid, list(prompt), cache, sampler, max_tokens))
+        pending: list[int] = []
+        boundaries = set()
+        for segment in segments:
+            if segment:
+                pending += segment
+                boundaries.add(len(cache_tokens) + len(pending))
+        # As BatchGenerator does: the end of every segment but the last is reported, and the
+        # context's end but for its last token (which starts decoding).
+        end = len(cache_tokens) + len(pending)
+        boundaries.discard(end)
+        boundaries.add(end - 1)
+        boundaries.discard(len(cache_tokens))
+        self._waiting.append(
+            _SerialSequence(
+                uid,
+                pending,
+                sorted(boundaries),
+                cache,
+                list(cache_tokens),
+                sampler,
+                list(processors),
+                max_tokens,
+            )
+        )
         return uid
 
     def remove(self, uid: int) -> tuple[list[Any], list[int]] | None:
         if self._current is not None and self._current.uid == uid:
-            self._current.steps.close()
+            if self._current.steps is not None:
+                self._current.steps.close()
             self._current = None
             return None
         for sequence in self._waiting:
@@ -282,18 +311,21 @@ class _SerialDecoder:
         if self._current is None:
             if not self._waiting:
                 return [], []
-            current = self._waiting.popleft()
+            self._current = self._waiting.popleft()
+        current = self._current
+        if current.steps is None and len(current.pending) > 1:
+            return self._prefill_chunk(current), []
+        if current.steps is None:
             current.steps = generate_step(
-                mx.array(current.prompt),
+                mx.array(current.pending),
                 self._model,
                 max_tokens=current.max_tokens,
                 sampler=current.sampler,
+                logits_processors=current.processors or None,
                 prompt_cache=current.cache,
                 prefill_step_size=self._prefill_step,
             )
-            self._current = current
-        current = self._current
-        token, _logprobs = next(current.steps)
+        token, logprobs = next(current.steps)
         current.produced += 1
         finish = None
         if token in self._eos_ids:
@@ -303,10 +335,35 @@ class _SerialDecoder:
         if finish is not None:
             current.steps.close()
             self._current = None
-        return [], [_Token(current.uid, token, finish)]
+        return [], [_Token(current.uid, token, finish, logprobs=logprobs)]
+
+    def _prefill_chunk(self, current: _SerialSequence) -> list[_Prefilled]:
+        """One chunk of the current sequence's context (never its last token, never across a
+        segment's end); the segment's cache if the chunk ended one."""
+        import mlx.core as mx
+
+        position = len(current.cache_tokens)
+        limit = len(current.pending) - 1
+        upcoming = [b - position for b in current.boundaries if b > position]
+        if upcoming:
+            limit = min(limit, upcoming[0])
+        chunk = current.pending[: min(limit, self._prefill_step)]
+        self._model(mx.array(chunk)[None], cache=current.cache)
+        mx.eval([layer.state for layer in current.cache])
+        current.pending = current.pending[len(chunk) :]
+        current.cache_tokens += chunk
+        if len(current.cache_tokens) not in current.boundaries:
+            return []
+        # A copy: the sequence goes on updating its own cache.
+        snapshot = (
+            prefix_view(current.cache, len(current.cache_tokens))
+            if is_reusable(current.cache)
+            else copy.deepcopy(current.cache)
+        )
+        return [_Prefilled(current.uid, snapshot, list(current.cache_tokens))]
 
     def close(self) -> None:
-        if self._current is not None:
+        if self._current is not None and self._current.steps is not None:
             self._current.steps.close()
         self._current = None
         self._waiting.clear()
@@ -314,25 +371,47 @@ class _SerialDecoder:
 
 @dataclass(eq=False)
 class _ModelBatch:
-    """The jobs of one model: its decoder and the jobs in it, by decoder uid."""
+    """The jobs of one model: its decoder and the choices in it, by decoder uid."""
 
     key: Hashable
+    model: nn.Module
     tokenizer: TokenizerWrapper
     decoder: _Decoder
     # Whether this model's caches can go into the prompt cache (plain KVCache layers).
     reusable: bool
-    jobs: dict[int, _Job] = field(default_factory=dict)
+    rows: dict[int, _Choice] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class _Choice:
+    job: _Job
+    index: int
+    text: TextStream
+    sampler: Sampler
+    constraint: Constraint | None
+    resumed: list[int]
+    # Tokens generated so far, the resumed ones included (= the next token's position).
+    generated: int
+    uid: int | None = None  # its decoder row; None while it waits for the prompt, or ended
+    ended: bool = False
 
 
 @dataclass(eq=False)
 class _Job:
     job: GenerateJob
     batch: _ModelBatch
-    uid: int
-    text: _TextStream
-    # Tokens generated so far, the resumed ones included (= the next token's position).
-    generated: int
+    prompt: list[int]
     cached_tokens: int
+    choices: list[_Choice] = field(default_factory=list)
+    # Choices waiting for the first one's prompt to be prefilled, to start from its cache.
+    waiting: list[_Choice] = field(default_factory=list)
+    # The leader's uid while the others wait for it.
+    leader_uid: int | None = None
+    token_bytes: TokenBytes | None = None
+
+    @property
+    def live(self) -> list[_Choice]:
+        return [choice for choice in self.choices if not choice.ended]
 
 
 class BatchScheduler:
@@ -359,6 +438,11 @@ class BatchScheduler:
         """Jobs admitted and not yet ended (prefilling or decoding)."""
         return len(self._jobs)
 
+    @property
+    def load(self) -> int:
+        """Choices admitted and not yet ended: the batch rows they take or will take."""
+        return sum(len(job.live) for job in self._jobs.values())
+
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
 
@@ -374,25 +458,72 @@ class BatchScheduler:
         model: nn.Module,
         tokenizer: TokenizerWrapper,
         prompt_ids: list[int],
+        grammar: str | None = None,
     ) -> tuple[int, list[Update]]:
-        """Admit `job`; returns its cached prompt tokens and updates that end it right away.
+        """Admit `job`; returns its cached prompt tokens and updates that end choices at once.
 
-        A job resumed after its final token (EOS, or max_tokens reached) only flushes the text
-        still held back and ends; anything else joins its model's batch.
+        `grammar` (llguidance's) constrains every choice. A choice resumed after its end (EOS,
+        a stop sequence, max_tokens reached, or a finish reason given) only flushes the text
+        still held back and ends; the others join the model's batch. Raises
+        `constraints.ConstraintError` if the grammar does not compile for this model or the
+        resumed tokens do not follow it (nothing is admitted then).
         """
-        resumed = list(job.resume_token_ids)
-        text = _TextStream(tokenizer, resumed, job.resume_text)
-        if resumed and resumed[-1] in tokenizer.eos_token_ids:
-            return 0, [Update(job.job_id, [], text.take(final=True), "stop")]
-        if len(resumed) >= job.max_tokens:
-            return 0, [Update(job.job_id, [], text.take(final=True), "length")]
-
         from mlx_lm.models.cache import make_prompt_cache
 
-        from jupyter_lmsp.engine.sampling import make_sampler
+        from jupyter_lmsp.engine.sampling import choice_seed, make_sampler
 
+        points = job.resume_points()
+        stops = StopSequences(job.stop)
+        constraints: list[Constraint | None] = [None] * len(points)
+        if grammar is not None:
+            from jupyter_lmsp.engine.constraints import Constraint, compile_grammar, ll_tokenizer
+
+            ll = ll_tokenizer(model_key, model, tokenizer)
+            compiled = compile_grammar(ll, grammar)  # once per job, copied for each choice
+            constraints = [
+                Constraint(ll, compiled.deep_copy(), point.token_ids) for point in points
+            ]
         batch = self._batch_for(model_key, model, tokenizer)
-        context = list(prompt_ids) + resumed
+        entry = _Job(job, batch, list(prompt_ids), 0)
+        if job.logprobs:
+            from jupyter_lmsp.engine.constraints import ll_tokenizer
+            from jupyter_lmsp.engine.logprobs import TokenBytes
+
+            entry.token_bytes = TokenBytes(ll_tokenizer(model_key, model, tokenizer))
+        updates = []
+        for i, (point, constraint) in enumerate(zip(points, constraints, strict=True)):
+            resumed = list(point.token_ids)
+            choice = _Choice(
+                entry,
+                i,
+                TextStream(tokenizer.detokenizer, stops, resumed, point.text),
+                make_sampler(job.temperature, job.top_p, choice_seed(job.seed, i), len(resumed)),
+                constraint,
+                resumed,
+                len(resumed),
+            )
+            entry.choices.append(choice)
+            chunk = choice.text.take()
+            reason = point.finish_reason
+            if reason is None and resumed and resumed[-1] in tokenizer.eos_token_ids:
+                reason = "stop"
+            if reason is None and choice.text.stopped:
+                reason = "stop"
+            if reason is None and len(resumed) >= job.max_tokens:
+                reason = "length"
+            if reason is not None:
+                chunk += choice.text.take(final=True)
+                choice.ended = True
+                updates.append(Update(job.job_id, [], chunk, reason, choice=i))
+            elif chunk:
+                updates.append(Update(job.job_id, [], chunk, choice=i))
+        live = entry.live
+        if not live:
+            self._drop_if_idle(batch)
+            return 0, updates
+
+        leader, followers = live[0], live[1:]
+        context = entry.prompt + leader.resumed
         cache: list[Any] | None = None
         reused = 0
         if batch.reusable:
@@ -400,40 +531,74 @@ class BatchScheduler:
             cache, reused = self.prompt_cache.fetch(model_key, context)
         if cache is None:
             cache = make_prompt_cache(model)
-        sampler = make_sampler(job.temperature, job.top_p, job.seed, start_position=len(resumed))
-        uid = batch.decoder.insert(
-            context[reused:], cache, context[:reused], sampler, job.max_tokens - len(resumed)
-        )
-        entry = _Job(
-            job=job,
-            batch=batch,
-            uid=uid,
-            text=text,
-            generated=len(resumed),
-            # Usage counts prompt tokens only; a cache may also cover resumed output tokens.
-            cached_tokens=min(reused, len(prompt_ids)),
-        )
-        batch.jobs[uid] = entry
+        # Usage counts prompt tokens only; a cache may also cover resumed output tokens.
+        entry.cached_tokens = min(reused, len(prompt_ids))
+        shared = len(prompt_ids) - 1  # what the other choices take from the first one
+        if followers and reused < shared:
+            segments = [context[reused:shared], context[shared:]]
+            entry.waiting = followers
+        else:
+            segments = [context[reused:]]
+            for follower in followers:
+                view = prefix_view(cache, shared) if reused else make_prompt_cache(model)
+                self._insert(follower, view, entry.prompt[:shared] if reused else [])
+        self._insert(leader, cache, context[:reused], segments)
+        if entry.waiting:
+            entry.leader_uid = leader.uid
         self._jobs[job.job_id] = entry
-        return entry.cached_tokens, []
+        return entry.cached_tokens, updates
+
+    def _insert(
+        self,
+        choice: _Choice,
+        cache: list[Any],
+        cache_tokens: list[int],
+        segments: list[list[int]] | None = None,
+    ) -> None:
+        """Put a choice into its model's batch; by default its context is what `cache_tokens`
+        lacks of its prompt and resumed tokens."""
+        entry = choice.job
+        if segments is None:
+            segments = [(entry.prompt + choice.resumed)[len(cache_tokens) :]]
+        processors: list[LogitsProcessor] = (
+            [choice.constraint] if choice.constraint is not None else []
+        )
+        choice.uid = entry.batch.decoder.insert(
+            segments,
+            cache,
+            cache_tokens,
+            choice.sampler,
+            processors,
+            entry.job.max_tokens - len(choice.resumed),
+        )
+        entry.batch.rows[choice.uid] = choice
 
     def cancel(self, job_id: str) -> int | None:
-        """Remove a job at once; returns its generated token count, None if it is not here."""
+        """Remove a job at once; returns its generated tokens (all choices), None if it is not
+        here."""
         entry = self._jobs.pop(job_id, None)
         if entry is None:
             return None
-        batch = entry.batch
-        batch.jobs.pop(entry.uid, None)
-        found = batch.decoder.remove(entry.uid)
-        if found is not None:
-            # Whatever it holds (part of a prompt, or prompt and output) is a valid prefix.
-            self._keep(batch, found[1], found[0])
-        self._drop_if_idle(batch)
-        return entry.generated
+        self._remove_rows(entry)
+        self._drop_if_idle(entry.batch)
+        return sum(choice.generated for choice in entry.choices)
 
     def cancel_all(self) -> list[tuple[str, int]]:
         """Remove every job; returns (job_id, generated tokens) for each."""
         return [(job_id, self.cancel(job_id) or 0) for job_id in list(self._jobs)]
+
+    def _remove_rows(self, entry: _Job) -> None:
+        batch = entry.batch
+        entry.waiting = []
+        for choice in entry.choices:
+            if choice.uid is None:
+                continue
+            batch.rows.pop(choice.uid, None)
+            found = batch.decoder.remove(choice.uid)
+            choice.uid = None
+            if found is not None:
+                # Whatever it holds (part of a prompt, or prompt and output) is a valid prefix.
+                self._keep(batch, found[1], found[0])
 
     # --- stepping --------------------------------------------------------------------------
 
@@ -452,39 +617,106 @@ class BatchScheduler:
             log.exception("generation failed for model %s", batch.key)
             return self._fail_batch(batch, f"{type(exc).__name__}: {exc}")
         for done in prefilled:
-            if done.uid in batch.jobs:
-                self._keep(batch, done.cache_tokens, done.cache)
+            choice = batch.rows.get(done.uid)
+            if choice is None:
+                continue
+            self._keep(batch, done.cache_tokens, done.cache)
+            entry = choice.job
+            shared = len(entry.prompt) - 1
+            if entry.waiting and done.uid == entry.leader_uid and len(done.cache_tokens) == shared:
+                self._start_followers(entry, done)
         updates = []
+        logprobs = self._logprobs(batch, tokens)
         for token in tokens:
-            entry = batch.jobs.get(token.uid)
-            if entry is not None:
-                updates.append(self._advance(entry, token))
+            choice = batch.rows.get(token.uid)
+            if choice is not None and not choice.ended and choice.job.job.job_id in self._jobs:
+                updates.extend(self._advance(choice, token, logprobs.get(token.uid)))
         return updates
 
-    def _advance(self, entry: _Job, token: _Token) -> Update:
-        job_id = entry.job.job_id
-        if token.token in entry.batch.tokenizer.eos_token_ids:
-            self._end(entry, token)
-            return Update(job_id, [], entry.text.take(final=True), "stop")
-        entry.text.add(token.token)
-        entry.generated += 1
-        if token.finish_reason is not None or entry.generated >= entry.job.max_tokens:
-            self._end(entry, token)
-            return Update(job_id, [token.token], entry.text.take(final=True), "length")
-        return Update(job_id, [token.token], entry.text.take())
+    def _start_followers(self, entry: _Job, done: _Prefilled) -> None:
+        """The leader's prompt is prefilled: the other choices start from copies of its cache."""
+        followers, entry.waiting, entry.leader_uid = entry.waiting, [], None
+        for follower in followers:
+            cache = (
+                prefix_view(done.cache, len(done.cache_tokens))
+                if is_reusable(done.cache)
+                else copy.deepcopy(done.cache)
+            )
+            self._insert(follower, cache, list(done.cache_tokens))
 
-    def _end(self, entry: _Job, token: _Token) -> None:
+    def _logprobs(self, batch: _ModelBatch, tokens: list[_Token]) -> dict[int, TokenLogprob]:
+        """The log-probabilities of this step's tokens, for the jobs that asked for them."""
+        from jupyter_lmsp.engine.logprobs import Wanted, compute
+
+        wanted, names, uids = [], [], []
+        for token in tokens:
+            choice = batch.rows.get(token.uid)
+            if choice is None or token.logprobs is None:
+                continue
+            job = choice.job.job
+            if not job.logprobs or token.token in batch.tokenizer.eos_token_ids:
+                continue
+            assert choice.job.token_bytes is not None
+            wanted.append(
+                Wanted(token.logprobs, token.token, job.temperature, job.top_p, job.top_logprobs)
+            )
+            names.append(choice.job.token_bytes)
+            uids.append(token.uid)
+        if not wanted:
+            return {}
+        return dict(zip(uids, compute(wanted, names), strict=True))
+
+    def _advance(
+        self, choice: _Choice, token: _Token, logprob: TokenLogprob | None
+    ) -> list[Update]:
+        entry = choice.job
+        job_id = entry.job.job_id
+        if choice.constraint is not None and choice.constraint.error is not None:
+            return self._fail_job(
+                entry, "constraint_failed", f"the grammar matcher failed: {choice.constraint.error}"
+            )
+        if token.token in entry.batch.tokenizer.eos_token_ids:
+            text = choice.text.take(final=True)
+            self._end(choice, token)
+            return [Update(job_id, [], text, "stop", choice=choice.index)]
+        choice.text.add(token.token)
+        choice.generated += 1
+        logprobs = [logprob] if logprob is not None else None
+        text = choice.text.take()
+        reason = None
+        if choice.text.stopped:
+            reason = "stop"
+        elif token.finish_reason is not None or choice.generated >= entry.job.max_tokens:
+            text += choice.text.take(final=True)
+            reason = "stop" if choice.text.stopped else "length"
+        if reason is not None:
+            self._end(choice, token)
+        return [Update(job_id, [token.token], text, reason, choice=choice.index, logprobs=logprobs)]
+
+    def _end(self, choice: _Choice, token: _Token) -> None:
+        entry = choice.job
         batch = entry.batch
+        choice.ended = True
+        if choice.uid is not None:
+            batch.rows.pop(choice.uid, None)
+            if token.finish_reason is None:
+                # We ended it before the decoder did (a stop sequence): out of the batch now.
+                found = batch.decoder.remove(choice.uid)
+                if found is not None:
+                    self._keep(batch, found[1], found[0])
+            elif token.cache is not None and token.cache_tokens is not None:
+                self._keep(batch, token.cache_tokens, token.cache)
+            choice.uid = None
+        if not entry.live:
+            self._jobs.pop(entry.job.job_id, None)
+
+    def _fail_job(self, entry: _Job, code: str, message: str) -> list[Update]:
+        """End a whole job with an error (its other choices too)."""
         self._jobs.pop(entry.job.job_id, None)
-        batch.jobs.pop(entry.uid, None)
-        if token.finish_reason is None:
-            # We ended it before the decoder did; cannot happen while the decoder counts
-            # max_tokens as we do, but a job left in the batch would decode forever.
-            found = batch.decoder.remove(entry.uid)
-            if found is not None:
-                self._keep(batch, found[1], found[0])
-        elif token.cache is not None and token.cache_tokens is not None:
-            self._keep(batch, token.cache_tokens, token.cache)
+        self._remove_rows(entry)
+        for choice in entry.choices:
+            choice.ended = True
+        return [Update(entry.job.job_id, error=message, error_code=code)]
 
     # --- batches ---------------------------------------------------------------------------
 
@@ -504,13 +736,13 @@ class BatchScheduler:
         else:
             log.info("model %s cannot batch; its jobs decode one at a time", model_key)
             decoder = _SerialDecoder(model, eos_ids, self.prefill_step)
-        batch = _ModelBatch(model_key, tokenizer, decoder, is_reusable(layers))
+        batch = _ModelBatch(model_key, model, tokenizer, decoder, is_reusable(layers))
         self._batches[model_key] = batch
         return batch
 
     def _drop_if_idle(self, batch: _ModelBatch) -> None:
         """Let go of a model's batch (and its reference to the model) once it has no jobs."""
-        if batch.jobs:
+        if batch.rows or any(entry.batch is batch for entry in self._jobs.values()):
             return
         if self._batches.get(batch.key) is batch:
             del self._batches[batch.key]
@@ -518,10 +750,10 @@ class BatchScheduler:
 
     def _fail_batch(self, batch: _ModelBatch, message: str) -> list[Update]:
         """A step failed: every job of the model fails (the batch's state is unknown)."""
-        failed = list(batch.jobs.values())
+        failed = [entry for entry in self._jobs.values() if entry.batch is batch]
         for entry in failed:
             self._jobs.pop(entry.job.job_id, None)
-        batch.jobs.clear()
+        batch.rows.clear()
         if self._batches.get(batch.key) is batch:
             del self._batches[batch.key]
         try:

@@ -2,14 +2,35 @@
 
 All are plain dataclasses, pickled over a `multiprocessing` pipe. Server → worker: `JobComing`,
 `GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `JobTokens`,
-`JobFinished`, `JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is not sent by the
-worker: the client in the server process produces it when the worker process dies unexpectedly.
+`ChoiceFinished`, `JobFinished`, `JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is
+not sent by the worker: the client in the server process produces it when the worker process
+dies unexpectedly.
+
+A job generates `n` choices (default 1), each with its own tokens, text, finish reason and, when
+asked for, log-probabilities; every `JobTokens` names its `choice`. With n == 1 the messages are
+exactly those of a single generation (no `ChoiceFinished`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from jupyter_lmsp.engine.grammars import ResponseFormat, ToolSpec
+
+# Bounds the worker enforces (a job outside them fails with `invalid_request`).
+MAX_STOP_SEQUENCES = 4
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class ChoiceResume:
+    """Where one choice of a resumed job stands: its committed tokens and the text emitted for
+    them, and its finish reason if it had already ended (it is then not generated again)."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -40,7 +61,7 @@ class GenerateJob:
 
     job_id: str
     model_path: str
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
@@ -50,6 +71,31 @@ class GenerateJob:
     # The model's registered files ({"path", "size", "sha256"}): loading verifies them first
     # and fails the job with `model_digest_mismatch` if any differs (LMSP B4).
     expected_files: list[dict[str, Any]] | None = None
+    # Up to MAX_STOP_SEQUENCES non-empty strings, matched on the decoded text: a choice ends
+    # ("stop") where one begins, and neither it nor anything after it is output.
+    stop: list[str] = field(default_factory=list)
+    # Log-probabilities of the generated tokens (`JobTokens.logprobs`), with the
+    # `top_logprobs` (0..MAX_TOP_LOGPROBS) most likely alternatives of each step.
+    logprobs: bool = False
+    top_logprobs: int = 0
+    # Choices generated side by side from one prefill of the prompt; choice i samples with
+    # `sampling.choice_seed(seed, i)` (choice 0 with `seed` itself).
+    n: int = 1
+    # Resuming a job with n > 1: one entry per choice (resume_token_ids/resume_text are then
+    # ignored). With n == 1 either form works.
+    resume_choices: list[ChoiceResume] | None = None
+    # Structured output: the text is JSON under this format (grammar-constrained).
+    response_format: ResponseFormat | None = None
+    # Function tools: rendered into the prompt and, unless the choice is "none", the output is
+    # constrained to text and/or calls in the model's call format (see `toolcalls`).
+    tools: ToolSpec | None = None
+
+    def resume_points(self) -> list[ChoiceResume]:
+        """Each choice's resume point (empty token lists for a fresh job)."""
+        if self.resume_choices is not None:
+            return list(self.resume_choices)
+        first = ChoiceResume(list(self.resume_token_ids), self.resume_text)
+        return [first] + [ChoiceResume([], "") for _ in range(self.n - 1)]
 
 
 @dataclass
@@ -93,29 +139,91 @@ class JobStarted:
     job_id: str
     input_tokens: int
     cached_tokens: int = 0
+    # When the job has tools (and tool_choice is not "none"): the call format its output uses,
+    # for `toolcalls.ToolCallParser` ("generic" or the mlx-lm parser name, e.g. "json_tools").
+    tool_format: str | None = None
+
+
+@dataclass
+class TopLogprob:
+    """One candidate token of a step: its id, text, bytes and log-probability."""
+
+    token_id: int
+    # The token's bytes decoded as UTF-8 (a partial character becomes U+FFFD): use `bytes`
+    # for the exact value.
+    text: str
+    bytes: list[int]
+    logprob: float
+
+
+@dataclass
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability and the step's `top` alternatives, most likely
+    first (`len(top)` is the job's top_logprobs, or fewer when fewer tokens had any
+    probability, e.g. under top_p or a grammar). See `logprobs` for the distribution."""
+
+    top: list[TopLogprob] = field(default_factory=list)
 
 
 @dataclass
 class JobTokens:
-    """Newly generated tokens and the text they completed (may be "" mid-character)."""
+    """Newly generated tokens of one choice and the text they completed.
+
+    `text` may be "" (half a character, or characters held back because they could begin a
+    stop sequence); `token_ids` and `text` together are what a snapshot commits, and a job
+    resumed from them continues exactly as an uninterrupted one. `logprobs`, when the job
+    asked for them, has one entry per token of `token_ids`, in order.
+    """
 
     job_id: str
     token_ids: list[int]
     text: str
+    choice: int = 0
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class ChoiceResult:
+    """How one choice ended: "stop" (EOS, a stop sequence, or a grammar complete), or
+    "length" (max_tokens); its generated tokens, resumed ones included."""
+
+    choice: int
+    finish_reason: str
+    output_tokens: int
+
+
+@dataclass
+class ChoiceFinished:
+    """One choice of a job with n > 1 ended (its last `JobTokens` came before this); the job
+    goes on until every choice has ended. Never sent when n == 1."""
+
+    job_id: str
+    choice: int
+    finish_reason: str
+    output_tokens: int
 
 
 @dataclass
 class JobFinished:
-    """Generation ended by itself: `finish_reason` is "stop" (EOS) or "length" (max_tokens)."""
+    """Generation ended by itself: `finish_reason` is "stop" (EOS, a stop sequence, a grammar
+    complete) or "length" (max_tokens); for n > 1 that of choice 0, and `output_tokens` the sum
+    over all choices. `choices` has one entry per choice, in order."""
 
     job_id: str
     finish_reason: str
     input_tokens: int
     output_tokens: int
+    choices: list[ChoiceResult] = field(default_factory=list)
 
 
 @dataclass
 class JobFailed:
+    """The job failed; tokens sent before are valid. Codes: `invalid_request`,
+    `model_not_found`, `model_load_failed`, `model_digest_mismatch`, `template_failed`,
+    `grammar_invalid` (the constraint did not compile for this model), `constraint_failed` (the
+    grammar matcher failed mid-generation: the job never continues unconstrained),
+    `generation_failed`."""
+
     job_id: str
     code: str
     message: str
@@ -123,6 +231,8 @@ class JobFailed:
 
 @dataclass
 class JobCancelled:
+    """The job was cancelled; `output_tokens` were generated (over all choices)."""
+
     job_id: str
     output_tokens: int
 

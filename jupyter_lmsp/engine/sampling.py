@@ -6,6 +6,9 @@ key derived only from (seed, position), never from MLX's global random state: a 
 resumed at position k (prompt + first k tokens re-prefilled) then draws exactly the tokens an
 uninterrupted run would have drawn. A global `mx.random.seed` cannot do that, because the
 state it leaves after k steps is not reproduced by re-prefilling (and it is per thread).
+
+`distribution` is the distribution a sampler draws from, the one log-probabilities are reported
+for (see `logprobs`). The choices of a job with n > 1 draw with `choice_seed(seed, i)`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ def _splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of choice `choice` of a job seeded `seed`: choice 0 keeps `seed` (so n == 1 is
+    unchanged), the others get well-mixed seeds of their own, the same on every run."""
+    if choice == 0:
+        return seed
+    return _splitmix64((seed & _MASK64) ^ _splitmix64(0xC401CE ^ choice))
 
 
 def step_key(seed: int, position: int) -> mx.array:
@@ -50,21 +61,36 @@ def make_sampler(
     if temperature == 0:
         return _greedy
 
-    inverse_temperature = 1.0 / temperature
     position = start_position
 
     def sample(logprobs: mx.array) -> mx.array:
         nonlocal position
         key = step_key(seed, position)
         position += 1
-        # Temperature first, then the nucleus, as Hugging Face and OpenAI define top_p
-        # (mlx-lm's own sampler cuts the nucleus from the untempered distribution).
-        logits = logprobs * inverse_temperature
-        if top_p < 1.0:
-            logits = apply_top_p(logits, top_p)
-        return mx.random.categorical(logits, key=key)
+        return mx.random.categorical(_tempered(logprobs, temperature, top_p), key=key)
 
     return sample
+
+
+def distribution(logprobs: mx.array, temperature: float, top_p: float = 1.0) -> mx.array:
+    """The log-probabilities a sampler made by `make_sampler(temperature, top_p)` draws from,
+    given the step's `logprobs` (the model's, after any grammar mask): tempered, cut to the
+    nucleus (-inf outside it) and normalized. Greedy decoding (temperature 0) reports the
+    model's own distribution, `logprobs` unchanged: its argmax is the token chosen, and a
+    distribution at temperature 0 would be a point mass that says nothing."""
+    if temperature == 0:
+        return logprobs
+    logits = _tempered(logprobs, temperature, top_p)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _tempered(logprobs: mx.array, temperature: float, top_p: float) -> mx.array:
+    # Temperature first, then the nucleus, as Hugging Face and OpenAI define top_p
+    # (mlx-lm's own sampler cuts the nucleus from the untempered distribution).
+    logits = logprobs * (1.0 / temperature)
+    if top_p < 1.0:
+        logits = apply_top_p(logits, top_p)
+    return logits
 
 
 def _greedy(logprobs: mx.array) -> mx.array:

@@ -6,11 +6,15 @@ messages of `messages`. Generation runs here rather than in a thread of the serv
 building each step's graph holds the GIL, which stalls the server's event loop.
 
 Layout:
-- `Worker` is the loop and the message handling: a FIFO of jobs admitted while fewer than
-  `max_batch_size` run, the pipe drained between scheduler steps so new jobs join and cancels
-  act within one decode step, tokens coalesced per job for at most ~20 ms.
+- `Worker` is the loop and the message handling: a FIFO of jobs admitted while their choices
+  fit in `max_batch_size` rows, the pipe drained between scheduler steps so new jobs join and
+  cancels act within one decode step (or one prefill chunk), tokens coalesced per job and
+  choice for at most ~20 ms.
+- A job's prompt is its messages through the model's chat template, with its tools rendered
+  in (`toolcalls.render`), and its grammar comes from `grammars.build_grammar`.
 - Generation itself is `batching.BatchScheduler` (continuous batching over mlx-lm's
-  `BatchGenerator`, per-job samplers) with a `prompt_cache.PromptCache` of KV caches.
+  `BatchGenerator`, per-choice samplers, stop sequences, grammars and log-probabilities) with
+  a `prompt_cache.PromptCache` of KV caches.
 
 Configuration: the `WorkerSettings` given to `worker_main` (from the extension's traits:
 `max_batch_size`, `prompt_cache_bytes`, `gather_window`, `gather_limit`), nothing else.
@@ -40,8 +44,13 @@ from jupyter_lmsp.engine.batching import (
     BatchScheduler,
     Update,
 )
+from jupyter_lmsp.engine.grammars import GENERIC, CallFormat, GrammarError, build_grammar
 from jupyter_lmsp.engine.messages import (
+    MAX_STOP_SEQUENCES,
+    MAX_TOP_LOGPROBS,
     CancelJob,
+    ChoiceFinished,
+    ChoiceResult,
     GenerateJob,
     JobCancelled,
     JobComing,
@@ -50,6 +59,7 @@ from jupyter_lmsp.engine.messages import (
     JobStarted,
     JobTokens,
     Shutdown,
+    TokenLogprob,
     WorkerReady,
     WorkerSettings,
 )
@@ -95,12 +105,16 @@ class _ParentGone(Exception):
     """The server process is gone: the pipe hit EOF or our parent pid changed."""
 
 
-def encode_chat(tokenizer: TokenizerWrapper, messages: list[dict[str, str]]) -> list[int]:
+def encode_chat(
+    tokenizer: TokenizerWrapper, messages: list[dict[str, Any]], **template_args: Any
+) -> list[int]:
     """Apply the model's chat template (with the assistant prompt) and tokenize."""
     if not messages:
         raise JobError("invalid_request", "no messages to generate a reply to")
     try:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **template_args
+        )
     except Exception as exc:
         raise JobError("template_failed", f"chat template failed: {exc}") from exc
     if not isinstance(prompt, str):
@@ -113,16 +127,33 @@ def encode_chat(tokenizer: TokenizerWrapper, messages: list[dict[str, str]]) -> 
     return ids
 
 
+def call_format_of(tokenizer: TokenizerWrapper, ll_tokenizer: Any) -> CallFormat:
+    """The tool-call format of a model: its own where mlx-lm has a parser for it and it has the
+    generic shape (see `toolcalls.NATIVE_FORMATS`), else the generic one."""
+    from jupyter_lmsp.engine.toolcalls import NATIVE_FORMATS, call_format_for
+
+    parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
+    if parser not in NATIVE_FORMATS:
+        return GENERIC
+    special = True
+    for marker in (GENERIC.start, GENERIC.end):
+        ids = ll_tokenizer.tokenize_str(marker, parse_special=True)
+        special = special and len(ids) == 1 and ll_tokenizer.is_special_token(ids[0])
+    return call_format_for(parser, special_markers=special)
+
+
 @dataclass
 class _Outbox:
-    """A running job's tokens generated but not yet sent, coalesced into one JobTokens message."""
+    """A running choice's tokens generated but not yet sent, coalesced into one JobTokens."""
 
     job_id: str
-    input_tokens: int
+    choice: int
     # Tokens generated so far, resumed ones included: the count final messages report.
     output_tokens: int
+    want_logprobs: bool = False
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     since: float = 0.0
 
     @property
@@ -134,14 +165,31 @@ class _Outbox:
             self.since = now
         self.token_ids.extend(update.token_ids)
         self.text += update.text
+        self.logprobs.extend(update.logprobs or [])
         self.output_tokens += len(update.token_ids)
 
     def take(self) -> JobTokens | None:
         if not self.pending:
             return None
-        message = JobTokens(self.job_id, self.token_ids, self.text)
-        self.token_ids, self.text = [], ""
+        message = JobTokens(
+            self.job_id,
+            self.token_ids,
+            self.text,
+            choice=self.choice,
+            logprobs=self.logprobs if self.want_logprobs else None,
+        )
+        self.token_ids, self.text, self.logprobs = [], "", []
         return message
+
+
+@dataclass
+class _Running:
+    """A running job as the worker reports it: one outbox per choice, the choices ended."""
+
+    job_id: str
+    input_tokens: int
+    outboxes: list[_Outbox]
+    results: dict[int, ChoiceResult] = field(default_factory=dict)
 
 
 class Worker:
@@ -181,7 +229,7 @@ class Worker:
             max_batch_size=max_batch_size,
             prefill_step=prefill_step,
         )
-        self._outboxes: dict[str, _Outbox] = {}
+        self._running: dict[str, _Running] = {}
         self._shutdown = False
 
     # --- pipe ------------------------------------------------------------------------------
@@ -225,13 +273,13 @@ class Worker:
         generated = self._scheduler.cancel(job_id)
         if generated is not None:
             self._flush(job_id)
-            self._outboxes.pop(job_id, None)
+            self._running.pop(job_id, None)
             self._send(JobCancelled(job_id, generated))
             return
         for job in self._queue:
             if job.job_id == job_id:
                 self._queue.remove(job)
-                self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
+                self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
                 return
         # Unknown id: the job already ended and its final message is on its way.
 
@@ -285,6 +333,9 @@ class Worker:
         while len(self._models) > MAX_CACHED_MODELS:
             old_key, _ = self._models.popitem(last=False)
             self._scheduler.prompt_cache.clear(old_key)
+            from jupyter_lmsp.engine.constraints import forget_tokenizer
+
+            forget_tokenizer(old_key)
         return key, model, tokenizer
 
     # --- jobs ------------------------------------------------------------------------------
@@ -320,18 +371,27 @@ class Worker:
                 self._pump()
             # Hold tokens only while the next ones are expected inside the window.
             now = time.monotonic()
-            for job_id, outbox in list(self._outboxes.items()):
-                if outbox.pending and now - outbox.since + step_interval >= COALESCE_WINDOW:
-                    self._flush(job_id)
+            for running in list(self._running.values()):
+                for outbox in running.outboxes:
+                    if outbox.pending and now - outbox.since + step_interval >= COALESCE_WINDOW:
+                        self._flush_outbox(outbox)
         for job_id, generated in self._scheduler.cancel_all():
             self._flush(job_id)
             self._send(JobCancelled(job_id, generated))
         for job in self._queue:
-            self._send(JobCancelled(job.job_id, len(job.resume_token_ids)))
+            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
         self._queue.clear()
 
+    def _fits(self) -> bool:
+        """Whether the next queued job's choices fit in the batch now (a job with more choices
+        than the batch has rows runs alone)."""
+        if not self._queue:
+            return False
+        load = self._scheduler.load
+        return load == 0 or load + max(1, self._queue[0].n) <= self._scheduler.max_batch_size
+
     def _admit(self) -> None:
-        while self._queue and self._scheduler.active < self._scheduler.max_batch_size:
+        while self._fits():
             job = self._queue.popleft()
             try:
                 self._start(job)
@@ -356,7 +416,7 @@ class Worker:
         last = time.monotonic()
         limit = last + self._gather_limit
         quiet = self._gather_window
-        while not self._shutdown and self._scheduler.active < self._scheduler.max_batch_size:
+        while not self._shutdown and self._scheduler.load < self._scheduler.max_batch_size:
             now = time.monotonic()
             deadline = limit if self._expecting(now) else min(last + quiet, limit)
             if now >= deadline:
@@ -378,46 +438,103 @@ class Worker:
         return bool(self._coming)
 
     def _start(self, job: GenerateJob) -> None:
+        from jupyter_lmsp.engine.constraints import ConstraintError, ll_tokenizer
+        from jupyter_lmsp.engine.toolcalls import render
+
         _validate(job)
         key, model, tokenizer = self._model(job.model_path, job.expected_files)
-        prompt_ids = encode_chat(tokenizer, job.messages)
-        cached_tokens, updates = self._scheduler.add(job, key, model, tokenizer, prompt_ids)
-        self._outboxes[job.job_id] = _Outbox(job.job_id, len(prompt_ids), len(job.resume_token_ids))
-        self._send(JobStarted(job.job_id, len(prompt_ids), cached_tokens=cached_tokens))
+        call_format = GENERIC
+        calls = job.tools is not None and job.tools.active
+        if calls:
+            call_format = call_format_of(tokenizer, ll_tokenizer(key, model, tokenizer))
+        messages, template_args = render(job.messages, job.tools, call_format)
+        prompt_ids = encode_chat(tokenizer, messages, **template_args)
+        try:
+            grammar = build_grammar(job.response_format, job.tools, call_format)
+        except GrammarError as exc:
+            raise JobError("grammar_invalid", str(exc)) from exc
+        except (TypeError, ValueError) as exc:
+            raise JobError("grammar_invalid", f"the grammar could not be built: {exc}") from exc
+        try:
+            cached_tokens, updates = self._scheduler.add(
+                job, key, model, tokenizer, prompt_ids, grammar
+            )
+        except ConstraintError as exc:
+            raise JobError("grammar_invalid", str(exc)) from exc
+        points = job.resume_points()
+        self._running[job.job_id] = _Running(
+            job.job_id,
+            len(prompt_ids),
+            [
+                _Outbox(job.job_id, i, len(point.token_ids), want_logprobs=job.logprobs)
+                for i, point in enumerate(points)
+            ],
+        )
+        self._send(
+            JobStarted(
+                job.job_id,
+                len(prompt_ids),
+                cached_tokens=cached_tokens,
+                tool_format=call_format.name if calls else None,
+            )
+        )
         self._deliver(updates, time.monotonic())
 
     def _deliver(self, updates: list[Update], now: float) -> None:
         for update in updates:
-            outbox = self._outboxes.get(update.job_id)
-            if outbox is None:  # Cannot happen; a message for an unknown job would mislead.
+            running = self._running.get(update.job_id)
+            if running is None:  # Cannot happen; a message for an unknown job would mislead.
                 log.warning("update for unknown job %s", update.job_id)
                 continue
+            outbox = running.outboxes[update.choice]
             outbox.add(update, now)
-            if not update.final:
-                continue
-            # Tokens generated before a failure are valid: they go out before JobFailed.
-            self._flush(update.job_id)
-            del self._outboxes[update.job_id]
             if update.error is not None:
-                self._send(JobFailed(update.job_id, "generation_failed", update.error))
-            else:
-                assert update.finish_reason is not None
+                # Tokens generated before a failure are valid: they go out before JobFailed.
+                self._flush(update.job_id)
+                del self._running[update.job_id]
+                self._send(JobFailed(update.job_id, update.error_code, update.error))
+                continue
+            if update.finish_reason is None:
+                continue
+            self._flush_outbox(outbox)
+            result = ChoiceResult(update.choice, update.finish_reason, outbox.output_tokens)
+            running.results[update.choice] = result
+            if len(running.outboxes) > 1:
                 self._send(
-                    JobFinished(
-                        update.job_id,
-                        update.finish_reason,
-                        outbox.input_tokens,
-                        outbox.output_tokens,
+                    ChoiceFinished(
+                        update.job_id, update.choice, update.finish_reason, outbox.output_tokens
                     )
                 )
+            if len(running.results) < len(running.outboxes):
+                continue
+            del self._running[update.job_id]
+            choices = [running.results[i] for i in range(len(running.outboxes))]
+            self._send(
+                JobFinished(
+                    update.job_id,
+                    choices[0].finish_reason,
+                    running.input_tokens,
+                    sum(choice.output_tokens for choice in choices),
+                    choices,
+                )
+            )
 
     def _flush(self, job_id: str) -> None:
-        outbox = self._outboxes.get(job_id)
-        if outbox is None:
+        running = self._running.get(job_id)
+        if running is None:
             return
+        for outbox in running.outboxes:
+            self._flush_outbox(outbox)
+
+    def _flush_outbox(self, outbox: _Outbox) -> None:
         message = outbox.take()
         if message is not None:
             self._send(message)
+
+
+def _resumed_tokens(job: GenerateJob) -> int:
+    """The tokens a job had generated before it came (all its choices)."""
+    return sum(len(point.token_ids) for point in job.resume_points())
 
 
 def _listing(path: Path) -> tuple[tuple[str, int, int], ...]:
@@ -432,6 +549,18 @@ def _validate(job: GenerateJob) -> None:
         raise JobError("invalid_request", f"temperature must be >= 0, got {job.temperature}")
     if not 0 < job.top_p <= 1:
         raise JobError("invalid_request", f"top_p must be in (0, 1], got {job.top_p}")
+    if len(job.stop) > MAX_STOP_SEQUENCES:
+        raise JobError("invalid_request", f"at most {MAX_STOP_SEQUENCES} stop sequences")
+    if any(not isinstance(stop, str) or not stop for stop in job.stop):
+        raise JobError("invalid_request", "a stop sequence must be a non-empty string")
+    if not 0 <= job.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise JobError("invalid_request", f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+    if job.top_logprobs and not job.logprobs:
+        raise JobError("invalid_request", "top_logprobs needs logprobs")
+    if job.n < 1:
+        raise JobError("invalid_request", f"n must be >= 1, got {job.n}")
+    if job.resume_choices is not None and len(job.resume_choices) != job.n:
+        raise JobError("invalid_request", f"resume_choices must have n = {job.n} entries")
 
 
 def _detect_blas() -> str:

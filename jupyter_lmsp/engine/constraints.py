@@ -1,0 +1,171 @@
+"""Grammar-constrained decoding inside the batch: one llguidance matcher per choice.
+
+A `Constraint` belongs to one choice of one job, never to a batch row: rows move as jobs join
+and leave the batch, so a per-row matcher would end up fed another job's tokens (the bug of
+mlx-vlm issue 1574). It is the choice's logits processor, which mlx-lm's `BatchGenerator`
+(and `generate_step`) keeps with the choice's row wherever the row moves, and calls with that
+row's logits only: rows without a constraint are never masked or copied.
+
+Each call (one per decoding step of the choice):
+1. starts the step's forward pass (`mx.async_eval`), so the CPU mask work below overlaps it, as
+   llguidance recommends;
+2. feeds the matcher the token sampled at the previous step (read back from the row's token
+   context; the first call's input is the last token of the prompt, which is not output);
+3. computes the matcher's token bitmask and applies it to the row's logits: plain MLX
+   operations on the CPU backend (llguidance's `llguidance.mlx` kernel is Metal-only), the
+   Metal kernel on macOS.
+
+The grammar is enforced, never dropped: if the matcher fails (an internal error, or a token it
+cannot take), `error` is set and every token but EOS is masked; the scheduler then fails the
+job with `constraint_failed` before it emits anything past the last valid token. When the
+grammar is complete the matcher allows only EOS, so a constrained choice ends there.
+
+Resuming: a fresh matcher is fed the snapshot's tokens (`resumed`), which puts it exactly where
+the uninterrupted run's matcher was; nothing about a matcher is ever stored.
+
+Forced tokens are not fast-forwarded: each token still takes one decoding step (the batch
+stays one token per row per step, which keeps the per-row sampling path simple).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import llguidance
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+
+class ConstraintError(Exception):
+    """The grammar cannot be used for this model (it does not compile with its tokenizer)."""
+
+
+_TOKENIZERS: dict[Hashable, llguidance.LLTokenizer] = {}
+_MAX_TOKENIZERS = 4
+
+
+def ll_tokenizer(
+    model_key: Hashable, model: nn.Module, tokenizer: TokenizerWrapper
+) -> llguidance.LLTokenizer:
+    """llguidance's view of a model's tokenizer, made once per model (~0.5 s for a 49k vocab)."""
+    found = _TOKENIZERS.get(model_key)
+    if found is not None:
+        return found
+    import llguidance.hf
+
+    vocab = getattr(getattr(model, "args", None), "vocab_size", None)
+    made = llguidance.hf.from_tokenizer(
+        tokenizer._tokenizer, n_vocab=vocab, eos_token=sorted(tokenizer.eos_token_ids)
+    )
+    while len(_TOKENIZERS) >= _MAX_TOKENIZERS:
+        del _TOKENIZERS[next(iter(_TOKENIZERS))]
+    _TOKENIZERS[model_key] = made
+    return made
+
+
+def forget_tokenizer(model_key: Hashable) -> None:
+    _TOKENIZERS.pop(model_key, None)
+
+
+def compile_grammar(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
+    """A fresh matcher for `grammar`; raises `ConstraintError` if it does not compile."""
+    import llguidance
+
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    if matcher.is_error():
+        raise ConstraintError(matcher.get_error())
+    return matcher
+
+
+class Constraint:
+    """One choice's grammar matcher, as an mlx-lm logits processor (see the module docstring).
+
+    `grammar` is llguidance's grammar text, or a fresh matcher of it (`compile_grammar`, whose
+    `deep_copy()` gives each choice of a job its own without compiling again). Raises
+    `ConstraintError` if the grammar does not compile, or if the resumed tokens do not follow it.
+    """
+
+    def __init__(
+        self,
+        tokenizer: llguidance.LLTokenizer,
+        grammar: str | llguidance.LLMatcher,
+        resumed: Sequence[int] = (),
+    ) -> None:
+        if isinstance(grammar, str):
+            grammar = compile_grammar(tokenizer, grammar)
+        self._matcher = grammar
+        if resumed and not self._matcher.consume_tokens(list(resumed)):
+            raise ConstraintError(
+                f"the resumed tokens do not follow the grammar: {self._matcher.get_error()}"
+            )
+        self._eos = tokenizer.eos_token
+        self._bitmask = np.zeros((1, (tokenizer.vocab_size + 31) // 32), dtype=np.int32)
+        self._started = False
+        self.error: str | None = None
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the text so far is complete under the grammar."""
+        return self._matcher.is_accepting()
+
+    def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
+        import mlx.core as mx
+
+        if self._started:
+            # Let the forward pass run while we wait for the last token and build the mask.
+            mx.async_eval(logits)
+            self._feed(cast(int, context[-1].item()))  # a token id: an int32 scalar
+        self._started = True
+        self._fill()
+        return apply_bitmask(logits, self._bitmask)
+
+    def _feed(self, token: int) -> None:
+        if self.error is None and not self._matcher.consume_token(token):
+            self.error = self._matcher.get_error() or f"token {token} is not allowed here"
+
+    def _fill(self) -> None:
+        from llguidance.numpy import fill_next_token_bitmask
+
+        if self.error is None:
+            try:
+                fill_next_token_bitmask(self._matcher, self._bitmask)
+            except Exception as exc:  # an API-level failure must not pass unconstrained either
+                self.error = f"{type(exc).__name__}: {exc}"
+        if self.error is None and self._matcher.is_error():
+            self.error = self._matcher.get_error()
+        if self.error is None and not self._bitmask.any():
+            self.error = "the grammar allows no token here"
+        if self.error is not None:
+            # Only EOS, so nothing unconstrained is ever generated; the job fails on it.
+            self._bitmask[:] = 0
+            self._bitmask.view(np.uint32)[0, self._eos // 32] = 1 << (self._eos % 32)
+
+
+def apply_bitmask(logits: mx.array, bitmask: np.ndarray[Any, Any]) -> mx.array:
+    """`logits` (1 × vocab) with every token whose bit is 0 in `bitmask` set to -inf.
+
+    Plain MLX operations (on the CPU backend); llguidance's Metal kernel on macOS. Tokens past
+    the bitmask's end (a model whose output is wider than its tokenizer) are masked.
+    """
+    import mlx.core as mx
+
+    if sys.platform == "darwin" and mx.metal.is_available():
+        from llguidance.mlx import apply_token_bitmask
+
+        vocab = logits.shape[-1]
+        words = (vocab + 31) // 32
+        mask = bitmask[:, :words]
+        if mask.shape[1] < words:
+            mask = np.pad(mask, ((0, 0), (0, words - mask.shape[1])))
+        return apply_token_bitmask(logits, mask)
+    vocab = logits.shape[-1]
+    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
+    if allowed.shape[1] < vocab:
+        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
+    return mx.where(mx.array(allowed.astype(np.bool_)), logits, mx.array(-mx.inf, logits.dtype))

@@ -1,0 +1,374 @@
+"""Grammars for constrained decoding, one code path for both APIs: structured output and tools.
+
+Pure (llguidance's compiler, no MLX, no tokenizer): the server imports it to refuse a request
+whose schema cannot be compiled (`check_response_format`, `check_tools`, which give the
+compiler's reason and a path into the schema for a `400`), and the worker to build a job's
+grammar (`build_grammar`), which `constraints.Constraint` then enforces token by token.
+
+What the grammars allow:
+
+- `ResponseFormat("json_schema", schema, strict)`: exactly one JSON value valid under `schema`,
+  then the end. `strict=True` compiles the schema as it is and refuses what llguidance does not
+  implement (`uniqueItems`, `not`, `if`, unknown `format`s, lookaround in patterns, ...);
+  `strict=False` still enforces the schema, but ignores the keywords llguidance does not
+  implement instead of refusing them (llguidance's `lenient` mode). `ResponseFormat
+  ("json_object")` is any JSON object. Object properties come in the order of `properties`.
+- `ToolSpec`: calls in the model's call format (`CallFormat`: the generic one, or the model's own
+  where it has the same shape), each `<tool_call>\\n{"name": "<name>", "arguments": <JSON>}\\n
+  </tool_call>`, calls separated by a newline, nothing after the last one. `choice="auto"`:
+  free text, or text followed by calls (once the text contains the start marker, a call is
+  forced); `"required"`: one or more calls and nothing else; a function name: calls of that
+  function only; `"none"`: no calls (no grammar, unless a response format asks for one).
+  The calls may be followed by one newline, then the end.
+  `parallel=False` or `max_calls=1` allows one call; `max_calls` bounds them. Arguments follow
+  the function's `parameters` (strictly when the tool is `strict`, else leniently as above;
+  a function without parameters takes `{}` when strict, any object otherwise).
+- With both a response format and tools (not "none"): the JSON, or calls.
+
+JSON whitespace is limited to at most 12 characters at each place JSON allows it (small models
+otherwise fill `max_tokens` with newlines); separators and indentation stay free within that.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+# Whitespace allowed at each place JSON allows it (matched at most once there).
+JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,12}"
+# OpenAI's rule for function names; it also keeps names safe to write into a grammar literal.
+FUNCTION_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+ToolChoice = str  # "auto" | "none" | "required" | the name of a function to call
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    """A structured-output format: "json_schema" (with `schema`) or "json_object"."""
+
+    type: Literal["json_schema", "json_object"]
+    schema: dict[str, Any] | None = None
+    strict: bool = False
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class FunctionTool:
+    """A function the model may call; `parameters` is the JSON schema of its arguments."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool = True
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """The tools of a request and how they may be called."""
+
+    tools: tuple[FunctionTool, ...]
+    choice: ToolChoice = "auto"
+    parallel: bool = True
+    max_calls: int | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether calls are possible at all (some tool, a choice other than "none")."""
+        return bool(self.tools) and self.choice != "none" and self.max_calls != 0
+
+    def callable_tools(self) -> tuple[FunctionTool, ...]:
+        if self.choice in ("auto", "required", "none"):
+            return self.tools
+        return tuple(tool for tool in self.tools if tool.name == self.choice)
+
+    @property
+    def call_limit(self) -> int | None:
+        """The most calls one generation may make (None: no limit)."""
+        if not self.parallel:
+            return 1
+        return self.max_calls
+
+
+@dataclass(frozen=True)
+class CallFormat:
+    """How a model writes a tool call: the markers around the call's JSON.
+
+    `name` is "generic" (the format this service teaches a model through its system prompt) or
+    the mlx-lm tool parser whose format the model was trained on (same shape: "json_tools").
+    `special_markers`: the markers are single special tokens of the model's tokenizer, so the
+    grammar names them as tokens rather than spelling them out.
+    """
+
+    name: str = "generic"
+    start: str = "<tool_call>"
+    end: str = "</tool_call>"
+    special_markers: bool = False
+
+
+GENERIC = CallFormat()
+
+
+@dataclass(frozen=True)
+class GrammarIssue:
+    """Why a format or tool list cannot be compiled, and where.
+
+    `path` leads from the object checked to the offending place: for a response format
+    ("schema", <path in the schema>...), for tools ("tools", i, "parameters", <path>...),
+    ("tools", i, "name") or ("choice",).
+    """
+
+    reason: str
+    path: tuple[str | int, ...] = ()
+
+    @property
+    def pointer(self) -> str:
+        """`path` as a JSON pointer (RFC 6901)."""
+        return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in self.path)
+
+
+class GrammarError(ValueError):
+    """A grammar could not be built; `issue` says why and where."""
+
+    def __init__(self, issue: GrammarIssue) -> None:
+        where = f" at {issue.pointer}" if issue.path else ""
+        super().__init__(f"{issue.reason}{where}")
+        self.issue = issue
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+def check_response_format(fmt: ResponseFormat) -> GrammarIssue | None:
+    """None if `fmt` compiles, else the compiler's reason and the path to the culprit."""
+    if fmt.type == "json_object":
+        return None
+    if fmt.type != "json_schema":
+        return GrammarIssue(f"unknown response format type {fmt.type!r}", ("type",))
+    if not isinstance(fmt.schema, dict):
+        return GrammarIssue("the schema must be a JSON object", ("schema",))
+    found = check_schema(fmt.schema, strict=fmt.strict)
+    if found is None:
+        return None
+    return GrammarIssue(found.reason, ("schema", *found.path))
+
+
+def check_tools(spec: ToolSpec) -> GrammarIssue | None:
+    """None if every tool's parameters compile and the choice names a tool, else the first
+    issue found."""
+    names: set[str] = set()
+    for i, tool in enumerate(spec.tools):
+        if not FUNCTION_NAME.match(tool.name):
+            return GrammarIssue(
+                "a function name must be 1 to 64 letters, digits, underscores or dashes",
+                ("tools", i, "name"),
+            )
+        if tool.name in names:
+            return GrammarIssue(f"duplicate function name {tool.name!r}", ("tools", i, "name"))
+        names.add(tool.name)
+        if tool.parameters is not None and not isinstance(tool.parameters, dict):
+            return GrammarIssue(
+                "parameters must be a JSON schema object", ("tools", i, "parameters")
+            )
+        found = check_schema(_arguments_schema(tool), strict=tool.strict)
+        if found is not None:
+            return GrammarIssue(found.reason, ("tools", i, "parameters", *found.path))
+    if spec.choice not in ("auto", "none", "required") and spec.choice not in names:
+        return GrammarIssue(f"tool_choice names no tool: {spec.choice!r}", ("choice",))
+    if spec.choice == "required" and not spec.tools:
+        return GrammarIssue('tool_choice "required" needs at least one tool', ("choice",))
+    if spec.max_calls is not None and spec.max_calls < 0:
+        return GrammarIssue("max_calls must be >= 0", ("max_calls",))
+    if spec.active:
+        # The whole grammar too (it should compile whenever its parts do).
+        reason = _validate(build_grammar(None, spec))
+        if reason:
+            return GrammarIssue(reason, ())
+    return None
+
+
+def check_schema(schema: dict[str, Any], *, strict: bool) -> GrammarIssue | None:
+    """None if llguidance compiles `schema`, else its reason and the path (in the schema) of
+    the deepest sub-schema that fails by itself with the same reason, plus the keyword."""
+    reason = _schema_error(schema, schema, strict)
+    if not reason:
+        return None
+    return GrammarIssue(reason, _locate(schema, schema, (), reason, strict))
+
+
+def _schema_error(root: dict[str, Any], schema: Any, strict: bool) -> str:
+    if not isinstance(schema, dict):
+        return "" if isinstance(schema, bool) else "a schema must be an object or a boolean"
+    if schema is not root:
+        # A sub-schema compiled alone still sees the root's definitions.
+        schema = {**schema}
+        for defs in ("$defs", "definitions"):
+            if isinstance(root.get(defs), dict) and defs not in schema:
+                schema[defs] = root[defs]
+    try:
+        grammar = _json_grammar(schema, strict)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return _validate(grammar)
+
+
+def _locate(
+    root: dict[str, Any],
+    node: dict[str, Any],
+    path: tuple[str | int, ...],
+    reason: str,
+    strict: bool,
+) -> tuple[str | int, ...]:
+    for step, child in _children(node):
+        if isinstance(child, dict) and _schema_error(root, child, strict) == reason:
+            return _locate(root, child, (*path, *step), reason, strict)
+    keyword = _keyword_of(node, reason)
+    return (*path, keyword) if keyword else path
+
+
+def _children(node: dict[str, Any]) -> Iterator[tuple[tuple[str | int, ...], Any]]:
+    # Definitions first: a failing definition also fails every sub-schema referring to it.
+    for key in ("$defs", "definitions", "properties", "patternProperties", "dependentSchemas"):
+        value = node.get(key)
+        if isinstance(value, dict):
+            for name, child in value.items():
+                yield (key, name), child
+    for key in ("anyOf", "allOf", "oneOf", "prefixItems", "items"):
+        value = node.get(key)
+        if isinstance(value, list):
+            for i, child in enumerate(value):
+                yield (key, i), child
+    for key in (
+        "items",
+        "additionalProperties",
+        "additionalItems",
+        "contains",
+        "propertyNames",
+        "not",
+        "if",
+        "then",
+        "else",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+    ):
+        value = node.get(key)
+        if isinstance(value, dict):
+            yield (key,), value
+
+
+def _keyword_of(node: dict[str, Any], reason: str) -> str | None:
+    """The keyword of `node` that `reason` (an llguidance error) is about, if it says."""
+    unimplemented = re.match(r'Unimplemented keys: \["([^"]+)"', reason)
+    if unimplemented and unimplemented.group(1) in node:
+        return unimplemented.group(1)
+    if reason.startswith("Unknown format") and "format" in node:
+        return "format"
+    if "regex parse error" in reason and "pattern" in node:
+        return "pattern"
+    if "Properties" in reason:
+        for keyword in ("minProperties", "maxProperties"):
+            if keyword in node:
+                return keyword
+    if ("Pointer" in reason or "Resource" in reason) and "$ref" in node:
+        return "$ref"
+    return None
+
+
+# --- building -------------------------------------------------------------------------------
+
+
+def build_grammar(
+    response_format: ResponseFormat | None,
+    tools: ToolSpec | None,
+    call_format: CallFormat = GENERIC,
+) -> str | None:
+    """The llguidance grammar for a job, or None when its output is unconstrained."""
+    calls = tools is not None and tools.active
+    if not calls:
+        if response_format is None:
+            return None
+        return _json_grammar(_format_schema(response_format), response_format.strict)
+    assert tools is not None
+    lines = ["%llguidance {}"]
+    start, end = _marker(call_format.start, call_format), _marker(call_format.end, call_format)
+    functions = tools.callable_tools()
+    lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(functions))))
+    for i, tool in enumerate(functions):
+        head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
+        schema = _with_options(_arguments_schema(tool), tool.strict)
+        lines.append(f'fn_{i}: {head} %json {json.dumps(schema)} "}}"')
+    limit = tools.call_limit
+    repeat = f' ("\\n" {start} body)'
+    more = "" if limit == 1 else repeat + "*" if limit is None else repeat + f"{{0,{limit - 1}}}"
+    # A newline may end the calls (a model often writes one before it stops).
+    more += ' "\\n"?'
+    lines.append(f'body: "\\n" fn "\\n" {end}')
+    if response_format is not None:
+        schema = _with_options(_format_schema(response_format), response_format.strict)
+        lines.append(f"answer: %json {json.dumps(schema)}")
+        lines.append(f"start: answer | {start} body{more}")
+    elif tools.choice == "auto":
+        lines.append("TEXT: /(?s:.*)/")
+        if call_format.special_markers:
+            # A special token never occurs inside text: no lazy lexeme needed.
+            lines.append(f"start: TEXT | TEXT {start} body{more}")
+        else:
+            # Text ends at the first start marker, which then must begin a call.
+            lines.append(f"call_head[lazy]: TEXT {start}")
+            lines.append(f"start: TEXT | call_head body{more}")
+    else:
+        lines.append(f"start: {start} body{more}")
+    return _lark("\n".join(lines))
+
+
+def _marker(text: str, call_format: CallFormat) -> str:
+    return text if call_format.special_markers else json.dumps(text)
+
+
+def _format_schema(fmt: ResponseFormat) -> dict[str, Any]:
+    if fmt.type == "json_object":
+        return {"type": "object"}
+    if not isinstance(fmt.schema, dict):
+        raise GrammarError(GrammarIssue("the schema must be a JSON object", ("schema",)))
+    return fmt.schema
+
+
+def _arguments_schema(tool: FunctionTool) -> dict[str, Any]:
+    if tool.parameters is not None:
+        return tool.parameters
+    if tool.strict:
+        return {"type": "object", "properties": {}, "additionalProperties": False}
+    return {"type": "object"}
+
+
+def _with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
+    options = dict(schema.get("x-guidance") or {})
+    options.setdefault("whitespace_pattern", JSON_WHITESPACE)
+    options["lenient"] = not strict
+    return {**schema, "x-guidance": options}
+
+
+def _json_grammar(schema: dict[str, Any], strict: bool) -> str:
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_json_schema(
+        schema,
+        defaults={"whitespace_pattern": JSON_WHITESPACE},
+        overrides={"lenient": not strict},
+    )
+
+
+def _lark(text: str) -> str:
+    import llguidance
+
+    return llguidance.LLMatcher.grammar_from_lark(text)
+
+
+def _validate(grammar: str | None) -> str:
+    if grammar is None:
+        return ""
+    import llguidance
+
+    return llguidance.LLMatcher.validate_grammar(grammar)

@@ -1,0 +1,374 @@
+"""Function calls in a model's text: putting tools into the prompt, and getting calls back out.
+
+Pure (no MLX). The engine's chat messages may carry calls and their results:
+
+- `{"role": "assistant", "content": str | None, "tool_calls": [{"id", "name", "arguments"}]}`,
+  `arguments` being the JSON text of the call's arguments;
+- `{"role": "tool", "tool_call_id": str, "content": str}` (optionally `"name"`).
+
+`render` turns those and a `ToolSpec` into what the model's chat template takes. With the
+generic format (`grammars.GENERIC`, for a model whose template knows no tools, like the demo
+model's) the tools are described in the system prompt, past calls become the assistant's text
+(`<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`, exactly as the model writes them)
+and results become a user message of `<tool_response>` blocks, so any template renders them.
+With the model's own format ("json_tools", the Hermes/Qwen shape, same text) the template gets
+`tools=` and the messages in the Hugging Face shape and renders them itself.
+
+`ToolCallParser` turns the generated text, as it streams, into content text and calls (name,
+argument deltas, done). It raises `ToolCallError` on a call it cannot parse, never dropping it.
+Feeding it the same text gives the same events, so after a resume the caller can re-feed the
+committed text and skip the events it already has.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from jupyter_lmsp.engine.grammars import GENERIC, CallFormat, ToolSpec
+
+# The mlx-lm tool parsers whose call text is the generic format's: a model trained on one of
+# them is prompted through its own template and parsed here.
+NATIVE_FORMATS = frozenset({"json_tools"})
+
+TOOLS_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a JSON object with the function name and arguments within \
+<tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def call_format_for(tool_parser_type: str | None, *, special_markers: bool = False) -> CallFormat:
+    """The call format of a model whose tokenizer mlx-lm gave `tool_parser_type`."""
+    if tool_parser_type in NATIVE_FORMATS:
+        return CallFormat(tool_parser_type, special_markers=special_markers)
+    return GENERIC
+
+
+def call_text(name: str, arguments: str) -> str:
+    """The JSON object of one call as the grammar has the model write it."""
+    return '{"name": ' + json.dumps(name) + ', "arguments": ' + arguments + "}"
+
+
+def render(
+    messages: list[dict[str, Any]], tools: ToolSpec | None, call_format: CallFormat = GENERIC
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages and extra chat-template arguments for a job with (or without) tools.
+
+    Tools are shown only when calls are possible (`tools.active`); past calls and results are
+    rendered either way.
+    """
+    show = tools is not None and tools.active
+    if call_format.name != GENERIC.name:
+        return _render_native(messages, tools if show else None)
+    return _render_generic(messages, tools if show else None, call_format), {}
+
+
+def tools_prompt(tools: ToolSpec) -> str:
+    lines = []
+    for tool in tools.callable_tools():
+        function: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            function["description"] = tool.description
+        function["parameters"] = tool.parameters or {"type": "object", "properties": {}}
+        lines.append(json.dumps({"type": "function", "function": function}))
+    return TOOLS_PROMPT.format(tools="\n".join(lines))
+
+
+def _render_generic(
+    messages: list[dict[str, Any]], tools: ToolSpec | None, call_format: CallFormat
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content") or ""
+        if role == "assistant" and message.get("tool_calls"):
+            calls = "\n".join(
+                f"{call_format.start}\n{call_text(c['name'], c['arguments'])}\n{call_format.end}"
+                for c in message["tool_calls"]
+            )
+            out.append({"role": "assistant", "content": f"{content}{calls}"})
+        elif role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            previous = out[-1] if out else None
+            if previous is not None and previous.get("_results"):
+                previous["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_results": True})
+        else:
+            out.append({"role": role, "content": content})
+    for message in out:
+        message.pop("_results", None)
+    if tools is not None:
+        prompt = tools_prompt(tools)
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
+        else:
+            out.insert(0, {"role": "system", "content": prompt})
+    return out
+
+
+def _render_native(
+    messages: list[dict[str, Any]], tools: ToolSpec | None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content") or ""
+        if role == "assistant" and message.get("tool_calls"):
+            calls = []
+            for call in message["tool_calls"]:
+                try:
+                    arguments: Any = json.loads(call["arguments"])
+                except (TypeError, ValueError):
+                    arguments = call["arguments"]
+                calls.append(
+                    {
+                        "id": call.get("id"),
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": arguments},
+                    }
+                )
+            out.append({"role": "assistant", "content": content, "tool_calls": calls})
+        elif role == "tool":
+            result = {"role": "tool", "content": content}
+            for key in ("tool_call_id", "name"):
+                if message.get(key) is not None:
+                    result[key] = message[key]
+            out.append(result)
+        else:
+            out.append({"role": role, "content": content})
+    extra: dict[str, Any] = {}
+    if tools is not None:
+        extra["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description or "",
+                    "parameters": tool.parameters or {"type": "object", "properties": {}},
+                },
+            }
+            for tool in tools.callable_tools()
+        ]
+    return out, extra
+
+
+# --- parsing --------------------------------------------------------------------------------
+
+
+@dataclass
+class ContentDelta:
+    """Text of the message that is not part of a call."""
+
+    text: str
+
+
+@dataclass
+class CallStart:
+    """Call `index` (0-based, in order) began; its function is `name`."""
+
+    index: int
+    name: str
+
+
+@dataclass
+class ArgumentsDelta:
+    """More of call `index`'s arguments text; the deltas add up to `CallDone.arguments`."""
+
+    index: int
+    delta: str
+
+
+@dataclass
+class CallDone:
+    """Call `index` is complete: `arguments` is its arguments' JSON text (an object)."""
+
+    index: int
+    name: str
+    arguments: str
+
+
+ParserEvent = ContentDelta | CallStart | ArgumentsDelta | CallDone
+
+
+class ToolCallError(ValueError):
+    """The text holds a call that cannot be parsed (or ended inside one)."""
+
+
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+class ToolCallParser:
+    """Splits streamed text into content and calls (see the module docstring).
+
+    `feed` takes the next piece of text and returns the events it completes; `finish` ends the
+    text (raising `ToolCallError` if it ends inside a call). Content that could be the start of
+    a call marker is held back until it is known not to be. `names`, when given, are the only
+    function names accepted.
+    """
+
+    def __init__(
+        self, call_format: CallFormat = GENERIC, names: Collection[str] | None = None
+    ) -> None:
+        self._start = call_format.start
+        self._end = call_format.end
+        self._names = set(names) if names is not None else None
+        self._buffer = ""
+        self._in_call = False
+        self.calls: list[CallDone] = []
+        # The call being read: its name once known, and how much of its arguments went out.
+        self._name: str | None = None
+        self._args_start = 0
+        self._args_sent = 0
+        self._args_end: int | None = None
+
+    def feed(self, text: str) -> list[ParserEvent]:
+        self._buffer += text
+        events: list[ParserEvent] = []
+        while True:
+            if self._in_call:
+                if not self._read_call(events):
+                    return events
+            else:
+                at = self._buffer.find(self._start)
+                if at < 0:
+                    keep = _partial_suffix(self._buffer, self._start)
+                    self._content(self._buffer[: len(self._buffer) - keep], events)
+                    self._buffer = self._buffer[len(self._buffer) - keep :]
+                    return events
+                self._content(self._buffer[:at], events)
+                self._buffer = self._buffer[at + len(self._start) :]
+                self._in_call = True
+                self._name, self._args_start, self._args_sent = None, 0, 0
+                self._args_end = None
+
+    def finish(self) -> list[ParserEvent]:
+        if self._in_call:
+            raise ToolCallError(
+                f"the output ended inside tool call {len(self.calls)} "
+                f"(no {self._end}): {self._buffer[:200]!r}"
+            )
+        events: list[ParserEvent] = []
+        self._content(self._buffer, events)
+        self._buffer = ""
+        return events
+
+    def _content(self, text: str, events: list[ParserEvent]) -> None:
+        if not text:
+            return
+        if self.calls and not text.strip():
+            return  # the newlines between and after calls
+        events.append(ContentDelta(text))
+
+    def _read_call(self, events: list[ParserEvent]) -> bool:
+        """Advance the call in the buffer; True once it is done (the buffer then holds what
+        follows it)."""
+        index = len(self.calls)
+        if self._name is None:
+            head = _HEAD.match(self._buffer)
+            if head is not None:
+                try:
+                    name = json.loads(head.group(1))
+                except ValueError as exc:
+                    raise ToolCallError(f"tool call {index}: bad name {head.group(1)}") from exc
+                self._check_name(index, name)
+                self._name = name
+                self._args_start = self._args_sent = head.end()
+                events.append(CallStart(index, name))
+        if self._name is not None and self._args_end is None:
+            if self._args_sent == self._args_start:
+                # Nothing sent yet: the arguments begin at their first non-space character.
+                while (
+                    self._args_start < len(self._buffer)
+                    and self._buffer[self._args_start].isspace()
+                ):
+                    self._args_start += 1
+                self._args_sent = self._args_start
+            if self._buffer.startswith("{", self._args_start):
+                end = _json_object_end(self._buffer, self._args_start)
+                stop = end if end is not None else len(self._buffer)
+                if stop > self._args_sent:
+                    events.append(ArgumentsDelta(index, self._buffer[self._args_sent : stop]))
+                    self._args_sent = stop
+                self._args_end = end
+        close = self._buffer.find(self._end)
+        if close < 0:
+            return False
+        body = self._buffer[:close]
+        self._buffer = self._buffer[close + len(self._end) :]
+        self._in_call = False
+        try:
+            call = json.loads(body)
+        except ValueError as exc:
+            raise ToolCallError(f"tool call {index} is not valid JSON: {body[:200]!r}") from exc
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("name"), str)
+            or not isinstance(call.get("arguments"), dict)
+        ):
+            raise ToolCallError(
+                f'tool call {index} must be {{"name": <string>, "arguments": <object>}}: '
+                f"{body[:200]!r}"
+            )
+        if self._name is None:
+            # Not in the streamed shape (e.g. "arguments" first): out in one piece.
+            self._check_name(index, call["name"])
+            arguments = json.dumps(call["arguments"])
+            events += [CallStart(index, call["name"]), ArgumentsDelta(index, arguments)]
+        elif self._args_end is None or call["name"] != self._name:
+            raise ToolCallError(f"tool call {index} is malformed: {body[:200]!r}")
+        else:
+            arguments = body[self._args_start : self._args_end]
+        done = CallDone(index, call["name"], arguments)
+        self.calls.append(done)
+        events.append(done)
+        return True
+
+    def _check_name(self, index: int, name: object) -> None:
+        if not isinstance(name, str) or (self._names is not None and name not in self._names):
+            raise ToolCallError(f"tool call {index} names an unknown function: {name!r}")
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """The length of the longest end of `text` that is a proper beginning of `marker`."""
+    for length in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-length:]):
+            return length
+    return 0
+
+
+def _json_object_end(text: str, start: int) -> int | None:
+    """Where the JSON object starting at `text[start]` ends, if it does within `text`."""
+    depth = 0
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return None
