@@ -135,6 +135,11 @@ def test_three_concurrent_300_mib_bodies_are_refused_unread(server, chunked):
             peak = max(peak, _rss(server.proc.pid))
             time.sleep(0.02)
         time.sleep(0.3)
+    print(
+        f"3 x 300 MiB ({'chunked' if chunked else 'Content-Length'}): RSS +"
+        f"{(peak - idle) / MiB:.1f} MiB, slowest of {len(probe.times)} probes "
+        f"{max(probe.times) * 1e3:.1f} ms"
+    )
     assert len(answers) == 3
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
