@@ -88,6 +88,22 @@ def test_every_handler_method_is_a_documented_operation():
             assert "401" in doc["responses"] or op.public
 
 
+def test_every_field_of_the_openai_requests_is_known():
+    """A field the openai SDK (3.57) can send is never `unknown_parameter`: it is honoured,
+    accepted when neutral, or refused by name as `unsupported_parameter`."""
+    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+    from openai.types.responses.response_create_params import (
+        ResponseCreateParamsBase,
+        ResponseCreateParamsStreaming,
+    )
+
+    responses = set(ResponseCreateParamsBase.__annotations__)
+    responses |= set(ResponseCreateParamsStreaming.__annotations__)
+    assert responses <= set(CreateResponseRequest.model_fields)
+    chat = set(CompletionCreateParamsBase.__annotations__) | {"stream"}
+    assert chat <= set(CreateChatCompletionRequest.model_fields)
+
+
 def test_request_schemas_name_every_accepted_field():
     responses = DOC["components"]["schemas"]["CreateResponseRequest"]["properties"]
     assert set(responses) == set(CreateResponseRequest.model_fields)

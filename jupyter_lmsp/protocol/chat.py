@@ -138,6 +138,9 @@ class CreateChatCompletionRequest(Body):
     reasoning_effort: Annotated[Any, Neutral()] = None
     verbosity: Annotated[Any, Neutral()] = None
     service_tier: Annotated[Any, Neutral("auto", "default")] = None
+    prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None
+    prompt_cache_options: Annotated[Any, Neutral({})] = None
+    moderation: Annotated[Any, Neutral()] = None
 
     @model_validator(mode="after")
     def _consistent(self) -> CreateChatCompletionRequest:

@@ -801,6 +801,21 @@ export interface components {
              * @default null
              */
             service_tier?: "auto" | "default" | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            prompt_cache_retention?: "in_memory" | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            prompt_cache_options?: Record<string, never> | null;
+            /**
+             * @description Accepted only as null (not supported).
+             * @default null
+             */
+            moderation?: null;
         };
         /**
          * CreateResponseRequest
