@@ -325,10 +325,12 @@ class LMSPHandler(APIHandler):
             )
         key = self.request.headers.get(idempotency.HEADER)
         if key is not None and not op.idempotent and self.request.method == "POST":
+            # A credential-free route keys nothing before the caller is known (and starting a
+            # pairing answers a secret, which must never be stored to be replayed).
             raise invalid(
-                f"'{idempotency.HEADER}' is not accepted by this endpoint.",
+                f"This endpoint takes no '{idempotency.HEADER}'; send the request again instead.",
                 param=idempotency.HEADER,
-                code="invalid_idempotency_key",
+                code="idempotency_key_not_supported",
             )
         parsed: Any = _NO_BODY
         parse_error: LMSPError | None = None
@@ -397,7 +399,8 @@ class LMSPHandler(APIHandler):
                 raise parse_error
             await self._invoke(op, fn, path_args, parsed, kwargs)
         except LMSPError as e:
-            if e.status < 500:
+            # A 429 (a quota, a rate limit) says "not now": the same key may be retried later.
+            if e.status < 500 and e.status != 429:
                 await idempotency.record(self.ctx, found, e.status, e.body())
             else:
                 await idempotency.release(self.ctx, found)

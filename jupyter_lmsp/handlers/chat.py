@@ -51,7 +51,7 @@ class ChatCompletionsHandler(LMSPHandler):
                 stream=CHUNKS,
             )
         },
-        errors=(404, 409, 500),
+        errors=(404, 409, 429, 500),
         idempotent=True,
     )
     async def post(self, body: CreateChatCompletionRequest) -> None:

@@ -1,8 +1,10 @@
 """`/lmsp/v1/pairings` and `/lmsp/v1/clients`: the pairing flow and the owner's client list.
 
 Starting a pairing and polling for its token need no credentials (the client has none yet);
-both are rate-limited per remote address, and neither takes an `Idempotency-Key` (nothing is
-keyed before the caller is known). Deciding and managing clients need `clients:admin`.
+starting is rate-limited per remote address, polling per pairing. Neither takes an
+`Idempotency-Key`: nothing is keyed before the caller is known, and starting's result holds the
+device code, a secret, which must never be stored to be replayed. Deciding and managing clients
+need `clients:admin`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ..protocol.pairing import (
     PairingTokenRequest,
     StartPairingRequest,
 )
-from ..services import pairing
+from ..services import pairing, revocation
 from .base import LMSPHandler, operation
 
 
@@ -35,7 +37,15 @@ class PairingsHandler(LMSPHandler):
     async def post(self, body: StartPairingRequest) -> None:
         self.ctx.pairing_limiter.check(self.remote_address)
         self.write_json(
-            await self.call(pairing.start, self.ctx.db, body, self.ctx.pairing_ttl), 201
+            await self.call(
+                pairing.start,
+                self.ctx.db,
+                body,
+                self.ctx.pairing_ttl,
+                started_by=self.lmsp_caller,
+                max_pending=self.ctx.max_pending_pairings,
+            ),
+            201,
         )
 
     @operation(
@@ -61,11 +71,15 @@ def _decision(approve: bool) -> type[LMSPHandler]:
             replies={200: Reply("The pairing as decided.", Pairing)},
             errors=(400, 404),
             idempotent=True,
+            description="A paired client grants only scopes it holds, never to a pairing it "
+            "started.",
         )
         async def post(self, pairing_id: str, body: PairingDecisionRequest | None) -> None:
             scopes = body.scopes if approve and body is not None else None
             self.write_json(
-                await self.call(pairing.decide, self.ctx.db, pairing_id, approve, scopes)
+                await self.call(
+                    pairing.decide, self.ctx.db, pairing_id, approve, scopes, self.caller
+                )
             )
 
     PairingDecisionHandler.__name__ = f"Pairing{verb.capitalize()}Handler"
@@ -86,8 +100,16 @@ class PairingTokenHandler(LMSPHandler):
         errors=(404, 429),
     )
     async def post(self, pairing_id: str, body: PairingTokenRequest) -> None:
-        self.ctx.pairing_limiter.check(self.remote_address)
-        self.write_json(await self.call(pairing.poll, self.ctx.db, pairing_id, body))
+        self.write_json(
+            await self.call(
+                pairing.poll,
+                self.ctx.db,
+                pairing_id,
+                body,
+                self.ctx.poll_limiter,
+                self.remote_address,
+            )
+        )
 
 
 class ClientsHandler(LMSPHandler):
@@ -112,4 +134,4 @@ class ClientHandler(LMSPHandler):
         errors=(404,),
     )
     async def delete(self, client_id: str) -> None:
-        self.write_json(await self.call(pairing.revoke, self.ctx.db, client_id))
+        self.write_json(await revocation.revoke_client(self.ctx, client_id))

@@ -50,7 +50,7 @@ class ResponsesHandler(LMSPHandler):
                 headers={"Location": ResponseHeader("The response's URL.")},
             ),
         },
-        errors=(404,),
+        errors=(404, 429),
         idempotent=True,
     )
     async def post(self, body: CreateResponseRequest) -> None:

@@ -6,6 +6,7 @@ from ..protocol.operations import Reply, ResponseHeader
 from ..protocol.registry import Model, ModelDeleted, ModelList, RegisterModelRequest
 from ..protocol.service import Blas, Limits, Service, WorkerInfo
 from ..protocol.tasks import Task
+from ..services import disclosure
 from .base import LMSPHandler, operation
 
 CAPABILITIES = [
@@ -34,13 +35,13 @@ class ServiceHandler(LMSPHandler):
     async def get(self) -> None:
         ctx = self.ctx
         worker = dict(ctx.runner.worker_info)
-        blas = ctx.blas.report() if ctx.blas is not None else None
+        # Where the BLAS libraries are on the host is the owner's business.
+        blas = disclosure.blas_report(
+            ctx.blas.report() if ctx.blas is not None else None, self.caller
+        )
         if not self.caller.is_owner:
-            # Which process runs the models, and where its libraries are on the host, are
-            # the owner's business, not a paired client's.
+            # Which process runs the models too.
             worker.pop("pid", None)
-            if blas is not None:
-                blas.pop("paths", None)
         service = Service(
             id=ctx.service_id,
             name="jupyter-lmsp",
@@ -72,7 +73,7 @@ class ModelsHandler(LMSPHandler):
         replies={200: Reply("The models.", ModelList)},
     )
     async def get(self) -> None:
-        models = await self.call(self.ctx.catalog.list)
+        models = await self.call(self.ctx.catalog.list, self.caller)
         self.write_json(ModelList.model_validate({"data": models}).wire())
 
     @operation(
@@ -87,7 +88,7 @@ class ModelsHandler(LMSPHandler):
                 headers={"Location": ResponseHeader("The task's URL.", required=True)},
             )
         },
-        errors=(404, 409),
+        errors=(404, 409, 429),
         idempotent=True,
     )
     async def post(self, body: RegisterModelRequest) -> None:
@@ -107,7 +108,7 @@ class ModelHandler(LMSPHandler):
         errors=(404,),
     )
     async def get(self, model_id: str) -> None:
-        self.write_json(await self.call(self.ctx.catalog.get, model_id))
+        self.write_json(await self.call(self.ctx.catalog.get, model_id, self.caller))
 
     @operation(
         "deleteModel",

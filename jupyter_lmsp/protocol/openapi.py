@@ -45,7 +45,8 @@ ERRORS: dict[int, tuple[str, str]] = {
     422: ("Unprocessable", "An `Idempotency-Key` reused with a different request."),
     429: (
         "TooManyRequests",
-        "Too many credential-free requests from this address (`Retry-After`).",
+        "A rate limit or a quota (queued tasks, tokens in flight, pending pairings) is "
+        "reached (`Retry-After`).",
     ),
     500: ("ServerError", "The generation failed (chat completions only; never on bad input)."),
 }

@@ -39,12 +39,17 @@ class Model(WireObject):
     created: int
     owned_by: str
     format: str
-    path: str
+    path: str | None = Field(description="Its folder on the host; null for a paired client.")
     size_bytes: Annotated[int, Field(ge=0)]
     digest: str | None = Field(description="`sha256:` over its files' digests.")
-    files: list[ModelFile]
+    files: list[ModelFile] | None = Field(
+        description="Its files (relative paths); null for a paired client."
+    )
     state: ModelState
-    source: str | None
+    source: str | None = Field(
+        description="A Hugging Face repo id, or the path registered from (null for a paired "
+        "client)."
+    )
 
 
 class ModelList(WireObject):

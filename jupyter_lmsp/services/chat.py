@@ -22,7 +22,7 @@ from ..protocol.chat import (
     completion_object,
     finish_reason,
 )
-from ..protocol.errors import LMSPError
+from ..protocol.errors import LMSPError, unauthenticated
 from ..protocol.responses import CreateResponseRequest
 from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries, rules
@@ -43,6 +43,8 @@ class ChatRun:
 
     response: dict[str, Any]
     include_usage: bool = False
+    # Whose run it is: its stream closes when that client is revoked.
+    caller: str | None = None
 
     @property
     def task_id(self) -> str:
@@ -75,8 +77,10 @@ async def start_chat_completion(
     as_response = CreateResponseRequest.model_validate(
         {name: value for name, value in fields.items() if value is not None}
     )
-    response = await responses.create_response(ctx, as_response, caller, keyed=keyed)
-    return ChatRun(response, include_usage=request.include_usage)
+    response = await responses.create_response(
+        ctx, as_response, caller, keyed=keyed, input_param="messages"
+    )
+    return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 
 async def existing_run(
@@ -85,7 +89,7 @@ async def existing_run(
     """The chat completion an earlier request with the same idempotency key started; its
     chunks or completion are read back from the task's stored events."""
     response = await ctx.offload(responses.get_response, ctx, response_id, caller)
-    return ChatRun(response, include_usage=request.include_usage)
+    return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 
 async def is_finished(ctx: ServiceContext, run: ChatRun) -> bool:
@@ -100,7 +104,9 @@ async def cancel(ctx: ServiceContext, run: ChatRun) -> None:
 
 
 def _events(ctx: ServiceContext, run: ChatRun) -> TaskEventStream:
-    return TaskEventStream(ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval)
+    return TaskEventStream(
+        ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval, caller=run.caller
+    )
 
 
 async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, Any]:
@@ -114,7 +120,8 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
                 terminal = event
     finally:
         await events.aclose()
-    assert terminal is not None  # TaskEventStream ends only after the terminal event
+    if terminal is None:  # the stream ends early only when its client was revoked
+        raise unauthenticated("The access token was revoked.")
     raise_for_outcome(terminal)
     return completion_object(terminal["response"])
 
@@ -153,6 +160,8 @@ async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, Non
                     )
     finally:
         await events.aclose()
+    if events.revoked:
+        yield unauthenticated("The access token was revoked.").body()
     yield DONE
 
 

@@ -10,26 +10,31 @@ from __future__ import annotations
 
 import json
 import secrets
+import sqlite3
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..auth.scopes import Caller
-from ..protocol.errors import LMSPError, invalid, not_found
+from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
 from ..protocol.objects import input_item, response_object
 from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseDeleted
 from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
-from ..store.tables import Response, Task
+from ..store.tables import Model, Response, Task
+from .admission import Plan
 from .context import ServiceContext
+from .conversation import conversation_of, input_messages_of, prompt_messages
 from .follow import TaskEventStream
 from .idempotency import KeyedRequest
 
 
 def stored_request(request: CreateResponseRequest, seed: int) -> dict[str, Any]:
-    """What the response object echoes back, and what the task needs to run again."""
+    """What the response object echoes back, and what the task needs to run again (its
+    conversation is stored beside, see `services.conversation`)."""
     return {
-        "input": request.raw_input(),
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
         "temperature": 1.0 if request.temperature is None else request.temperature,
@@ -47,20 +52,66 @@ async def create_response(
     caller: Caller,
     keyed: KeyedRequest | None = None,
     location_prefix: str = "",
+    input_param: str = "input",
 ) -> dict[str, Any]:
     """Commit the response and its task (queued), hand the task to the runner, and return the
     response object as committed. The caller may answer 202 as soon as this returns.
 
+    Before that, admission (`services.admission`): the prompt is counted and must fit the
+    model's context window (400 `context_length_exceeded`, naming `input_param`), the output
+    limit is capped at what the window leaves, and a paired client must be within its quotas
+    (429), checked in the transaction that creates the task.
+
     With an idempotency key, its result is written in the same transaction: the 202 body for a
     background response that is not streamed, otherwise a link to the response (a repeat gets
     its final form, or its events again).
+
+    The conversation (earlier turns and this input) is stored once, in the response's
+    `request`; the task's `params` hold only how to generate.
     """
+    model, context = await ctx.offload(_model_and_context, ctx, request, caller)
+    conversation = context + request.messages()
+    plan = await ctx.admission.plan(
+        model,
+        prompt_messages(request.instructions, conversation),
+        request.max_output_tokens,
+        input_param,
+    )
+    admit = ctx.admission.quota(
+        caller, plan.budget, "max_tokens" if input_param == "messages" else "max_output_tokens"
+    )
     committed, body = await ctx.offload(
-        _commit_response, ctx, request, caller, keyed, location_prefix
+        _commit_response,
+        ctx,
+        request,
+        caller,
+        keyed,
+        location_prefix,
+        _Admitted(model, conversation, plan, admit),
     )
     ctx.runner.publish(committed)
-    ctx.runner.submit(committed.task.id)
+    ctx.runner.submit(committed.task.id, caller.id)
     return body
+
+
+@dataclass
+class _Admitted:
+    """What admission decided for a new response: its model, conversation and plan, and the
+    quota check its transaction runs."""
+
+    model: Model
+    conversation: list[dict[str, str]]
+    plan: Plan
+    admit: Callable[[sqlite3.Cursor], None] | None
+
+
+def _model_and_context(
+    ctx: ServiceContext, request: CreateResponseRequest, caller: Caller
+) -> tuple[Model, list[dict[str, str]]]:
+    return (
+        ctx.catalog.resolve(request.model),
+        _context_before(ctx, request.previous_response_id, caller),
+    )
 
 
 def _commit_response(
@@ -69,26 +120,25 @@ def _commit_response(
     caller: Caller,
     keyed: KeyedRequest | None,
     location_prefix: str,
+    admitted: _Admitted,
 ) -> tuple[rules.Committed, dict[str, Any]]:
-    model = ctx.catalog.resolve(request.model)
-    context = _context_before(ctx, request.previous_response_id, caller)
     now = time.time()
     response_id = new_id("resp")
     task_id = new_id("task")
     # Every response has a seed, so every run (a resumed one too) is reproducible.
     seed = request.seed if request.seed is not None else secrets.randbits(31)
     echoed = stored_request(request, seed)
-    input_messages = request.messages()
-    turn = context + input_messages
-    messages = list(turn)
-    if request.instructions:
-        messages.insert(0, {"role": "system", "content": request.instructions})
+    stored = {
+        **echoed,
+        "conversation": admitted.conversation,
+        "input_count": len(request.messages()),
+    }
     response = Response(
         id=response_id,
         task_id=task_id,
         owner=caller.id,
-        model=model.id,
-        request=json.dumps(echoed),
+        model=admitted.model.id,
+        request=json.dumps(stored),
         previous_response_id=request.previous_response_id,
         store=request.stored,
         created_at=now,
@@ -99,17 +149,17 @@ def _commit_response(
         state=TaskState.QUEUED,
         on_restart=request.restart_policy,
         owner=caller.id,
-        model=model.id,
+        model=admitted.model.id,
         response_id=response_id,
         params=json.dumps(
             {
-                "input_messages": input_messages,
-                "context": turn,
-                "messages": messages,
-                "max_tokens": request.max_output_tokens or ctx.max_output_tokens_default,
+                "max_tokens": admitted.plan.max_tokens,
                 "temperature": echoed["temperature"],
                 "top_p": echoed["top_p"],
                 "seed": seed,
+                "prompt_tokens": admitted.plan.prompt_tokens,
+                # What the task holds of its caller's quota while unfinished.
+                "budget": admitted.plan.budget,
             }
         ),
         created_at=now,
@@ -124,7 +174,7 @@ def _commit_response(
             )
         else:
             record = keyed.result(None, response_id=response_id)
-    committed = rules.create_task(ctx.db, task, response, idempotency=record)
+    committed = rules.create_task(ctx.db, task, response, idempotency=record, admit=admitted.admit)
     return committed, response_object(response, committed.task)
 
 
@@ -144,8 +194,7 @@ def _context_before(
             param="previous_response_id",
             code="previous_response_not_finished",
         )
-    params = json.loads(task.params)
-    context = list(params.get("context", params.get("messages", [])))
+    context = conversation_of(response, task)
     answer = "".join(
         part.get("text", "")
         for item in json.loads(response.output)
@@ -210,7 +259,7 @@ def list_input_items(
     order: str = "desc",
 ) -> dict[str, Any]:
     response, task = _find(ctx, response_id, caller)
-    messages = json.loads(task.params).get("input_messages", [])
+    messages = input_messages_of(response, task)
     items = [input_item(response.id, i, m) for i, m in enumerate(messages)]
     if order == "desc":
         items.reverse()
@@ -234,7 +283,9 @@ async def response_events(
     ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
 ) -> TaskEventStream:
     _, task = await ctx.offload(_find, ctx, response_id, caller)
-    return TaskEventStream(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
+    return TaskEventStream(
+        ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval, caller=caller.id
+    )
 
 
 async def wait_for_response(
@@ -247,4 +298,6 @@ async def wait_for_response(
             pass
     finally:
         await events.aclose()
+    if events.revoked:
+        raise unauthenticated("The access token was revoked.")
     return await ctx.offload(get_response, ctx, response_id, caller)

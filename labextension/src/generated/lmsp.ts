@@ -265,7 +265,7 @@ export interface paths {
         put?: never;
         /**
          * Approve a pairing (by its id or its user code)
-         * @description Requires the `clients:admin` scope.
+         * @description Requires the `clients:admin` scope. A paired client grants only scopes it holds, never to a pairing it started.
          */
         post: operations["approvePairing"];
         delete?: never;
@@ -285,7 +285,7 @@ export interface paths {
         put?: never;
         /**
          * Deny a pairing (by its id or its user code)
-         * @description Requires the `clients:admin` scope.
+         * @description Requires the `clients:admin` scope. A paired client grants only scopes it holds, never to a pairing it started.
          */
         post: operations["denyPairing"];
         delete?: never;
@@ -1125,13 +1125,16 @@ export interface components {
             created: number;
             owned_by: string;
             format: string;
-            path: string;
+            /** @description Its folder on the host; null for a paired client. */
+            path: string | null;
             size_bytes: number;
             /** @description `sha256:` over its files' digests. */
             digest: string | null;
-            files: components["schemas"]["ModelFile"][];
+            /** @description Its files (relative paths); null for a paired client. */
+            files: components["schemas"]["ModelFile"][] | null;
             /** @enum {string} */
             state: "available" | "loaded" | "missing" | "corrupt";
+            /** @description A Hugging Face repo id, or the path registered from (null for a paired client). */
             source: string | null;
         };
         /** ModelDeleted */
@@ -1578,7 +1581,7 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description Too many credential-free requests from this address (`Retry-After`). */
+        /** @description A rate limit or a quota (queued tasks, tokens in flight, pending pairings) is reached (`Retry-After`). */
         TooManyRequests: {
             headers: {
                 /** @description Seconds to wait before retrying. */
@@ -1686,6 +1689,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
         };
     };
     getModel: {
@@ -1784,6 +1788,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
         };
     };
     getResponse: {
@@ -2277,6 +2282,7 @@ export interface operations {
             409: components["responses"]["Conflict"];
             413: components["responses"]["TooLarge"];
             422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["ServerError"];
         };
     };

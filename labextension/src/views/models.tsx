@@ -48,7 +48,7 @@ export function ModelsView(props: { model: SidebarModel }): React.ReactElement {
           {data.map(m => (
             <li key={m.id} className="jp-LMSP-row jp-LMSP-modelRow" data-model-id={m.id}>
               <div className="jp-LMSP-line">
-                <span className="jp-LMSP-name" title={m.path}>
+                <span className="jp-LMSP-name" title={m.path ?? m.id}>
                   {m.id}
                 </span>
                 {m.id === defaultModel ? <span className="jp-LMSP-tag">default</span> : null}
