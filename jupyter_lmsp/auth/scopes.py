@@ -1,22 +1,15 @@
-"""Scopes and callers: who is asking, and what they may do and see (LMSP B3, B12)."""
+"""Callers: who is asking, and what they may do and see (LMSP B3, B12)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..protocol.errors import insufficient_scope, invalid
+from ..protocol.errors import insufficient_scope
+from ..protocol.scopes import SCOPES, Scope
 from .identity import is_jupyter_owner, server_owner
 
-SCOPES = (
-    "models:read",
-    "models:write",
-    "responses:read",
-    "responses:write",
-    "tasks:read",
-    "tasks:write",
-    "clients:admin",
-)
+__all__ = ["OWNER", "OWNER_ID", "SCOPES", "Caller", "Scope"]
 
 
 @dataclass(frozen=True)
@@ -63,17 +56,6 @@ class Caller:
     def owner_filter(self) -> list[str]:
         """The owners to filter listings by."""
         return sorted(self.visible_owners)
-
-
-def parse_scopes(value: object, param: str = "scopes") -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid(f"'{param}' must be a list of scope names.", param=param)
-    unknown = [s for s in value if s not in SCOPES]
-    if unknown:
-        raise invalid(
-            f"Unknown scope(s): {', '.join(unknown)}. Known: {', '.join(SCOPES)}.", param=param
-        )
-    return sorted(set(value), key=SCOPES.index)
 
 
 # The user the server runs for, with every scope: who the command line acts as, and the

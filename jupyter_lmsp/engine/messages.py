@@ -33,6 +33,19 @@ class ChoiceResume:
     finish_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How the worker runs, from the extension's configuration (`LMSPExtension` traits),
+    handed to the worker process when it starts: how many jobs decode together, the prompt
+    cache's memory, and how long an idle worker gathers a burst of jobs before its first step
+    (seconds: until no job came for `gather_window`, at most `gather_limit`)."""
+
+    max_batch_size: int = 8
+    prompt_cache_bytes: int = 1 << 30
+    gather_window: float = 0.02
+    gather_limit: float = 0.15
+
+
 @dataclass
 class GenerateJob:
     """Generate a chat completion.

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlmodel import Session, col
 
 from ..auth import secrets as codes
 from ..auth.identity import is_jupyter_owner
@@ -29,12 +30,12 @@ def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = Non
     with db.write() as session:
         if max_pending is not None:
             waiting = (
-                select(Pairing.expires_at)
+                select(col(Pairing.expires_at))
                 .where(
-                    Pairing.status == "pending",  # type: ignore[arg-type]
-                    Pairing.expires_at > pairing.created_at,  # type: ignore[arg-type,operator]
+                    col(Pairing.status) == "pending",
+                    col(Pairing.expires_at) > pairing.created_at,
                 )
-                .order_by(Pairing.expires_at)  # type: ignore[arg-type]
+                .order_by(col(Pairing.expires_at))
             )
             expiries = list(session.execute(waiting).scalars())
             if len(expiries) >= max_pending:
@@ -52,11 +53,11 @@ def list_pairings(db: Database, status: str | None = "pending") -> list[Pairing]
     """Pairing requests, oldest first (a flood of new ones never pushes an earlier one down)."""
     now = time.time()
     with db.read() as session:
-        query = select(Pairing).order_by(Pairing.created_at)  # type: ignore[arg-type]
+        query = select(Pairing).order_by(col(Pairing.created_at))
         if status is not None:
-            query = query.where(Pairing.status == status)  # type: ignore[arg-type]
+            query = query.where(col(Pairing.status) == status)
         if status == "pending":
-            query = query.where(Pairing.expires_at > now)  # type: ignore[arg-type,operator]
+            query = query.where(col(Pairing.expires_at) > now)
         return list(session.execute(query).scalars())
 
 
@@ -67,9 +68,9 @@ def find_pairing(db: Database, id_or_user_code: str) -> Pairing | None:
             return pairing
         code = codes.normalize_user_code(id_or_user_code)
         query = select(Pairing).where(
-            Pairing.user_code == code,  # type: ignore[arg-type]
-            Pairing.status == "pending",  # type: ignore[arg-type]
-            Pairing.expires_at > time.time(),  # type: ignore[arg-type,operator]
+            col(Pairing.user_code) == code,
+            col(Pairing.status) == "pending",
+            col(Pairing.expires_at) > time.time(),
         )
         return session.execute(query).scalars().first()
 
@@ -182,7 +183,7 @@ def client_for_token(db: Database, token: str) -> Client | None:
     """The live (not revoked) client whose token this is."""
     wanted = codes.secret_hash(token)
     with db.read() as session:
-        query = select(Client).where(Client.token_hash == wanted)  # type: ignore[arg-type]
+        query = select(Client).where(col(Client.token_hash) == wanted)
         client = session.execute(query).scalars().first()
     if client is None or client.revoked_at is not None:
         return None
@@ -204,11 +205,11 @@ def list_clients(
 ) -> list[Client]:
     """Paired clients (only those `paired_by` approved, when given), oldest first."""
     with db.read() as session:
-        query = select(Client).order_by(Client.created_at)  # type: ignore[arg-type]
+        query = select(Client).order_by(col(Client.created_at))
         if not include_revoked:
-            query = query.where(Client.revoked_at.is_(None))  # type: ignore[union-attr]
+            query = query.where(col(Client.revoked_at).is_(None))
         if paired_by is not None:
-            query = query.where(Client.paired_by == paired_by)  # type: ignore[arg-type]
+            query = query.where(col(Client.paired_by) == paired_by)
         return list(session.execute(query).scalars())
 
 
@@ -216,7 +217,7 @@ def clients_paired_by(db: Database, owner: str) -> frozenset[str]:
     """The ids of every client (revoked too) whose pairing `owner` approved: their tasks and
     responses are `owner`'s to see (LMSP B12)."""
     with db.read() as session:
-        query = select(Client.id).where(Client.paired_by == owner)  # type: ignore[arg-type]
+        query = select(col(Client.id)).where(col(Client.paired_by) == owner)
         return frozenset(session.execute(query).scalars())
 
 
@@ -225,7 +226,7 @@ def get_client(db: Database, client_id: str) -> Client | None:
         return session.get(Client, client_id)
 
 
-def _jupyter_user_of(session, approver: str | None) -> str | None:  # type: ignore[no-untyped-def]
+def _jupyter_user_of(session: Session, approver: str | None) -> str | None:
     """The Jupyter user a client approved by `approver` belongs to: the approver itself, or
     the user of the approving client."""
     if approver is None or is_jupyter_owner(approver):
