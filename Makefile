@@ -6,7 +6,7 @@ PORT ?= 8888
 DEMO_MODEL := smollm2-135m-instruct
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
-.PHONY: install serve test lint format clean chromium labextension lint-ts types
+.PHONY: install serve test lint format clean chromium postgresql labextension lint-ts types
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -46,6 +46,18 @@ chromium:
 		{ $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
 		|| echo "chromium: apt-get install failed; browser tests will be skipped"; }
 
+# The PostgreSQL tests start a throw-away cluster with Debian's postgresql binaries
+# (tests/pgcluster.py: initdb and pg_ctl in a temporary folder, no service, no container).
+# Installed once, when missing; if that is impossible the PostgreSQL tests skip and say why
+# (and fail when `CI` is set).
+POSTGRES_INITDB := $(firstword $(wildcard /usr/lib/postgresql/*/bin/initdb))
+postgresql:
+	@test -n "$(POSTGRES_INITDB)" || { \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+		else echo "postgresql: not root and no sudo; PostgreSQL tests will be skipped"; exit 0; fi; \
+		{ $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql; } \
+		|| echo "postgresql: apt-get install failed; PostgreSQL tests will be skipped"; }
+
 # The JupyterLab extension (labextension/, TypeScript): built with JupyterLab's `jlpm` into
 # jupyter_lmsp/labextension/ (pip's build hook does the same on install) and copied over the
 # venv's installed copy, so the browser tests run the current sources. Rebuilt only when a
@@ -83,7 +95,7 @@ types: install labextension/node_modules/.yarn-state.yml
 lint-ts: labextension/node_modules/.yarn-state.yml
 	cd labextension && $(JLPM) lint
 
-test: install lint labextension lint-ts chromium
+test: install lint labextension lint-ts chromium postgresql
 	$(VENV)/bin/pytest -ra
 
 clean:

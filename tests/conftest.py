@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pgcluster import PgCluster, start_cluster
 from prerequisites import require
 from serverproc import with_test_model
 
 from jupyter_lmsp.engine.blas import BlasChoice, choose_blas
 from jupyter_lmsp.models.testmodel import make_test_model
+from jupyter_lmsp.store.database import sqlite_url
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +55,32 @@ def worker_blas(tmp_path_factory: pytest.TempPathFactory) -> BlasChoice:
     not accepted.
     """
     return choose_blas(threads=1, cache_dir=tmp_path_factory.mktemp("blas"))
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster | None]:
+    """A throw-away PostgreSQL cluster for the whole session (tests/pgcluster.py), started on
+    first use; None when PostgreSQL is not installed (the tests that need it then skip, or
+    fail when `CI` is set)."""
+    cluster = start_cluster()
+    yield cluster
+    if cluster is not None:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster | None) -> str:
+    """The URL of a new, empty PostgreSQL database of the session's cluster."""
+    require(
+        pg_cluster is not None, "PostgreSQL (Debian's postgresql package; `make test` installs it)"
+    )
+    assert pg_cluster is not None
+    return pg_cluster.new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database on each backend: a SQLite file, then a PostgreSQL database."""
+    if request.param == "sqlite":
+        return sqlite_url(tmp_path / "lmsp.sqlite")
+    return str(request.getfixturevalue("pg_url"))

@@ -1,12 +1,14 @@
 """Helpers for the LMSP section 11 store tests.
 
-- `open_db` makes a `Database` on a real SQLite file (WAL, as in production), never `:memory:`.
+- `open_db` makes a `Database` on a real SQLite file (WAL, as in production), never `:memory:`,
+  or on a URL (a PostgreSQL database of the test cluster: the `db_url` fixture gives each store
+  test both backends).
 - `make_task` puts a task (with its response) in any state by driving it through the real rule
   functions: `create_task` → `append_events(to_state=LOADING)` → `start_running` →
   `append_output` → `request_cancel` / `finish`.
-- `raw`, `task_row`, `events_of`, `dump` read the file with the plain `sqlite3` module, on a
-  connection of their own, so the tests see what is committed on disk and nothing the store's
-  own session may still hold.
+- `raw`, `task_row`, `events_of`, `dump` read the database with the plain driver (`sqlite3`, or
+  psycopg through `PgConnection`), on a connection of their own, so the tests see what is
+  committed and nothing the store's own session may still hold.
 - `check_log` asserts the invariants every task's log keeps at every committed moment: sequence
   numbers contiguous from 0, `next_sequence` equal to the event count, `response.created` first,
   at most one terminal event and only as the last event, and the last event matching the state.
@@ -28,6 +30,17 @@ from jupyter_lmsp.protocol.ids import new_id
 from jupyter_lmsp.protocol.objects import response_object, usage_object
 from jupyter_lmsp.store import rules
 from jupyter_lmsp.store.database import Database, sqlite_url
+from jupyter_lmsp.store.dialect import PgCursor, SqliteCursor
+
+try:
+    import psycopg
+
+    INTEGRITY_ERRORS: tuple[type[Exception], ...] = (
+        sqlite3.IntegrityError,
+        psycopg.IntegrityError,
+    )
+except ImportError:  # pragma: no cover
+    INTEGRITY_ERRORS = (sqlite3.IntegrityError,)
 from jupyter_lmsp.store.tables import Response, Task
 
 UNFINISHED = ("queued", "loading", "running", "cancelling")
@@ -77,17 +90,45 @@ OUTPUT_TOKENS = [t for ids, _ in OUTPUT for t in ids]
 # the database
 
 
-def open_db(directory: Path, name: str = "lmsp.sqlite") -> Database:
-    """A store on a real SQLite file in `directory` (a test's tmp_path)."""
-    return Database(sqlite_url(Path(directory) / name))
+def open_db(where: Path | str, name: str = "lmsp.sqlite") -> Database:
+    """A store on a real SQLite file in `where` (a test's tmp_path), or at the URL `where`."""
+    if isinstance(where, str):
+        return Database(where)
+    return Database(sqlite_url(Path(where) / name))
 
 
 def db_path(db: Database) -> str:
     return db.url.removeprefix("sqlite:///")
 
 
-def raw(db: Database, timeout: float = 10.0) -> sqlite3.Connection:
-    """A plain `sqlite3` connection on the store's file, in autocommit mode."""
+class PgConnection:
+    """A psycopg connection (autocommit) that takes SQLite's parameter style and gives rows
+    like `sqlite3.Row`: the tests' plain reads work on both backends. `BEGIN` starts a
+    REPEATABLE READ transaction (one snapshot, as SQLite's read transaction)."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        dsn = url.replace("postgresql+psycopg://", "postgresql://")
+        self.conn = psycopg.connect(dsn, autocommit=True)
+
+    def execute(self, sql: str, params: Any = ()) -> PgCursor:
+        if sql.strip().upper() == "BEGIN":
+            sql = "BEGIN ISOLATION LEVEL REPEATABLE READ"
+        return PgCursor(self.conn).execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> PgCursor:
+        return PgCursor(self.conn).executemany(sql, rows)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def raw(db: Database, timeout: float = 10.0) -> Any:
+    """A plain connection to the store's database, in autocommit mode: `sqlite3` on the
+    store's file, or a `PgConnection`."""
+    if db.is_postgres:
+        return PgConnection(db.url)
     conn = sqlite3.connect(db_path(db), timeout=timeout, isolation_level=None)
     conn.row_factory = sqlite3.Row
     return conn
@@ -219,9 +260,13 @@ class OneTransaction:
     @contextmanager
     def write_cursor(self) -> Iterator[Any]:
         self.session.flush()
-        cursor = self.session.connection().connection.dbapi_connection.cursor()
-        cursor.row_factory = sqlite3.Row
-        yield cursor
+        dbapi = self.session.connection().connection.dbapi_connection
+        if self.session.get_bind().dialect.name == "postgresql":
+            yield PgCursor(dbapi)
+        else:
+            cursor = dbapi.cursor(SqliteCursor)
+            cursor.row_factory = sqlite3.Row
+            yield cursor
         # rows written around the ORM: reload what the session holds
         self.session.expire_all()
 
@@ -364,7 +409,7 @@ def check_log(db_or_conn: Database | sqlite3.Connection, task_id: str) -> list[d
     return log
 
 
-def _conn(db_or_conn: Database | sqlite3.Connection) -> sqlite3.Connection:
+def _conn(db_or_conn: Database | sqlite3.Connection) -> Any:
     return raw(db_or_conn) if isinstance(db_or_conn, Database) else db_or_conn
 
 
@@ -418,8 +463,10 @@ class PausingDatabase(Database):
                 assert self.release.wait(30), "the test never released the transaction"
 
 
-def open_pausing_db(directory: Path, name: str = "lmsp.sqlite") -> PausingDatabase:
-    return PausingDatabase(sqlite_url(Path(directory) / name))
+def open_pausing_db(where: Path | str, name: str = "lmsp.sqlite") -> PausingDatabase:
+    if isinstance(where, str):
+        return PausingDatabase(where)
+    return PausingDatabase(sqlite_url(Path(where) / name))
 
 
 def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -438,7 +485,20 @@ def in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, dic
 
 
 def write_lock_is_held(db: Database) -> bool:
-    """True if some connection holds the write lock: BEGIN IMMEDIATE fails at once here."""
+    """True if some connection holds the write lock: BEGIN IMMEDIATE fails at once here. On
+    PostgreSQL: some other session has written to the tasks or events in a transaction still
+    open (it holds their ROW EXCLUSIVE table lock until it ends)."""
+    if db.is_postgres:
+        conn = raw(db)
+        try:
+            (n,) = conn.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation"
+                " WHERE c.relname IN ('tasks', 'task_events') AND l.mode = 'RowExclusiveLock'"
+                " AND l.granted AND l.pid <> pg_backend_pid()"
+            ).fetchone()
+            return bool(n)
+        finally:
+            conn.close()
     conn = sqlite3.connect(db_path(db), timeout=0, isolation_level=None)
     try:
         conn.execute("BEGIN IMMEDIATE")

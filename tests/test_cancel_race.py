@@ -45,8 +45,8 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = open_db(tmp_path)
+def db(db_url):
+    database = open_db(db_url)
     yield database
     database.dispose()
 
@@ -68,7 +68,11 @@ def _race(db, task_ids, left, right):
             pass
         except BaseException as exc:
             path = Path(db_path(db))
-            where = sorted(p.name for p in path.parent.iterdir()) if path.parent.exists() else None
+            where = (
+                sorted(p.name for p in path.parent.iterdir())
+                if not db.is_postgres and path.parent.exists()
+                else None
+            )
             errors.append((side, f"files {where}\n" + "".join(traceback.format_exception(exc))))
             barrier.abort()
 

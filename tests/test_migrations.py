@@ -81,9 +81,10 @@ def _created_from_models(path: Path) -> None:
         engine.dispose()
 
 
-def _reflect(path: Path) -> dict:
-    """Everything SQLAlchemy reflects of a database's tables, in a comparable form."""
-    engine = create_engine(sqlite_url(path))
+def _reflect(path: Path | str) -> dict:
+    """Everything SQLAlchemy reflects of a database's tables (a SQLite file, or a URL), in a
+    comparable form."""
+    engine = create_engine(path if isinstance(path, str) else sqlite_url(path))
     try:
         insp = inspect(engine)
         out = {}
@@ -169,6 +170,60 @@ def test_migrations_applied_to_an_empty_database_equal_the_models(tmp_path):
     # Reflected in full, with what autogenerate does not compare (foreign-key options).
     assert _reflect(migrated) == _reflect(modelled)
     assert _sqlite_fk_options(migrated) == _sqlite_fk_options(modelled)
+
+
+def test_migrations_applied_to_an_empty_postgresql_database_equal_the_models(pg_url, pg_cluster):
+    """The same on PostgreSQL: the migrations run there (their SQLite-only table rebuilds are
+    plain ALTERs on PostgreSQL) and give the models' schema, foreign-key options included."""
+    migrated, modelled = pg_url, pg_cluster.new_database()
+    engine = create_engine(migrated)
+    try:
+        with engine.begin() as conn:
+            schema.run_migrations(conn, "head", legacy_owner=NEW_OWNER)
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            differences = compare_metadata(context, SQLModel.metadata)
+    finally:
+        engine.dispose()
+    assert differences == [], differences
+    engine = create_engine(modelled)
+    try:
+        SQLModel.metadata.create_all(engine)
+        with engine.connect() as conn:
+            deferrable = conn.exec_driver_sql(
+                "SELECT conname, condeferrable, condeferred, confdeltype FROM pg_constraint"
+                " WHERE contype = 'f' ORDER BY conname"
+            ).fetchall()
+    finally:
+        engine.dispose()
+    assert _reflect(migrated) == _reflect(modelled)
+    engine = create_engine(migrated)
+    try:
+        with engine.connect() as conn:
+            assert (
+                conn.exec_driver_sql(
+                    "SELECT conname, condeferrable, condeferred, confdeltype FROM pg_constraint"
+                    " WHERE contype = 'f' ORDER BY conname"
+                ).fetchall()
+                == deferrable
+            )
+    finally:
+        engine.dispose()
+    assert len(deferrable) == 6 and sum(1 for row in deferrable if row[1] and row[2]) == 2
+
+
+def test_a_new_postgresql_database_is_created_at_the_newest_revision(pg_url):
+    db = Database(pg_url)
+    try:
+        assert db.schema.status.revision == schema.HEAD and db.schema.backup is None
+        assert db.is_postgres
+    finally:
+        db.dispose()
+    again = Database(pg_url)  # opened again: left as it is
+    try:
+        assert again.schema.status.state == "current" and again.schema.upgraded_from is None
+    finally:
+        again.dispose()
 
 
 def test_a_new_database_is_created_at_the_newest_revision(tmp_path):

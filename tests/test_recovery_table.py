@@ -25,6 +25,7 @@ import json
 
 import pytest
 from storehelpers import (
+    INTEGRITY_ERRORS,
     OUTPUT_TEXT,
     OUTPUT_TOKENS,
     POLICIES,
@@ -69,17 +70,17 @@ assert len(TABLE) == 12
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(db_url):
     """`make(...)` builds tasks before the "crash"; `restart()` disposes that store and opens
     a new one on the same file, as the next process would."""
 
     class Store:
         def __init__(self):
-            self.db = open_db(tmp_path)
+            self.db = open_db(db_url)
 
         def restart(self):
             self.db.dispose()
-            self.db = open_db(tmp_path)
+            self.db = open_db(db_url)
             return self.db
 
     s = Store()
@@ -346,16 +347,16 @@ def test_recovery_failing_in_the_database_after_states_were_written_leaves_every
     )
     conn.close()
     before = dump(store.db)
-    with pytest.raises(Exception, match="UNIQUE"):
+    with pytest.raises(INTEGRITY_ERRORS, match=r"(?i)unique"):
         rules.recover_at_startup(store.restart())
     assert dump(store.db) == before
 
 
-def test_recovery_is_invisible_to_other_connections_until_it_commits(tmp_path):
-    db = open_db(tmp_path)
+def test_recovery_is_invisible_to_other_connections_until_it_commits(db_url):
+    db = open_db(db_url)
     cells, _, _ = _mixed(db, per_cell=2)
     db.dispose()
-    pdb = open_pausing_db(tmp_path)
+    pdb = open_pausing_db(db_url)
     try:
         before = dump(pdb)
         with pdb.hold():

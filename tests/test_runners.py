@@ -65,8 +65,8 @@ TABLE = {
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = open_db(tmp_path)
+def db(db_url):
+    database = open_db(db_url)
     yield database
     database.dispose()
 

@@ -26,20 +26,18 @@ from __future__ import annotations
 
 import json
 import random
-import sqlite3
 import threading
 import time
-from sqlite3 import IntegrityError
 
 import pytest
 from storehelpers import (
+    INTEGRITY_ERRORS,
     OUTPUT_TEXT,
     OUTPUT_TOKENS,
     POLICIES,
     TERMINAL_EVENT_TYPES,
     UNFINISHED,
     check_log,
-    db_path,
     dump,
     events_of,
     in_thread,
@@ -69,8 +67,8 @@ DAY = 86_400.0
 
 
 @pytest.fixture
-def db(tmp_path):
-    database = open_db(tmp_path)
+def db(db_url):
+    database = open_db(db_url)
     yield database
     database.dispose()
 
@@ -98,15 +96,15 @@ def test_create_task_is_committed_when_it_returns(db):
     committed = rules.create_task(db, task, response, idempotency=key)
 
     # Another connection, opened only now, with nothing shared with the store's engine.
-    conn = sqlite3.connect(db_path(db), isolation_level=None)
+    conn = raw(db)
     try:
         row = conn.execute(
             "SELECT state, next_sequence, response_id FROM tasks WHERE id = ?", (task.id,)
         ).fetchone()
-        assert row == ("queued", 1, response.id)
-        assert conn.execute(
-            "SELECT task_id FROM responses WHERE id = ?", (response.id,)
-        ).fetchone() == (task.id,)
+        assert tuple(row) == ("queued", 1, response.id)
+        assert tuple(
+            conn.execute("SELECT task_id FROM responses WHERE id = ?", (response.id,)).fetchone()
+        ) == (task.id,)
         events = conn.execute(
             "SELECT sequence_number, type, data FROM task_events WHERE task_id = ?", (task.id,)
         ).fetchall()
@@ -116,9 +114,12 @@ def test_create_task_is_committed_when_it_returns(db):
         assert data["response"]["id"] == response.id
         assert data["response"]["status"] == "queued"
         # The idempotency record of the request that started the work, in the same commit.
-        assert conn.execute(
-            "SELECT request_digest FROM idempotency_keys WHERE caller = 'owner' AND key = 'key-1'"
-        ).fetchone() == ("sha256:abc",)
+        assert tuple(
+            conn.execute(
+                "SELECT request_digest FROM idempotency_keys"
+                " WHERE caller = 'owner' AND key = 'key-1'"
+            ).fetchone()
+        ) == ("sha256:abc",)
     finally:
         conn.close()
 
@@ -147,7 +148,7 @@ def test_create_task_failing_mid_transaction_leaves_nothing_bad_idempotency_row(
     bad = IdempotencyKey(
         caller="owner", key="k", request_digest=None, created_at=now, expires_at=now + DAY
     )
-    with pytest.raises(IntegrityError):
+    with pytest.raises(INTEGRITY_ERRORS):
         rules.create_task(db, task, response, idempotency=bad)
     assert dump(db) == before
     assert task_row(db, task.id) is None
@@ -161,7 +162,7 @@ def test_create_task_failing_mid_transaction_leaves_nothing_duplicate_task_id(db
     task, response = new_task()
     task.id = existing  # the response is inserted first, then the task insert fails
     response.task_id = existing
-    with pytest.raises(IntegrityError):
+    with pytest.raises(INTEGRITY_ERRORS):
         rules.create_task(db, task, response)
     assert dump(db) == before
     assert response_row(db, response.id) is None
@@ -364,11 +365,11 @@ def _lifecycle_calls(tid):
     ]
 
 
-def test_reader_during_a_write_sees_old_state_and_old_events_never_half(tmp_path):
+def test_reader_during_a_write_sees_old_state_and_old_events_never_half(db_url):
     """Each rule's transaction is stopped after it wrote everything but before COMMIT; another
     connection then sees the task exactly as before (state and events), the write lock is held,
     and right after COMMIT it sees the new state and the new events together."""
-    pdb = open_pausing_db(tmp_path)
+    pdb = open_pausing_db(db_url)
     try:
         task, response = new_task()
         rules.create_task(pdb, task, response)
@@ -721,8 +722,8 @@ def test_purge_never_deletes_unfinished_tasks_however_old(db):
 # 6. MUST, at start-up, examine the tasks left queued, loading, running and cancelling
 
 
-def test_recovery_examines_every_leftover_task(tmp_path):
-    db = open_db(tmp_path)
+def test_recovery_examines_every_leftover_task(db_url):
+    db = open_db(db_url)
     leftover = {}
     for state in UNFINISHED:
         for policy in POLICIES:
@@ -730,7 +731,7 @@ def test_recovery_examines_every_leftover_task(tmp_path):
     terminal = [make_task(db, s) for s in ("completed", "failed", "cancelled")]
     db.dispose()
 
-    restarted = open_db(tmp_path)  # a new process on the same file
+    restarted = open_db(db_url)  # a new process on the same file
     try:
         report = rules.recover_at_startup(restarted)
         assert report.examined == len(leftover)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +23,7 @@ from ..auth.scopes import Caller
 from ..engine.tokens import PromptCounter, PromptTooHard, context_window
 from ..protocol.errors import LMSPError
 from ..protocol.states import RECOVERY_TABLE
+from ..store.dialect import POSTGRESQL, Cursor, advisory_lock, dialect_of
 from ..store.tables import Model
 
 # How long a client over its quota is told to wait: its tasks finish in seconds to minutes.
@@ -107,7 +107,7 @@ class Admission:
 
     def quota(
         self, caller: Caller, budget: int, output_param: str = "max_output_tokens"
-    ) -> Callable[[sqlite3.Cursor], None] | None:
+    ) -> Callable[[Cursor], None] | None:
         """The check `rules.create_task` runs in its transaction for a task of `caller` that
         holds `budget` tokens; None for the owner."""
         if caller.is_owner:
@@ -122,10 +122,17 @@ class Admission:
             )
         max_tasks, max_tokens = self.max_tasks, self.max_tokens
 
-        def check(cursor: sqlite3.Cursor) -> None:
+        def check(cursor: Cursor) -> None:
             marks = ", ".join("?" * len(_UNFINISHED))
+            if dialect_of(cursor) == POSTGRESQL:
+                # Writers run side by side there: creates of one owner take turns, so two
+                # cannot both count the same tasks and overshoot together.
+                advisory_lock(cursor, f"quota:{caller.id}")
+                budget_sql = "CAST(CAST(params AS json) ->> 'budget' AS bigint)"
+            else:
+                budget_sql = "json_extract(params, '$.budget')"
             tasks, tokens = cursor.execute(
-                "SELECT COUNT(*), COALESCE(SUM(json_extract(params, '$.budget')), 0)"
+                f"SELECT COUNT(*), CAST(COALESCE(SUM({budget_sql}), 0) AS bigint)"
                 f" FROM tasks WHERE owner = ? AND state IN ({marks})",
                 (caller.id, *_UNFINISHED),
             ).fetchone()

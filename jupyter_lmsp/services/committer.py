@@ -32,13 +32,21 @@ RETRY_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 def is_locked(exc: BaseException) -> bool:
-    """SQLite's "database is locked" / "busy", raised directly or wrapped by SQLAlchemy."""
+    """SQLite's "database is locked" / "busy", or PostgreSQL's deadlock or serialization
+    failure (the transaction was rolled back and may simply run again), raised directly or
+    wrapped by SQLAlchemy."""
     for error in (exc, getattr(exc, "orig", None)):
         if isinstance(error, sqlite3.OperationalError) and (
             "locked" in str(error) or "busy" in str(error)
         ):
             return True
+        if getattr(error, "sqlstate", None) in _PG_RETRYABLE:
+            return True
     return False
+
+
+# PostgreSQL's serialization_failure and deadlock_detected.
+_PG_RETRYABLE = frozenset({"40001", "40P01"})
 
 
 class Committer:

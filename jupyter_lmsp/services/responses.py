@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from ..protocol.objects import input_item, response_object
 from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseDeleted
 from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
+from ..store.dialect import Cursor
 from ..store.tables import Model, Response, Task
 from .admission import Plan
 from .context import ServiceContext
@@ -102,7 +102,7 @@ class _Admitted:
     model: Model
     conversation: list[dict[str, str]]
     plan: Plan
-    admit: Callable[[sqlite3.Cursor], None] | None
+    admit: Callable[[Cursor], None] | None
 
 
 def _model_and_context(

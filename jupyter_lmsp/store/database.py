@@ -1,8 +1,15 @@
-"""Opening the SQLite database: WAL, a busy timeout, and transactions that lock up front.
+"""Opening the database: SQLite (the embedded default) or PostgreSQL (a shared one).
 
-Every write transaction starts with `BEGIN IMMEDIATE`, so a transaction that reads a task's
-state and then changes it holds the write lock the whole time; two such transactions (a cancel
-and a completion, say) run one after the other, never interleaved. Reads use plain `BEGIN`.
+SQLite: WAL, a busy timeout, and every write transaction starts with `BEGIN IMMEDIATE`, so a
+transaction that reads a task's state and then changes it holds the write lock the whole time;
+two such transactions (a cancel and a completion, say) run one after the other, never
+interleaved. Reads use plain `BEGIN`.
+
+PostgreSQL (`postgresql+psycopg://…`, psycopg 3): write transactions run at READ COMMITTED
+side by side, and each rule locks the rows it reads before changing them (`SELECT … FOR
+UPDATE`, see `store.dialect`), so the same two transactions still run one after the other on
+the task they share. Reads are REPEATABLE READ, READ ONLY: one consistent snapshot, as on
+SQLite. `synchronous_commit` stays on: a commit is durable before it returns.
 
 Opening a database brings its schema to the current revision (`schema.prepare`: created when
 empty, upgraded after a backup when older, refused when newer).
@@ -23,6 +30,7 @@ from sqlalchemy.pool import QueuePool
 from sqlmodel import Session
 
 from . import (
+    dialect,
     schema,
     tables,  # noqa: F401  (registers the tables on SQLModel.metadata)
 )
@@ -35,17 +43,34 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(path)}"
 
 
+POSTGRES_SCHEMES = ("postgresql+psycopg:", "postgresql+psycopg://")
+
+
 class Database:
-    """One SQLite database file, with the connection settings the section 11 rules rely on."""
+    """One database, with the connection settings the section 11 rules rely on: a SQLite file
+    or a PostgreSQL database (`dialect` says which)."""
 
     def __init__(self, url: str, *, upgrade: bool = True, legacy_owner: str | None = None) -> None:
         """Open the database at `url`, creating or upgrading its schema (see `schema.prepare`;
         with `upgrade` False an older schema is left as it is, for `jupyter lmsp doctor`)."""
-        if not url.startswith("sqlite:"):
-            raise ValueError(f"only SQLite databases are supported, not {url!r}")
         self.url = url
-        path = url.removeprefix("sqlite:///")
         self.path: Path | None = None
+        if url.startswith("postgresql+psycopg:"):
+            self.dialect = dialect.POSTGRESQL
+            self.engine: Engine = create_engine(
+                url, poolclass=QueuePool, pool_size=4, max_overflow=16, pool_pre_ping=True
+            )
+            self.schema = schema.prepare(
+                self.engine, None, upgrade=upgrade, legacy_owner=legacy_owner
+            )
+            return
+        if not url.startswith("sqlite:"):
+            raise ValueError(
+                f"unsupported database URL {url!r}: a SQLite one (sqlite:///PATH) or a "
+                "PostgreSQL one through psycopg 3 (postgresql+psycopg://USER@HOST:PORT/NAME)"
+            )
+        self.dialect = dialect.SQLITE
+        path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
             self.path = Path(path)
             # 0600 before the first connection: the WAL and shared-memory files take its mode.
@@ -54,7 +79,7 @@ class Database:
         # turns with connections but never share one at the same time. Keeping connections
         # open also keeps the WAL files in place between transactions, instead of SQLite
         # deleting and recreating them whenever the last connection closes.
-        self.engine: Engine = create_engine(
+        self.engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
             poolclass=QueuePool,
@@ -67,11 +92,23 @@ class Database:
             self.engine, self.path, upgrade=upgrade, legacy_owner=legacy_owner
         )
 
+    @property
+    def is_postgres(self) -> bool:
+        return self.dialect == dialect.POSTGRESQL
+
+    @property
+    def for_update(self) -> str:
+        """The clause that locks what a SELECT in a write transaction returns (PostgreSQL)."""
+        return dialect.for_update(self.dialect)
+
     @contextmanager
     def write(self) -> Iterator[Session]:
-        """A write transaction (BEGIN IMMEDIATE): commits on success, rolls back on error."""
+        """A write transaction (SQLite: BEGIN IMMEDIATE): commits on success, rolls back on
+        error. On PostgreSQL the rules lock the rows they change (`Session.get(...,
+        with_for_update=True)`, `dialect.advisory_lock`)."""
         with Session(self.engine, expire_on_commit=False) as session:
-            session.connection(execution_options={"lmsp_begin": "IMMEDIATE"})
+            if self.dialect == dialect.SQLITE:
+                session.connection(execution_options={"lmsp_begin": "IMMEDIATE"})
             try:
                 yield session
                 session.commit()
@@ -80,14 +117,18 @@ class Database:
                 raise
 
     @contextmanager
-    def write_cursor(self) -> Iterator[sqlite3.Cursor]:
-        """A write transaction (BEGIN IMMEDIATE … COMMIT) on a pooled sqlite3 cursor, for the
+    def write_cursor(self) -> Iterator[dialect.Cursor]:
+        """A write transaction (BEGIN IMMEDIATE … COMMIT) on a pooled DB-API cursor, for the
         hottest path (`rules.append_output`), where SQLAlchemy's per-statement overhead would
-        double the cost of a transaction. Rows come back as `sqlite3.Row`."""
+        double the cost of a transaction. Statements are written in SQLite's parameter style;
+        rows come back as `sqlite3.Row` (or `dialect.Row` on PostgreSQL)."""
+        if self.dialect == dialect.POSTGRESQL:
+            with self._pg_cursor() as pg:
+                yield pg
+            return
         proxy = self.engine.raw_connection()
         try:
-            # The pool's DBAPI cursor is sqlite3's (this class opens SQLite only).
-            cursor = cast(sqlite3.Cursor, proxy.cursor())
+            cursor = cast(sqlite3.Cursor, proxy.cursor(dialect.SqliteCursor))
             cursor.row_factory = sqlite3.Row
             cursor.execute("BEGIN IMMEDIATE")
             try:
@@ -103,10 +144,35 @@ class Database:
             proxy.close()
 
     @contextmanager
+    def _pg_cursor(self) -> Iterator[dialect.PgCursor]:
+        proxy = self.engine.raw_connection()
+        try:
+            connection = proxy.dbapi_connection
+            cursor = dialect.PgCursor(connection)
+            try:
+                yield cursor
+                connection.commit()  # type: ignore[union-attr]
+            except BaseException:
+                connection.rollback()  # type: ignore[union-attr]
+                raise
+            finally:
+                cursor.close()
+        finally:
+            proxy.close()
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         """A read transaction: a consistent snapshot of the database, nothing written."""
         with Session(self.engine, expire_on_commit=False) as session:
-            session.connection(execution_options={"lmsp_begin": "DEFERRED"})
+            if self.dialect == dialect.SQLITE:
+                session.connection(execution_options={"lmsp_begin": "DEFERRED"})
+            else:
+                session.connection(
+                    execution_options={
+                        "isolation_level": "REPEATABLE READ",
+                        "postgresql_readonly": True,
+                    }
+                )
             try:
                 yield session
             finally:

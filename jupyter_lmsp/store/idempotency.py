@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete
+from sqlalchemy import delete, text
 from sqlmodel import col
 
 from .database import Database
@@ -38,7 +38,14 @@ def claim_key(
     with that runner: its recovery releases it)."""
     now = time.time()
     with db.write() as session:
-        row = session.get(IdempotencyKey, (caller, key))
+        if db.is_postgres:
+            # The row may not exist yet, so there is no row to lock: two claims of one key
+            # take turns on its name instead (SQLite's write lock does that already).
+            session.execute(
+                text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
+                {"name": f"idempotency:{caller}\n{key}"},
+            )
+        row = session.get(IdempotencyKey, (caller, key), with_for_update=True)
         if row is not None and row.expires_at <= now:
             session.delete(row)
             session.flush()

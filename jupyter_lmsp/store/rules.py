@@ -1,7 +1,8 @@
 """The rules of LMSP section 11.2 and the start-up recovery of 11.3, one transaction each.
 
-Every public function here is one write transaction (`BEGIN IMMEDIATE`), named after the rule
-it keeps:
+Every public function here is one write transaction (`BEGIN IMMEDIATE` on SQLite; on
+PostgreSQL one that locks the rows it reads before changing them, `SELECT … FOR UPDATE`),
+named after the rule it keeps:
 
 - `create_task`          — a task is persisted (with its first event) before `202 Accepted`;
 - `append_events`, `start_running`, `append_output` (`append_outputs` for several tasks)
@@ -31,7 +32,6 @@ so callers publish exactly what was committed.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +53,7 @@ from ..protocol.states import (
 )
 from . import runners
 from .database import Database
+from .dialect import Cursor, dialect_of, for_update
 from .tables import Client, IdempotencyKey, Response, Task, TaskEvent
 
 Event = dict[str, Any]
@@ -137,7 +138,7 @@ def create_task(
     task: Task,
     response: Response | None = None,
     idempotency: IdempotencyKey | None = None,
-    admit: Callable[[sqlite3.Cursor], None] | None = None,
+    admit: Callable[[Cursor], None] | None = None,
 ) -> Committed:
     """Insert a task (and its response) with its first event, in one transaction.
 
@@ -157,7 +158,7 @@ def create_task(
     )
     first["sequence_number"] = 0
     task.next_sequence = 1
-    # Plain SQL on a sqlite3 cursor (no ORM session): this runs once per created task, on the
+    # Plain SQL on a DB-API cursor (no ORM session): this runs once per created task, on the
     # request's path to its 202, and SQLAlchemy's per-statement work would be a third of it.
     with db.write_cursor() as cursor:
         if admit is not None:
@@ -295,15 +296,27 @@ def append_outputs(
     """`append_output` for several running tasks (task id → token ids, text) in one
     transaction: the tokens every running task produced since the last snapshot, one commit.
 
-    This is the hot path, so it is plain SQL on a sqlite3 cursor rather than the ORM: per task
+    This is the hot path, so it is plain SQL on a DB-API cursor rather than the ORM: per task
     one SELECT, one INSERT, one UPDATE, all in one BEGIN IMMEDIATE transaction. A task that no
     longer exists is skipped (`missing_ok`), or a 404.
     """
     now = time.time()
     committed: list[Committed] = []
     with db.write_cursor() as cursor:
+        locking = for_update(dialect_of(cursor))
+        if locking and len(outputs) > 1:
+            # Locked first, all in one order (by id): two transactions locking several of the
+            # same tasks then never wait for each other crosswise.
+            ids = sorted(outputs)
+            cursor.execute(
+                f"SELECT id FROM tasks WHERE id IN ({', '.join('?' * len(ids))})"
+                " ORDER BY id FOR UPDATE",
+                ids,
+            )
         for task_id, (token_ids, text) in outputs.items():
-            row = cursor.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            row = cursor.execute(
+                "SELECT * FROM tasks WHERE id = ?" + locking, (task_id,)
+            ).fetchone()
             if row is None:
                 if missing_ok:
                     continue
@@ -319,7 +332,7 @@ def append_outputs(
 
 
 def _append_output(
-    cursor: sqlite3.Cursor, task: Any, token_ids: Sequence[int], text: str, now: float
+    cursor: Cursor, task: Any, token_ids: Sequence[int], text: str, now: float
 ) -> Committed:
     snap = snapshot_of(task)
     if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
@@ -416,7 +429,7 @@ def revoke_client(db: Database, client_id: str) -> Revocation | None:
     """
     now = time.time()
     with db.write() as session:
-        client = session.get(Client, client_id)
+        client = session.get(Client, client_id, with_for_update=True)
         if client is None:
             return None
         revoked: list[Client] = []
@@ -429,14 +442,15 @@ def revoke_client(db: Database, client_id: str) -> Revocation | None:
                 current.revoked_at = now
                 session.add(current)
             revoked.append(current)
-            approved = select(Client).where(col(Client.approved_by) == current.id)
+            approved = select(Client).where(col(Client.approved_by) == current.id).with_for_update()
             pending.extend(session.execute(approved).scalars())
         result = Revocation(revoked)
         owners = [c.id for c in revoked]
         unfinished = select(Task).where(
             col(Task.owner).in_(owners), col(Task.state).in_(_UNFINISHED)
         )
-        for task in list(session.execute(unfinished.order_by(col(Task.created_at))).scalars()):
+        unfinished = unfinished.order_by(col(Task.created_at)).with_for_update()
+        for task in list(session.execute(unfinished).scalars()):
             response = session.get(Response, task.response_id) if task.response_id else None
             events = _cancel(session, task, response, CLIENT_REVOKED, now)
             if events:
@@ -513,7 +527,7 @@ def delete_finished_task(db: Database, task_id: str) -> bool:
     """Delete one finished task with its events and response (a client's explicit delete).
     An unfinished task is left alone and False returned: only finished tasks are deleted."""
     with db.write() as session:
-        task = session.get(Task, task_id)
+        task = session.get(Task, task_id, with_for_update=True)
         if task is None or TaskState(task.state) not in TERMINAL_STATES:
             return False
         session.execute(delete(TaskEvent).where(col(TaskEvent.task_id) == task_id))
@@ -566,7 +580,7 @@ def recover_runner(
     The same transaction releases idempotency keys the runner's requests had claimed without
     committing any work, hands the surviving tasks to `adopter` and deletes the runner.
 
-    Plain SQL on one sqlite3 cursor, with the changes written by `executemany`: start-up may
+    Plain SQL on one DB-API cursor, with the changes written by `executemany`: start-up may
     find ten thousand unfinished tasks, and the ORM's unit of work (one UPDATE per object,
     attribute tracking on every change) would take seconds the service is not yet answering in.
     """
@@ -575,7 +589,9 @@ def recover_runner(
     with db.write_cursor() as cursor:
         reason = "unheld"
         if runner_id is not None:
-            row = cursor.execute("SELECT * FROM runners WHERE id = ?", (runner_id,)).fetchone()
+            row = cursor.execute(
+                "SELECT * FROM runners WHERE id = ?" + for_update(dialect_of(cursor)), (runner_id,)
+            ).fetchone()
             found = runners.gone_reason(_record(row), now) if row is not None else None
             if found is None:
                 return report  # alive after all, or already recovered by someone else
@@ -590,7 +606,8 @@ def recover_runner(
         ).rowcount
         states = ", ".join("?" * len(_UNFINISHED))
         rows = cursor.execute(
-            f"SELECT * FROM tasks WHERE {holder} AND state IN ({states}) ORDER BY created_at",
+            f"SELECT * FROM tasks WHERE {holder} AND state IN ({states}) ORDER BY created_at"
+            + for_update(dialect_of(cursor)),
             (*held, *_UNFINISHED),
         ).fetchall()
         _apply_table(cursor, [_record(r) for r in rows], error, now, report, adopter=adopter)
@@ -622,13 +639,12 @@ _UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
 def _anything_unheld(db: Database) -> bool:
     """Whether some unfinished task, or some claimed idempotency key, has no runner (a cheap
     read, so the periodic sweep takes no write lock when there is nothing to do)."""
-    states = ", ".join("?" * len(_UNFINISHED))
+    states = ", ".join(f"'{s}'" for s in _UNFINISHED)
     with db.read() as session:
         conn = session.connection()
         return (
             conn.exec_driver_sql(
-                f"SELECT 1 FROM tasks WHERE runner_id IS NULL AND state IN ({states}) LIMIT 1",
-                _UNFINISHED,
+                f"SELECT 1 FROM tasks WHERE runner_id IS NULL AND state IN ({states}) LIMIT 1"
             ).first()
             is not None
             or conn.exec_driver_sql(
@@ -640,7 +656,7 @@ def _anything_unheld(db: Database) -> bool:
 
 
 def _apply_table(
-    cursor: sqlite3.Cursor,
+    cursor: Cursor,
     tasks: list[Any],
     error: dict[str, str],
     now: float,
@@ -720,21 +736,22 @@ def _apply_table(
     )
 
 
-def _unfinished_tasks(cursor: sqlite3.Cursor, task_ids: list[str]) -> list[Any]:
+def _unfinished_tasks(cursor: Cursor, task_ids: list[str]) -> list[Any]:
     """Unfinished tasks of `task_ids`, oldest first, as objects outside any session."""
     states = ", ".join("?" * len(_UNFINISHED))
     rows = []
     for chunk in _chunks(task_ids, 500):
         ids = ", ".join("?" * len(chunk))
         rows += cursor.execute(
-            f"SELECT * FROM tasks WHERE id IN ({ids}) AND state IN ({states})",
+            f"SELECT * FROM tasks WHERE id IN ({ids}) AND state IN ({states})"
+            + for_update(dialect_of(cursor)),
             (*chunk, *_UNFINISHED),
         ).fetchall()
     rows.sort(key=lambda r: r["created_at"])
     return [_record(row) for row in rows]
 
 
-def _responses_of(cursor: sqlite3.Cursor, response_ids: list[str]) -> dict[str, Response]:
+def _responses_of(cursor: Cursor, response_ids: list[str]) -> dict[str, Response]:
     found: dict[str, Response] = {}
     for chunk in _chunks(response_ids, 500):
         ids = ", ".join("?" * len(chunk))
@@ -745,7 +762,7 @@ def _responses_of(cursor: sqlite3.Cursor, response_ids: list[str]) -> dict[str, 
     return found
 
 
-def _record(row: sqlite3.Row) -> Any:
+def _record(row: Any) -> Any:
     """A row as an object with the table model's attributes, for the plain-SQL paths. Not the
     model itself: a SQLModel object (instrumented, validated on every attribute) costs ~60 µs
     to build, more than recovery spends on a task or `append_output` on a transaction."""
@@ -762,7 +779,9 @@ def _not_held(task: Any, runner_id: str | None) -> bool:
 
 
 def _load(session: Session, task_id: str) -> tuple[Task, Response | None]:
-    task = session.get(Task, task_id)
+    """The task (locked until the transaction ends, on PostgreSQL) and its response: a
+    response changes only in a transaction that holds its task."""
+    task = session.get(Task, task_id, with_for_update=True)
     if task is None:
         raise LMSPError(
             404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
@@ -856,7 +875,7 @@ def _terminate(task: Task, response: Response | None, outcome: Outcome, now: flo
     return events
 
 
-def _insert(cursor: sqlite3.Cursor, table: str, values: dict[str, Any], tail: str = "") -> None:
+def _insert(cursor: Cursor, table: str, values: dict[str, Any], tail: str = "") -> None:
     columns = ", ".join(values)
     marks = ", ".join(f":{k}" for k in values)
     cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks}){tail}", values)

@@ -16,6 +16,10 @@ transaction, so that several servers starting together on one file take turns:
 
 Migrations run with `PRAGMA foreign_keys=OFF` (a table rebuild drops the old table, which
 would otherwise cascade) and end with `PRAGMA foreign_key_check`.
+
+On PostgreSQL the same steps run in one transaction holding an advisory lock (servers starting
+together take turns, and PostgreSQL's DDL is transactional); its foreign keys are enforced by
+the DDL itself, and no file copy is taken before an upgrade (`pg_dump` is the tool for that).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ RELEASE_0_1_0_TABLES = frozenset(
     }
 )
 VERSION_TABLE = "alembic_version"
+# The PostgreSQL advisory lock servers take turns on to prepare the schema ("LMSP" in ASCII).
+SCHEMA_LOCK = 0x4C4D5350
 
 
 class SchemaError(RuntimeError):
@@ -121,6 +127,10 @@ def prepare(
     `path` is the database file (None in memory), beside which the backup goes.
     `legacy_owner` is who gets the rows release 0.1.0 wrote for its one user.
     """
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as connection:
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK})")
+            return _prepare(connection, None, upgrade, legacy_owner)
     with engine.connect() as connection:
         dbapi = connection.connection.dbapi_connection
         assert dbapi is not None
@@ -182,6 +192,8 @@ def _prepare(
     if found.revision == RELEASE_0_1_0 and not _has_version_table(connection):
         _stamp(connection, RELEASE_0_1_0)
     run_migrations(connection, HEAD, legacy_owner=legacy_owner or _default_legacy_owner())
+    if connection.dialect.name != "sqlite":
+        return Prepared(SchemaStatus(HEAD, "current"), found.revision, backup_path)
     problems = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
     if problems:
         raise SchemaError(f"The upgraded database breaks foreign keys: {problems[:5]}")

@@ -19,6 +19,8 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
+from typing import Literal
+
 import sqlalchemy as sa
 from alembic import context, op
 
@@ -32,6 +34,11 @@ LEGACY_OWNER = "owner"
 
 
 def upgrade() -> None:
+    # SQLite alters a table by rebuilding it; PostgreSQL alters it in place (a rebuild there
+    # would drop the event ids' sequence).
+    rebuild: Literal["always", "auto"] = (
+        "always" if op.get_bind().dialect.name == "sqlite" else "auto"
+    )
     legacy_owner = context.config.attributes.get("legacy_owner") or LEGACY_OWNER
     op.create_table(
         "runners",
@@ -62,7 +69,7 @@ def upgrade() -> None:
         " WHERE client_id IS NOT NULL AND client_id NOT IN (SELECT id FROM clients)"
     )
 
-    with op.batch_alter_table("tasks", recreate="always") as batch:
+    with op.batch_alter_table("tasks", recreate=rebuild) as batch:
         batch.add_column(sa.Column("runner_id", sa.String(), nullable=True))
         batch.create_foreign_key(
             "fk_tasks_response_id_responses",
@@ -76,7 +83,7 @@ def upgrade() -> None:
             "fk_tasks_runner_id_runners", "runners", ["runner_id"], ["id"], ondelete="SET NULL"
         )
         batch.create_index("ix_tasks_runner_state", ["runner_id", "state"])
-    with op.batch_alter_table("responses", recreate="always") as batch:
+    with op.batch_alter_table("responses", recreate=rebuild) as batch:
         batch.create_foreign_key(
             "fk_responses_task_id_tasks",
             "tasks",
@@ -85,11 +92,11 @@ def upgrade() -> None:
             deferrable=True,
             initially="DEFERRED",
         )
-    with op.batch_alter_table("task_events", recreate="always") as batch:
+    with op.batch_alter_table("task_events", recreate=rebuild) as batch:
         batch.create_foreign_key(
             "fk_task_events_task_id_tasks", "tasks", ["task_id"], ["id"], ondelete="CASCADE"
         )
-    with op.batch_alter_table("idempotency_keys", recreate="always") as batch:
+    with op.batch_alter_table("idempotency_keys", recreate=rebuild) as batch:
         batch.add_column(sa.Column("runner_id", sa.String(), nullable=True))
         batch.create_foreign_key(
             "fk_idempotency_keys_runner_id_runners",
@@ -98,7 +105,7 @@ def upgrade() -> None:
             ["id"],
             ondelete="SET NULL",
         )
-    with op.batch_alter_table("pairings", recreate="always") as batch:
+    with op.batch_alter_table("pairings", recreate=rebuild) as batch:
         batch.add_column(sa.Column("decided_by", sa.String(), nullable=True))
         batch.create_foreign_key(
             "fk_pairings_client_id_clients", "clients", ["client_id"], ["id"], ondelete="SET NULL"

@@ -15,6 +15,8 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
+from typing import Literal
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -34,7 +36,10 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("managed", sa.Boolean(), nullable=False, server_default=sa.false())
         )
-    with op.batch_alter_table("models", recreate="always") as batch:
+    rebuild: Literal["always", "auto"] = (
+        "always" if op.get_bind().dialect.name == "sqlite" else "auto"
+    )
+    with op.batch_alter_table("models", recreate=rebuild) as batch:
         batch.alter_column("managed", server_default=None)
 
 
