@@ -8,6 +8,7 @@
     jupyter lmsp backup PATH                           copy the database, online and consistent
     jupyter lmsp restore PATH [--force]                replace the database with a backup
     jupyter lmsp doctor [--quick] [--blas]             schema, checks, runners, unfinished tasks
+    jupyter lmsp worker --db-url URL [--models a,b]    a standalone inference worker
 
 Every command is a `JupyterApp` that reads the server's own configuration: the files
 `jupyter_config`, `jupyter_server_config` and `jupyter_jupyter_lmsp_config` (`.py`, `.json`) on
@@ -355,6 +356,65 @@ def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
         bar.close()
 
 
+class WorkerCommand(Command):
+    description = (
+        "Run a standalone inference worker: claim the queued tasks of the shared database "
+        "(servers with LMSPExtension.local_worker=False), generate them, commit their events."
+    )
+    models = List(Unicode(), help="Serve only these models (default: every model).").tag(
+        config=True
+    )
+    claim_interval = Float(0.05, help="Seconds between looks at the shared queue.").tag(config=True)
+    aliases = {
+        **COMMON_ALIASES,
+        "models": "WorkerCommand.models",
+        "claim-interval": "WorkerCommand.claim_interval",
+    }
+
+    def run(self) -> int:
+        import asyncio
+        import logging
+        import signal
+
+        from .services.standalone import StandaloneWorker
+
+        logging.basicConfig(
+            level=logging.getLevelName(self.log_level),  # type: ignore[call-overload]
+            format="[%(levelname)s %(asctime)s %(name)s] %(message)s",
+        )
+        settings = self.settings
+        settings.blas = settings.blas_selection()
+        models = [m.strip() for name in self.models for m in name.split(",") if m.strip()]
+        worker = StandaloneWorker(
+            self.db,
+            settings.make_engine,
+            model_dir=Path(settings.model_dir),
+            models=models,
+            max_active=max(1, settings.max_batch_size),
+            snapshot_interval=settings.snapshot_interval,
+            lease_seconds=settings.lease_seconds,
+            heartbeat_interval=settings.heartbeat_interval,
+            claim_interval=self.claim_interval,
+            event_poll_interval=settings.event_poll_interval,
+            label=f"jupyter-lmsp worker {__version__}",
+        )
+        print(
+            f"LMSP worker {worker.runner_id} serving {', '.join(models) or 'every model'}",
+            flush=True,
+        )
+
+        async def serve() -> None:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            await worker.run(stop)
+
+        asyncio.run(serve())
+        self.db.dispose()
+        return 0
+
+
 class LMSPApp(Command):
     name = "jupyter-lmsp"
     description = (
@@ -370,6 +430,7 @@ class LMSPApp(Command):
         "backup": (BackupCommand, BackupCommand.description),
         "restore": (RestoreCommand, RestoreCommand.description),
         "doctor": (DoctorCommand, DoctorCommand.description),
+        "worker": (WorkerCommand, WorkerCommand.description),
     }
 
     def initialize(self, argv: Any = None) -> None:

@@ -50,7 +50,11 @@ class LMSPExtension(ExtensionApp):
     load_other_extensions = True
 
     data_dir = Unicode(help="Folder for the database and the model store.").tag(config=True)
-    db_url = Unicode(help="SQLAlchemy URL of the SQLite database.").tag(config=True)
+    db_url = Unicode(
+        help="SQLAlchemy URL of the database: SQLite (the default, a file in data_dir) or "
+        "PostgreSQL through psycopg 3 (postgresql+psycopg://USER@HOST:PORT/NAME), which many "
+        "servers and standalone workers (`jupyter lmsp worker`) may share."
+    ).tag(config=True)
     model_dir = Unicode(help="Folder holding MLX model directories (one per model).").tag(
         config=True
     )
@@ -169,6 +173,13 @@ class LMSPExtension(ExtensionApp):
         "them under blas.candidates: ngsolve-openblas, system-openblas-pthread, "
         "cmeel-openblas, ...); empty: all found. The reference BLAS is always measured.",
     ).tag(config=True)
+    local_worker = Bool(
+        True,
+        help="Run an inference worker in this server (the default). False: this server runs "
+        "no generation; the tasks it accepts wait in the database's shared queue for a "
+        "standalone worker (`jupyter lmsp worker`, on a shared PostgreSQL database) to claim "
+        "them, and it streams their events as the worker commits them.",
+    ).tag(config=True)
     lease_seconds = Float(
         15.0,
         help="How long this server's lease on its tasks lasts without a heartbeat. Another "
@@ -235,9 +246,10 @@ class LMSPExtension(ExtensionApp):
             lease_seconds=self.lease_seconds,
             heartbeat_interval=self.heartbeat_interval,
             label=f"jupyter-lmsp {__version__}",
+            adopts=self.local_worker,
         )
         runner_id = self.lease.register()
-        report = rules.recover_at_startup(self.db, adopter=runner_id)
+        report = self.lease.recover()
         for dead, why in report.runners:
             self.log.info("LMSP recovery: tasks of %s (%s)", dead or "no runner", why)
         if report.released_claims:
@@ -258,13 +270,7 @@ class LMSPExtension(ExtensionApp):
         for model_id in catalog.sync_model_dir():
             self.log.info("LMSP: registered model directory %s", model_id)
         # Chosen on first use, on the engine client's spawner thread (never on the IOLoop).
-        self.blas = BlasSelection(
-            enabled=self.use_openblas != "no",
-            log=self.log,
-            threads=self._blas_threads(),
-            coretype=self.blas_coretype,
-            only=[name.strip() for name in self.blas_candidates.split(",") if name.strip()],
-        )
+        self.blas = self.blas_selection()
         bus = EventBus()
         runner = TaskRunner(
             self.db,
@@ -274,6 +280,7 @@ class LMSPExtension(ExtensionApp):
             snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
             runner_id=runner_id,
+            executes=self.local_worker,
         )
         admission = Admission(
             max_output_tokens_default=self.max_output_tokens_default,
@@ -292,8 +299,7 @@ class LMSPExtension(ExtensionApp):
             runner_id=lambda: runner.runner_id,
         )
         runner.cancel_listeners.append(registrar.kill)
-        assert self.db.path is not None
-        self.feed = EventFeed(self.db.path, bus, runner, interval=self.event_poll_interval)
+        self.feed = EventFeed(self.db, bus, runner, interval=self.event_poll_interval)
         # Whoever starts the runner (the server's start, or the first request) starts these.
         runner.start_listeners.append(self._start_background)
         self.ctx = ServiceContext(
@@ -381,8 +387,22 @@ class LMSPExtension(ExtensionApp):
         self.lease.stop(unregister=True)
         self.db.dispose()
 
+    def blas_selection(self) -> BlasSelection:
+        """The inference worker's BLAS, chosen on first use (`jupyter lmsp worker` too)."""
+        return BlasSelection(
+            enabled=self.use_openblas != "no",
+            log=self.log,
+            threads=self._blas_threads(),
+            coretype=self.blas_coretype,
+            only=[name.strip() for name in self.blas_candidates.split(",") if name.strip()],
+        )
+
     def _blas_threads(self) -> int:
         return self.blas_threads or (1 if (os.cpu_count() or 1) <= 2 else 0)
+
+    def make_engine(self, on_message: Any) -> EngineClient:
+        """An inference engine client with this configuration (needs `self.blas`)."""
+        return self._make_engine(on_message)
 
     def _make_engine(self, on_message: Any) -> EngineClient:
         env = {}

@@ -188,7 +188,8 @@ def test_migrations_applied_to_an_empty_postgresql_database_equal_the_models(pg_
     assert differences == [], differences
     engine = create_engine(modelled)
     try:
-        SQLModel.metadata.create_all(engine)
+        with engine.begin() as conn:
+            schema.create_all(conn)
         with engine.connect() as conn:
             deferrable = conn.exec_driver_sql(
                 "SELECT conname, condeferrable, condeferred, confdeltype FROM pg_constraint"
@@ -210,6 +211,17 @@ def test_migrations_applied_to_an_empty_postgresql_database_equal_the_models(pg_
     finally:
         engine.dispose()
     assert len(deferrable) == 6 and sum(1 for row in deferrable if row[1] and row[2]) == 2
+    # The trigger announcing committed events (store.notify) is made both ways too.
+    for url in (migrated, modelled):
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                triggers = conn.exec_driver_sql(
+                    "SELECT tgname FROM pg_trigger WHERE NOT tgisinternal"
+                ).fetchall()
+        finally:
+            engine.dispose()
+        assert triggers == [("lmsp_task_events_notify",)], url
 
 
 def test_a_new_postgresql_database_is_created_at_the_newest_revision(pg_url):

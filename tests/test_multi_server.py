@@ -146,10 +146,19 @@ def in_thread(fn, *args):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_db(request):
+    """The servers' database option: their data folder's SQLite file (none needed), or one
+    PostgreSQL database (whose events reach the other server by LISTEN/NOTIFY)."""
+    if request.param == "sqlite":
+        return {}
+    return {"db_url": request.getfixturevalue("pg_url")}
+
+
 def test_a_second_server_leaves_live_tasks_alone_then_recovers_them_when_the_first_dies(
-    lmsp_data,
+    lmsp_data, shared_db
 ):
-    a = ServerProcess(lmsp_data, name="a", max_batch_size=4, **SLOW, **LEASE).start()
+    a = ServerProcess(lmsp_data, name="a", max_batch_size=4, **SLOW, **LEASE, **shared_db).start()
     try:
         with a.client() as ca:
             normal = {
@@ -158,7 +167,10 @@ def test_a_second_server_leaves_live_tasks_alone_then_recovers_them_when_the_fir
             victim = create(ca, max_output_tokens=400, temperature=0, on_restart="resume")
             wait_for(ca, victim["task_id"], lambda t, log: len(deltas(log)) >= 2)
 
-        with ServerProcess(lmsp_data, name="b", **LEASE).start() as b, b.client() as cb:
+        with (
+            ServerProcess(lmsp_data, name="b", **LEASE, **shared_db).start() as b,
+            b.client() as cb,
+        ):
             # B lists A's tasks and streams one of them as A commits its events.
             listed = {t["id"] for t in cb.get("/tasks", params={"limit": 100}).json()["data"]}
             assert {r["task_id"] for r in [*normal.values(), victim]} <= listed

@@ -10,8 +10,14 @@ commits on its own bus; this feed makes the rest visible here, by polling from o
 - the tasks this server's runner holds that another server committed `cancelling`, handed to
   the runner (`notice_cancelled`), which stops their generation.
 
-A poll costs one `PRAGMA data_version` (which changes when another connection commits) every
-`interval` seconds; the queries run only when something changed.
+On SQLite a poll costs one `PRAGMA data_version` (which changes when another connection
+commits) every `interval` seconds; the queries run only when something changed.
+
+On PostgreSQL the thread listens instead (`LISTEN lmsp_events`, `store.notify`): each
+committed event arrives as a notification naming its task and sequence number, and only the
+tasks named are read — the events of those watched here, and whether one this server runs was
+committed `cancelling`. Every `FULL_POLL_SECONDS` (and after reconnecting) everything watched
+is read once, so a notification lost with a broken connection costs latency, never an event.
 """
 
 from __future__ import annotations
@@ -22,20 +28,37 @@ import json
 import logging
 import sqlite3
 import threading
-from pathlib import Path
+import time
+from collections.abc import Iterable
 from typing import Any
 
+from ..store import notify
+from ..store.database import Database
+from ..store.dialect import PgCursor
 from .bus import EventBus
 from .runner import TaskRunner
 
 log = logging.getLogger(__name__)
 
+# On PostgreSQL, how often everything watched is read even without a notification.
+FULL_POLL_SECONDS = 1.0
+
+
+class _PgReader:
+    """A psycopg connection read with statements in SQLite's parameter style."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str, params: Any = ()) -> PgCursor:
+        return PgCursor(self.conn).execute(sql, params)
+
 
 class EventFeed:
     def __init__(
-        self, path: Path, bus: EventBus, runner: TaskRunner, interval: float = 0.02
+        self, db: Database, bus: EventBus, runner: TaskRunner, interval: float = 0.02
     ) -> None:
-        self.path = path
+        self.db = db
         self.bus = bus
         self.runner = runner
         self.interval = interval
@@ -60,7 +83,11 @@ class EventFeed:
             self._thread = None
 
     def _run(self) -> None:
-        conn = sqlite3.connect(self.path, isolation_level=None, timeout=10)
+        if self.db.is_postgres:
+            self._listen()
+            return
+        assert self.db.path is not None
+        conn = sqlite3.connect(self.db.path, isolation_level=None, timeout=10)
         try:
             conn.execute("PRAGMA query_only=1")
             version = None
@@ -76,10 +103,46 @@ class EventFeed:
         finally:
             conn.close()
 
-    def poll(self, conn: sqlite3.Connection) -> None:
-        """Read what changed and hand it to the loop."""
+    def _listen(self) -> None:
+        import psycopg
+
+        dsn = self.db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {notify.CHANNEL}")
+                    reader = _PgReader(conn)
+                    self.poll(reader)  # what was committed before listening
+                    last_full = time.monotonic()
+                    while not self._stop.is_set():
+                        named: set[str] = set()
+                        for note in conn.notifies(timeout=self.interval * 10, stop_after=1):
+                            parsed = notify.parse(note.payload)
+                            if parsed is not None:
+                                named.add(parsed[0])
+                        # Whatever else arrived meanwhile, without waiting.
+                        for note in conn.notifies(timeout=0):
+                            parsed = notify.parse(note.payload)
+                            if parsed is not None:
+                                named.add(parsed[0])
+                        if time.monotonic() - last_full >= FULL_POLL_SECONDS:
+                            self.poll(reader)
+                            last_full = time.monotonic()
+                        elif named:
+                            self.poll(reader, named)
+            except psycopg.Error:
+                if self._stop.is_set():
+                    return
+                log.exception("LMSP: listening to the shared database failed; reconnecting")
+                self._stop.wait(1.0)
+
+    def poll(self, conn: Any, only: Iterable[str] | None = None) -> None:
+        """Read what changed (of the tasks `only` names, if given) and hand it to the loop."""
         batches: list[tuple[str, list[dict[str, Any]]]] = []
+        named = set(only) if only is not None else None
         for task_id, after in self.bus.watched().items():
+            if named is not None and task_id not in named:
+                continue
             if self.runner.holds(task_id):
                 continue  # its events come from this server's own commits
             rows = conn.execute(
@@ -91,7 +154,7 @@ class EventFeed:
                 batches.append((task_id, [json.loads(data) for (data,) in rows]))
         cancelled: list[str] = []
         runner_id = self.runner.runner_id
-        if runner_id is not None:
+        if runner_id is not None and (named is None or any(map(self.runner.holds, named))):
             now = {
                 task_id
                 for (task_id,) in conn.execute(

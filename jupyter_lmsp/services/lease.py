@@ -32,7 +32,11 @@ class RunnerLease:
         heartbeat_interval: float = 2.0,
         label: str = "",
         kind: str = "server",
+        adopts: bool = True,
     ) -> None:
+        """`adopts`: whether this runner takes over the unfinished tasks of the dead runners
+        it recovers (a server running its own inference worker); otherwise they go back to
+        the shared queue that standalone workers claim from (`rules.claim_tasks`)."""
         if heartbeat_interval >= lease_seconds:
             raise ValueError("the heartbeat must come more often than the lease expires")
         self.db = db
@@ -40,6 +44,7 @@ class RunnerLease:
         self.heartbeat_interval = heartbeat_interval
         self.label = label
         self.kind = kind
+        self.adopts = adopts
         self.runner_id: str | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.on_recovered: Callable[[rules.RecoveryReport], None] | None = None
@@ -97,7 +102,7 @@ class RunnerLease:
             new = self.register()
             log.error("LMSP: runner %s lost its lease; registered again as %s", lost, new)
             self._to_loop(self.on_lost, new)
-        report = rules.recover_at_startup(self.db, adopter=self.runner_id)
+        report = self.recover()
         if report.runners:
             log.warning(
                 "LMSP: recovered the tasks of %s: %d task(s) examined%s",
@@ -107,6 +112,12 @@ class RunnerLease:
             )
             self._to_loop(self.on_recovered, report)
         return report
+
+    def recover(self) -> rules.RecoveryReport:
+        """Apply the 11.3 table to the tasks of dead runners (see `adopts`)."""
+        if self.adopts:
+            return rules.recover_at_startup(self.db, adopter=self.runner_id)
+        return rules.recover_at_startup(self.db, shared_queue=True)
 
     def _to_loop(self, fn: Callable[..., None] | None, *args: object) -> None:
         if fn is None or self.loop is None or self.loop.is_closed():

@@ -151,8 +151,9 @@ def _commit_response(
         owner=caller.id,
         model=admitted.model.id,
         response_id=response_id,
-        # Held by this server's runner from the transaction that creates it (LMSP B12).
-        runner_id=ctx.runner.runner_id,
+        # Held by this server's runner from the transaction that creates it (LMSP B12), or,
+        # without a local worker, by none: a standalone worker claims it.
+        runner_id=ctx.runner.holder_id,
         params=json.dumps(
             {
                 "max_tokens": admitted.plan.max_tokens,

@@ -98,6 +98,7 @@ class TaskRunner:
         snapshot_interval: float = 0.05,
         max_active: int = 8,
         runner_id: str | None = None,
+        executes: bool = True,
     ) -> None:
         self.db = db
         self.bus = bus
@@ -108,6 +109,10 @@ class TaskRunner:
         # The lease this runner drives tasks under (None: it claims no ownership, for tests
         # of the runner alone).
         self.runner_id = runner_id
+        # False on a server without a local inference worker: it runs no generation, and the
+        # tasks it creates are held by no runner (the shared queue standalone workers claim
+        # from, `rules.claim_tasks`); it still commits cancels and publishes what it commits.
+        self.executes = executes
         self.engine: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: threading.Thread | None = None
@@ -151,6 +156,11 @@ class TaskRunner:
         if self.bus.loop is None:
             self.bus.bind(self.loop)
         self.committer.start(self.loop)
+        if not self.executes:
+            self.worker_info = {"state": "remote"}
+            for listener in self.start_listeners:
+                listener(self.loop)
+            return
         self.engine = self.engine_factory(self._from_engine_thread)
         self.engine.start()
         self.worker_info = {"state": "starting"}
@@ -167,9 +177,17 @@ class TaskRunner:
         self.worker_info = {"state": "stopped"}
         self.committer.stop()
 
+    @property
+    def holder_id(self) -> str | None:
+        """Who holds the tasks created through this server: this runner, or (without a
+        local worker) no runner, for a standalone worker to claim."""
+        return self.runner_id if self.executes else None
+
     def pick_up(self) -> None:
         """Queue every unfinished task this runner holds that it is not running yet (at
         start, and after a recovery adopted some)."""
+        if not self.executes:
+            return
         self.committer.run(
             queries.tasks_to_run, self.db, runner_id=self.runner_id, then=self._queue_found
         )
@@ -198,8 +216,8 @@ class TaskRunner:
     def submit(self, task_id: str, owner: str) -> None:
         """A task of `owner` was committed `queued`, held by this runner: run it when a slot
         is free (and it is its owner's turn)."""
-        if not self.started:
-            return  # start() picks it up from the database
+        if not self.started or not self.executes:
+            return  # start() picks it up from the database; or a standalone worker will
         self._on_loop(self._submit, task_id, owner)
 
     def _submit(self, task_id: str, owner: str) -> None:

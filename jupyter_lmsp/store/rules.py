@@ -190,6 +190,44 @@ def create_task(
 
 
 # ---------------------------------------------------------------------------------------------
+# the shared queue: tasks no runner holds, claimed by the runners that execute them
+
+
+def claim_tasks(
+    db: Database, runner_id: str, models: Sequence[str] | None = None, limit: int = 1
+) -> list[tuple[str, str]]:
+    """Take up to `limit` response tasks no runner holds — queued, or `running` to resume (a
+    recovery put them back) — for the runner `runner_id`, oldest first, of `models` (every
+    model when None): each becomes that runner's in this transaction. Returns (task id,
+    owner) pairs.
+
+    The shared queue of standalone inference workers (LMSP B12): a server without a local
+    worker creates its tasks held by no runner. On PostgreSQL the candidates are locked with
+    `FOR UPDATE SKIP LOCKED`, so workers claiming at once take different tasks without
+    waiting for each other; on SQLite the write transaction already excludes them.
+    """
+    if limit <= 0:
+        return []
+    now = time.time()
+    states = ", ".join("?" * 2)
+    wanted = list(models) if models else []
+    by_model = f" AND model IN ({', '.join('?' * len(wanted))})" if wanted else ""
+    with db.write_cursor() as cursor:
+        skip = " FOR UPDATE SKIP LOCKED" if for_update(dialect_of(cursor)) else ""
+        rows = cursor.execute(
+            "SELECT id, owner FROM tasks WHERE runner_id IS NULL AND kind = 'response'"
+            f" AND state IN ({states}){by_model} ORDER BY created_at LIMIT ?{skip}",
+            (str(TaskState.QUEUED), str(TaskState.RUNNING), *wanted, limit),
+        ).fetchall()
+        claimed = [(row[0], row[1]) for row in rows]
+        cursor.executemany(
+            "UPDATE tasks SET runner_id = ?, updated_at = ? WHERE id = ?",
+            [(runner_id, now, task_id) for task_id, _ in claimed],
+        )
+    return claimed
+
+
+# ---------------------------------------------------------------------------------------------
 # 11.2: sequence numbers and state in the same transaction
 
 
@@ -541,7 +579,11 @@ def delete_finished_task(db: Database, task_id: str) -> bool:
 
 
 def recover_at_startup(
-    db: Database, adopter: str | None = None, now: float | None = None
+    db: Database,
+    adopter: str | None = None,
+    now: float | None = None,
+    *,
+    shared_queue: bool = False,
 ) -> RecoveryReport:
     """Apply the 11.3 table to the tasks left `queued`, `loading`, `running` or `cancelling` by
     runners that are gone, and to unfinished tasks no runner holds.
@@ -555,10 +597,16 @@ def recover_at_startup(
     `running` to continue from their snapshot) are adopted by `adopter`, which runs them.
 
     Every live server also calls this periodically (its sweep), for runners that died since.
+
+    With `shared_queue` (and no `adopter`), surviving tasks go back to the shared queue of
+    standalone workers (`claim_tasks`), and queued tasks no runner holds are left there.
     """
     report = RecoveryReport()
-    if _anything_unheld(db):
-        report.add(recover_runner(db, None, adopter))
+    # With `shared_queue` (servers without a local worker, standalone workers), queued tasks
+    # no runner holds are the shared queue, which workers claim (`claim_tasks`): left alone.
+    states = _UNFINISHED_NOT_QUEUED if shared_queue else _UNFINISHED
+    if _anything_unheld(db, states):
+        report.add(recover_runner(db, None, adopter, states=states))
     for runner, _reason in runners.gone_runners(db, now):
         if runner.id != adopter:
             report.add(recover_runner(db, runner.id, adopter, now=now))
@@ -572,6 +620,7 @@ def recover_runner(
     *,
     now: float | None = None,
     error: dict[str, str] = SERVER_RESTARTED,
+    states: Sequence[str] | None = None,
 ) -> RecoveryReport:
     """The 11.3 table for the unfinished tasks of the runner `runner_id` (None: of no runner),
     in one transaction, provided it is still gone when the transaction holds the write lock
@@ -604,11 +653,12 @@ def recover_runner(
             f" AND {holder}",
             held,
         ).rowcount
-        states = ", ".join("?" * len(_UNFINISHED))
+        examined = tuple(states or _UNFINISHED)
+        marks = ", ".join("?" * len(examined))
         rows = cursor.execute(
-            f"SELECT * FROM tasks WHERE {holder} AND state IN ({states}) ORDER BY created_at"
+            f"SELECT * FROM tasks WHERE {holder} AND state IN ({marks}) ORDER BY created_at"
             + for_update(dialect_of(cursor)),
-            (*held, *_UNFINISHED),
+            (*held, *examined),
         ).fetchall()
         _apply_table(cursor, [_record(r) for r in rows], error, now, report, adopter=adopter)
         if runner_id is not None:
@@ -634,12 +684,13 @@ def recover_after_worker_exit(
 
 
 _UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
+_UNFINISHED_NOT_QUEUED = tuple(s for s in _UNFINISHED if s != TaskState.QUEUED)
 
 
-def _anything_unheld(db: Database) -> bool:
-    """Whether some unfinished task, or some claimed idempotency key, has no runner (a cheap
+def _anything_unheld(db: Database, states: Sequence[str] = _UNFINISHED) -> bool:
+    """Whether some task in `states`, or some claimed idempotency key, has no runner (a cheap
     read, so the periodic sweep takes no write lock when there is nothing to do)."""
-    states = ", ".join(f"'{s}'" for s in _UNFINISHED)
+    states = ", ".join(f"'{s}'" for s in states)
     with db.read() as session:
         conn = session.connection()
         return (

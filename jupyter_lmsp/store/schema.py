@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 # The newest revision in store/migrations/versions (a test keeps the two equal). Kept here so
 # that opening a current database needs no Alembic at all.
-HEAD = "0003"
+HEAD = "0004"
 # The revision a database of release 0.1.0 (no version table) is at.
 RELEASE_0_1_0 = "0001"
 RELEASE_0_1_0_TABLES = frozenset(
@@ -162,7 +162,7 @@ def _prepare(
     if found.state == "empty":
         if not upgrade:
             return Prepared(found)  # only looking (`jupyter lmsp doctor`): nothing is made
-        SQLModel.metadata.create_all(connection)
+        create_all(connection)
         _stamp(connection, HEAD)
         return Prepared(SchemaStatus(HEAD, "current"))
     if not upgrade:
@@ -198,6 +198,25 @@ def _prepare(
     if problems:
         raise SchemaError(f"The upgraded database breaks foreign keys: {problems[:5]}")
     return Prepared(SchemaStatus(HEAD, "current"), found.revision, backup_path)
+
+
+def create_all(connection: Connection) -> None:
+    """Create the tables of the models, leaving the models as they were.
+
+    On a database that can alter tables (PostgreSQL), SQLAlchemy adds the foreign key declared
+    `use_alter` (responses → tasks) by an ALTER after the tables and marks it, in the shared
+    metadata, as never again to be written inside a CREATE TABLE: a SQLite database created
+    later in the same process would then lack it. The marks are put back.
+    """
+    constraints = [
+        c for table in SQLModel.metadata.tables.values() for c in table.foreign_key_constraints
+    ]
+    kept = [(c, c._create_rule) for c in constraints]
+    try:
+        SQLModel.metadata.create_all(connection)
+    finally:
+        for constraint, rule in kept:
+            constraint._create_rule = rule
 
 
 def run_migrations(connection: Connection, target: str, **attributes: Any) -> None:

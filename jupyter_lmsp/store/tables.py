@@ -24,6 +24,8 @@ from typing import Any
 from sqlalchemy import Column, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
+from . import notify
+
 # Foreign keys get names (SQLite keeps them in the table's SQL), so a migration can name the
 # one it adds or drops. Only `fk`: the other constraints keep the names they always had.
 _naming: dict[str, Any] = dict(SQLModel.metadata.naming_convention)
@@ -214,3 +216,7 @@ class Runner(SQLModel, table=True):
     started_at: float
     heartbeat_at: float
     lease_expires_at: float
+
+
+# On PostgreSQL, every committed event is announced to the servers listening (store.notify).
+notify.install(TaskEvent.__table__)  # type: ignore[attr-defined]

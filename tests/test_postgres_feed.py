@@ -1,0 +1,199 @@
+"""Committed events reach every server's watchers on PostgreSQL through LISTEN/NOTIFY
+(store.notify, services.feed).
+
+What these tests prove, on a real PostgreSQL cluster:
+
+- the trigger announces each committed event with its task id and sequence number, only when
+  its transaction commits (a rolled-back one announces nothing);
+- a feed listening on one `Database` delivers, on its bus, the events another `Database` (as
+  another server) commits, in order and each once, well before its periodic full read would
+  (which the test pushes out of reach): the notifications, not polling, brought them;
+- events committed while no feed listened (a notification missed) are still delivered, read
+  from the table when the feed starts;
+- a cancel another server commits for a task this server's runner holds is noticed through
+  the notification of its `cancelling` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+from storehelpers import make_task, new_task, to_running
+
+from jupyter_lmsp.services import feed as feed_module
+from jupyter_lmsp.services.bus import EventBus
+from jupyter_lmsp.services.catalog import ModelCatalog
+from jupyter_lmsp.services.feed import EventFeed
+from jupyter_lmsp.services.runner import TaskRunner
+from jupyter_lmsp.store import notify, rules
+from jupyter_lmsp.store.database import Database
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def two(pg_url):
+    """Two stores on one PostgreSQL database, as two servers have."""
+    here, there = Database(pg_url), Database(pg_url)
+    yield here, there
+    here.dispose()
+    there.dispose()
+
+
+def _runner(db, bus, tmp_path):
+    def no_engine(_on_message):
+        raise AssertionError("this test runs no generation")
+
+    return TaskRunner(db, bus, ModelCatalog(db, tmp_path, None), no_engine)
+
+
+def test_the_trigger_announces_committed_events_only(pg_url):
+    db = Database(pg_url)
+    dsn = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    try:
+        with psycopg.connect(dsn, autocommit=True) as listener:
+            listener.execute(f"LISTEN {notify.CHANNEL}")
+            tid = make_task(db, "running")
+            got = [notify.parse(n.payload) for n in listener.notifies(timeout=1.0)]
+            n_events = len(rules_events(db, tid))
+            assert got == [(tid, seq) for seq in range(n_events)]
+            # A transaction that rolls back announces nothing.
+            with pytest.raises(RuntimeError), db.write_cursor() as cursor:
+                cursor.execute(
+                    "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
+                    " VALUES (?, ?, 'x', '{}', 0)",
+                    (tid, 999),
+                )
+                raise RuntimeError("rolled back")
+            assert list(listener.notifies(timeout=0.5)) == []
+    finally:
+        db.dispose()
+
+
+def rules_events(db, tid):
+    from jupyter_lmsp.store import queries
+
+    return queries.list_events(db, tid)
+
+
+def _collect(sub, until_type, timeout):
+    async def run():
+        got = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            item = await sub.get(timeout=0.1)
+            if item is not None:
+                got.append(item[1])
+                if item[1]["type"] == until_type:
+                    break
+        return got
+
+    return run()
+
+
+def test_events_committed_by_another_server_arrive_by_notification(two, tmp_path, monkeypatch):
+    here, there = two
+    # The periodic full read out of reach: only notifications can bring the events in time.
+    monkeypatch.setattr(feed_module, "FULL_POLL_SECONDS", 3600.0)
+    task, response = new_task()
+    rules.create_task(there, task, response)
+    tid = task.id
+
+    async def scenario():
+        bus = EventBus()
+        bus.bind(asyncio.get_running_loop())
+        feed = EventFeed(here, bus, _runner(here, bus, tmp_path), interval=0.02)
+        sub = bus.subscribe(tid)
+        sub.seen(0)  # the watcher read the log up to `response.created`
+        feed.start(asyncio.get_running_loop())
+        try:
+            await asyncio.sleep(0.3)  # listening
+            started = time.monotonic()
+            writer = asyncio.get_running_loop().run_in_executor(None, _drive, there, tid)
+            got = await _collect(sub, "response.completed", timeout=20)
+            await writer
+            return got, time.monotonic() - started
+        finally:
+            feed.stop()
+            sub.close()
+
+    got, elapsed = asyncio.run(scenario())
+    stored = rules_events(there, tid)
+    assert got == stored[1:]  # every event after the one read, once, in order
+    assert elapsed < 10, elapsed
+
+
+def _drive(db, tid):
+    to_running(db, tid)
+    for i in range(5):
+        rules.append_output(db, tid, [i], f" {i}")
+        time.sleep(0.02)
+    from storehelpers import usage
+
+    rules.finish(db, tid, rules.Outcome("completed", usage=usage()))
+
+
+def test_events_committed_before_the_feed_listened_are_read_from_the_table(two, tmp_path):
+    here, there = two
+    tid = make_task(there, "running")
+
+    async def scenario():
+        bus = EventBus()
+        bus.bind(asyncio.get_running_loop())
+        sub = bus.subscribe(tid)
+        sub.seen(0)
+        feed = EventFeed(here, bus, _runner(here, bus, tmp_path), interval=0.02)
+        feed.start(asyncio.get_running_loop())  # after every commit: no notification comes
+        try:
+            return await _collect(sub, "response.output_text.delta#never", timeout=3)
+        finally:
+            feed.stop()
+            sub.close()
+
+    got = asyncio.run(scenario())
+    assert got == rules_events(there, tid)[1:]
+
+
+def test_a_cancel_committed_elsewhere_reaches_the_runner_holding_the_task(
+    two, tmp_path, monkeypatch
+):
+    here, there = two
+    monkeypatch.setattr(feed_module, "FULL_POLL_SECONDS", 3600.0)
+    tid = make_task(here, "running")
+    noticed: list[list[str]] = []
+
+    async def scenario():
+        bus = EventBus()
+        bus.bind(asyncio.get_running_loop())
+        runner = _runner(here, bus, tmp_path)
+        runner.runner_id = "runner_here"
+        runner.active.add(tid)  # as if its generation ran here
+        runner.notice_cancelled = noticed.append  # type: ignore[method-assign]
+        rows = here.engine.raw_connection()
+        try:
+            cur = rows.cursor()
+            cur.execute(
+                "INSERT INTO runners (id, kind, host, boot_id, pid, process_started_at, label,"
+                " started_at, heartbeat_at, lease_expires_at)"
+                " VALUES ('runner_here', 'server', 'h', 'b', 1, 0, '', 0, 0, 1e12)"
+            )
+            cur.execute("UPDATE tasks SET runner_id = 'runner_here' WHERE id = %s", (tid,))
+            rows.commit()
+        finally:
+            rows.close()
+        feed = EventFeed(here, bus, runner, interval=0.02)
+        feed.start(asyncio.get_running_loop())
+        try:
+            await asyncio.sleep(0.3)
+            await asyncio.get_running_loop().run_in_executor(None, rules.request_cancel, there, tid)
+            deadline = time.monotonic() + 5
+            while not noticed and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        finally:
+            feed.stop()
+
+    asyncio.run(scenario())
+    assert noticed == [[tid]]
