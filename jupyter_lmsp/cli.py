@@ -79,7 +79,14 @@ class Command(JupyterApp):
 
     @property
     def database_path(self) -> Path:
-        """The database file of `db_url` (SQLite)."""
+        """The database file of `db_url` (SQLite; the file commands refuse PostgreSQL)."""
+        if not self.settings.db_url.startswith("sqlite:"):
+            raise LMSPError(
+                400,
+                "unsupported_database",
+                "This command works on a SQLite database file; on PostgreSQL use its own "
+                "tools (pg_dump, pg_restore, psql).",
+            )
         return Path(self.settings.db_url.removeprefix("sqlite:///"))
 
     def start(self) -> None:

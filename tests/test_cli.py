@@ -130,3 +130,18 @@ def test_import_demo_uses_the_configured_model_folder(configured, demo_gguf):
     made = Path(data["data_dir"]) / "models"
     assert result.stdout.startswith("demo model ready: ")
     assert Path(result.stdout.split(": ", 1)[1].strip()).parent == made
+
+
+def test_the_commands_work_on_postgresql_and_the_file_ones_say_they_cannot(configured, pg_url):
+    config, _ = configured
+    db = Database(pg_url)
+    try:
+        tid = make_task(db, "queued")
+    finally:
+        db.dispose()
+    listed = jupyter_lmsp(config, "tasks", f"--db-url={pg_url}")
+    assert listed.returncode == 0, listed.stderr
+    assert tid in listed.stdout
+    backup = jupyter_lmsp(config, "backup", str(config / "copy.sqlite"), f"--db-url={pg_url}")
+    assert backup.returncode == 1
+    assert "pg_dump" in backup.stderr and "Traceback" not in backup.stderr

@@ -165,9 +165,7 @@ def deployment(lmsp_data, pg_url):
     """A server without a local worker on a PostgreSQL database; workers are started by the
     test (`start_worker`)."""
     workers: list[WorkerProcess] = []
-    server = ServerProcess(
-        lmsp_data, name="s", local_worker=False, db_url=pg_url, **LEASE
-    ).start()
+    server = ServerProcess(lmsp_data, name="s", local_worker=False, db_url=pg_url, **LEASE).start()
 
     def start_worker(name: str, **kw: object) -> WorkerProcess:
         worker = WorkerProcess(

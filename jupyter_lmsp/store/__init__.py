@@ -6,12 +6,14 @@ way the rules need it (WAL, busy timeout, write transactions that take the lock 
 function per rule of 11.2 and 11.3, `runners` the leases of the processes that drive tasks,
 `queries` the read-only look-ups, `backup` online copies.
 
-What is SQLite's own, for a second backend (PostgreSQL) to replace: `database` (connection
-pragmas, `BEGIN IMMEDIATE` where PostgreSQL takes `SELECT … FOR UPDATE`), `schema`'s foreign
-keys off during migrations, `backup` (SQLite's backup API), the plain-`sqlite3` hot paths of
-`rules` (`create_task`, `append_outputs`, `recover_runner`, through `Database.write_cursor`)
-and `runners.renew`, and `services.feed` (polling `PRAGMA data_version` where PostgreSQL has
-`LISTEN/NOTIFY`). Everything else goes through SQLAlchemy.
+Two backends: SQLite (the embedded default) and PostgreSQL (`postgresql+psycopg://`, shared
+by many servers and standalone workers). What differs is in `database` (connection pragmas
+and `BEGIN IMMEDIATE` on SQLite; REPEATABLE READ reads on PostgreSQL), `dialect` (the DB-API
+cursor of the plain-SQL hot paths, in SQLite's parameter style on both; `FOR UPDATE` and
+advisory locks, which the rules take on PostgreSQL where SQLite's write lock serialises
+everything), `schema` (foreign keys off during SQLite's migrations; an advisory lock on
+PostgreSQL), `notify` (PostgreSQL's trigger announcing committed events) and `backup`
+(SQLite's backup API, SQLite only). Everything else goes through SQLAlchemy.
 """
 
 from .database import Database
