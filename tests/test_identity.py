@@ -139,6 +139,34 @@ class TestHubUsers:
         assert status == 200 and revoked["revoked_at"] is not None
 
 
+class TestHubUsersOnPostgres(TestHubUsers):
+    """The same users on a shared PostgreSQL database (as a JupyterHub's servers share one)."""
+
+    @pytest.fixture
+    def jp_server_config(self, lmsp_data, request, pg_url):
+        config = hub_config(lmsp_data, request)
+        config["LMSPExtension"]["db_url"] = pg_url
+        return config
+
+    async def test_two_writing_users_each_see_only_their_own(self, jp_fetch):
+        mine = [await create(jp_fetch, ALICE) for _ in range(2)]
+        theirs = [await create(jp_fetch, CAROL) for _ in range(2)]
+        for headers, own, other in ((ALICE, mine, theirs), (CAROL, theirs, mine)):
+            status, page, _ = await call(jp_fetch, "GET", "tasks", headers=headers)
+            assert status == 200
+            assert {t["id"] for t in page["data"]} == {r["task_id"] for r in own}
+            for resp in other:
+                for method, path in (
+                    ("GET", f"responses/{resp['id']}"),
+                    ("GET", f"tasks/{resp['task_id']}"),
+                    ("GET", f"tasks/{resp['task_id']}/events"),
+                    ("POST", f"tasks/{resp['task_id']}/cancel"),
+                    ("DELETE", f"responses/{resp['id']}"),
+                ):
+                    status, body, _ = await call(jp_fetch, method, path, headers=headers)
+                    assert status == 404, (method, path, body)
+
+
 class TestSingleUserServer:
     @pytest.fixture
     def jp_server_config(self, lmsp_data, request):

@@ -19,23 +19,27 @@ processes running MLX) on a real PostgreSQL cluster:
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from serverproc import MODEL, ServerProcess
 from storehelpers import make_tasks, open_db, task_row
 from test_multi_server import (
+    POLICIES,
     check_log,
     create,
     deltas,
     events,
     final_text,
     finished,
+    in_thread,
     stream,
     text_of,
     wait_for,
@@ -272,3 +276,100 @@ def test_a_worker_killed_midway_its_tasks_follow_the_table_and_resume_on_another
             )
             _, ref_log = wait_for(c, ref["task_id"], finished, timeout=120)
             assert text_of(log) == final_text(log) == final_text(ref_log), name
+
+
+def test_three_servers_two_workers_three_hundred_tasks_a_worker_and_a_server_killed(
+    lmsp_data, pg_url
+):
+    """3 servers (no local worker) and 2 workers on one PostgreSQL database: 300 tasks created
+    through random servers and watched through others; midway one worker and one server are
+    killed with SIGKILL (the worker as if on another machine: its lease must expire). Every
+    task ends exactly once with a log contiguous from 0 and one terminal event; only `fail`
+    tasks may fail, and only with `server_restarted`; every completed text is the greedy text
+    of its prompt (nothing generated twice; `resume` continued with the uninterrupted text);
+    every watcher saw every event once and in order."""
+    rng = random.Random(17)
+    prompts = ["Tell me a story.", "What is a robot?", "Name three colours.", "Count to five."]
+    servers = {
+        name: ServerProcess(
+            lmsp_data, name=name, local_worker=False, db_url=pg_url, **LEASE
+        ).start()
+        for name in ("a", "b", "c")
+    }
+    workers: dict[str, WorkerProcess] = {}
+    created: list[tuple[str, dict]] = []
+    try:
+        workers["w1"] = WorkerProcess(
+            lmsp_data, pg_url, "w1", host="elsewhere", engine_token_delay=0.01, max_batch_size=8
+        )
+        workers["w2"] = WorkerProcess(
+            lmsp_data, pg_url, "w2", engine_token_delay=0.01, max_batch_size=8
+        )
+        for worker in workers.values():
+            worker.wait_ready()
+        alive = ["a", "b", "c"]
+
+        def make(i: int) -> tuple[str, dict]:
+            name = rng.choice(alive)
+            body = {
+                "input": prompts[i % len(prompts)],
+                "background": True,
+                "max_output_tokens": 8,
+                "temperature": 0,
+                "on_restart": POLICIES[i % 3],
+            }
+            with servers[name].client() as c:
+                r = c.post("/responses", json=body)
+            assert r.status_code == 202, r.text
+            return name, r.json()
+
+        with ThreadPoolExecutor(8) as pool:
+            created += pool.map(make, range(150))
+        # Watchers through another server than the one each task was created through (and not
+        # through the server to be killed), opened before the kills.
+        victim_server = "a"
+        watched = []
+        for name, resp in created[-40:]:
+            through = next(s for s in ("b", "c") if s != name)
+            watched.append((resp["task_id"], in_thread(stream, servers[through], resp["task_id"])))
+        workers["w1"].kill()
+        servers[victim_server].kill()
+        alive.remove(victim_server)
+        with ThreadPoolExecutor(8) as pool:
+            created += pool.map(make, range(150, 300))
+        assert len(created) == 300
+
+        expected: dict[str, str] = {}
+        interrupted = 0
+        with servers["b"].client() as c:
+            for i, (_, resp) in enumerate(created):
+                task, log = wait_for(c, resp["task_id"], finished, timeout=300)
+                last = check_log(log)  # ends exactly once, contiguous from 0
+                types = [e["type"] for e in log]
+                interrupted += task["state"] == "failed" or "response.queued" in types
+                if task["state"] == "failed":
+                    assert resp["on_restart"] == "fail", task
+                    assert last["response"]["error"]["code"] == "server_restarted"
+                    continue
+                assert task["state"] == "completed", task
+                attempts = types.count("response.output_item.added")
+                assert 1 <= attempts <= 1 + types.count("response.queued"), types
+                if resp["on_restart"] == "resume":
+                    assert attempts == 1, types  # resumed in place, never started over
+                final = final_text(log)
+                last_attempt = len(log) - 1 - types[::-1].index("response.output_item.added")
+                assert text_of(log[last_attempt:]) == final
+                prompt = prompts[i % len(prompts)]
+                expected.setdefault(prompt, final)
+                assert final == expected[prompt], (resp["task_id"], final, expected[prompt])
+                assert last["response"]["usage"]["output_tokens"] == 8
+            assert interrupted > 0  # the worker's death did land in the middle of the work
+            for task_id, (thread, result) in watched:
+                thread.join(120)
+                assert "error" not in result, result
+                assert result["value"] == events(c, task_id)  # every event, once, in order
+    finally:
+        for worker in workers.values():
+            worker.kill()
+        for server in servers.values():
+            server.kill()
