@@ -49,7 +49,7 @@ def _free_port() -> int:
 class PgCluster:
     """A running cluster in `directory`, stopped by `stop()`."""
 
-    def __init__(self, directory: Path, bindir: Path) -> None:
+    def __init__(self, directory: Path, bindir: Path, *, fsync: bool = False) -> None:
         self.directory = directory
         self.bindir = bindir
         self.port = _free_port()
@@ -63,10 +63,10 @@ class PgCluster:
         options = (
             f"-p {self.port} -k {directory} -c listen_addresses=127.0.0.1"
             # Many servers and workers in one test, each with a small pool.
-            " -c max_connections=300 -c shared_buffers=32MB"
-            # fsync off only to spare the shared test machine's disk: synchronous_commit
-            # (what the service relies on) stays on, and no test kills the cluster itself.
-            " -c fsync=off"
+            " -c max_connections=300 -c shared_buffers=32MB" + ("" if fsync else " -c fsync=off")
+            # fsync off in the tests only, to spare the shared machine's disk: no test kills
+            # the cluster itself. synchronous_commit (what the service relies on) stays on;
+            # the benchmarks keep fsync on too.
         )
         self._run(
             "pg_ctl", "-D", str(data), "-w", "-o", options, "-l", str(directory / "log"), "start"
@@ -99,7 +99,7 @@ class PgCluster:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def start_cluster() -> PgCluster | None:
+def start_cluster(*, fsync: bool = False) -> PgCluster | None:
     """A cluster in a new folder of /tmp (which the `postgres` user can reach, unlike pytest's
     private temporary folders), or None when PostgreSQL is not installed here."""
     bindir = pg_bindir()
@@ -109,7 +109,7 @@ def start_cluster() -> PgCluster | None:
     deadline = time.monotonic() + 3
     while True:
         try:
-            return PgCluster(directory, bindir)
+            return PgCluster(directory, bindir, fsync=fsync)
         except subprocess.CalledProcessError:
             # The port chosen was taken meanwhile by someone else: once more on another.
             if time.monotonic() > deadline:
