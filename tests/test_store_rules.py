@@ -749,3 +749,65 @@ def test_recovery_examines_every_leftover_task(db_url):
             check_log(restarted, tid)
     finally:
         restarted.dispose()
+
+
+# ---------------------------------------------------------------------------------------------
+# concurrency that SQLite's one write lock settles by itself, and PostgreSQL by row and
+# advisory locks (the `db` fixture runs each test on both backends)
+
+
+def test_concurrent_claims_of_one_idempotency_key_make_one_claim(db):
+    from jupyter_lmsp.store import idempotency
+
+    n = 8
+    barrier = threading.Barrier(n)
+    kinds: list[str] = []
+    errors: list[BaseException] = []
+
+    def claim() -> None:
+        try:
+            barrier.wait(10)
+            kinds.append(idempotency.claim_key(db, "owner", "key-1", "sha256:x", DAY).kind)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=claim) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors[:1]
+    assert sorted(kinds) == ["in_use"] * (n - 1) + ["new"]
+
+
+def test_concurrent_creates_of_one_owner_never_overshoot_its_quota(db):
+    from jupyter_lmsp.auth.scopes import Caller
+    from jupyter_lmsp.protocol.errors import LMSPError
+    from jupyter_lmsp.services.admission import Admission
+
+    admission = Admission(max_tasks=5, max_tokens=10_000)
+    caller = Caller(id="client_q", scopes=frozenset({"responses:write"}))
+    n = 12
+    barrier = threading.Barrier(n)
+    outcomes: list[str] = []
+
+    def create() -> None:
+        task, response = new_task()
+        task.owner = response.owner = caller.id
+        task.params = json.dumps({"budget": 100})
+        check = admission.quota(caller, 100)
+        barrier.wait(10)
+        try:
+            rules.create_task(db, task, response, admit=check)
+            outcomes.append("created")
+        except LMSPError as exc:
+            outcomes.append(exc.code)
+
+    threads = [threading.Thread(target=create) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    admission.close()
+    assert sorted(outcomes) == ["created"] * 5 + ["too_many_tasks"] * (n - 5)
+    assert query(db, "SELECT count(*) FROM tasks WHERE owner = 'client_q'") == [(5,)]
