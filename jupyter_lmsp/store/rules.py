@@ -209,14 +209,13 @@ def claim_tasks(
     if limit <= 0:
         return []
     now = time.time()
-    states = ", ".join("?" * 2)
     wanted = list(models) if models else []
     by_model = f" AND model IN ({', '.join('?' * len(wanted))})" if wanted else ""
     with db.write_cursor() as cursor:
         skip = " FOR UPDATE SKIP LOCKED" if for_update(dialect_of(cursor)) else ""
         rows = cursor.execute(
             "SELECT id, owner FROM tasks WHERE runner_id IS NULL AND kind = 'response'"
-            f" AND state IN ({states}){by_model} ORDER BY created_at LIMIT ?{skip}",
+            f" AND state IN (?, ?){by_model} ORDER BY created_at LIMIT ?{skip}",
             (str(TaskState.QUEUED), str(TaskState.RUNNING), *wanted, limit),
         ).fetchall()
         claimed = [(row[0], row[1]) for row in rows]
