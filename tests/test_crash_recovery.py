@@ -1,7 +1,8 @@
 """Crash tests: a real `jupyter server` subprocess killed with SIGKILL before, during and after
 generation, then started again on the same database. Every task must end as the 11.3 table
 says, every event log must stay contiguous from 0 with one terminal event, and a `resume` task
-must continue where its last commit left off, giving the text an uninterrupted run gives."""
+must continue where its last commit left off, giving the text an uninterrupted run gives. The
+queued-task and resume crashes run on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
@@ -77,9 +78,17 @@ def read_sse(server, path, last_event_id):
         return out
 
 
-def test_kill_before_generation_queued_tasks(lmsp_data):
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request):
+    """The server's database: its data folder's SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return {}
+    return {"db_url": request.getfixturevalue("pg_url")}
+
+
+def test_kill_before_generation_queued_tasks(lmsp_data, backend):
     # One generation at a time, so the later tasks are still queued when the server dies.
-    server = ServerProcess(lmsp_data, max_batch_size=1, **SLOW).start()
+    server = ServerProcess(lmsp_data, max_batch_size=1, **SLOW, **backend).start()
     with server.client() as c:
         busy = create(c, max_output_tokens=400, temperature=0, on_restart="fail")
         wait_for(c, busy["task_id"], lambda t, log: len(deltas(log)) >= 2)
@@ -93,7 +102,7 @@ def test_kill_before_generation_queued_tasks(lmsp_data):
             assert c.get(f"/tasks/{resp['task_id']}").json()["state"] == "queued"
     server.kill()
 
-    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data, **backend).start() as server2, server2.client() as c:
         task, log = wait_for(c, busy["task_id"], finished)
         assert task["state"] == "failed"
         assert task["error"]["code"] == "server_restarted"
@@ -111,7 +120,9 @@ def test_kill_before_generation_queued_tasks(lmsp_data):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_kill_during_generation_resume_gives_the_uninterrupted_text(lmsp_data, temperature):
+def test_kill_during_generation_resume_gives_the_uninterrupted_text(
+    lmsp_data, temperature, backend
+):
     request = {
         "max_output_tokens": 120,
         "temperature": temperature,
@@ -129,14 +140,14 @@ def test_kill_during_generation_resume_gives_the_uninterrupted_text(lmsp_data, t
         expected_tokens = check_log(ref_log)["response"]["usage"]["output_tokens"]
         expected_end = ref_log[-1]["type"]
 
-    server = ServerProcess(lmsp_data, **SLOW).start()
+    server = ServerProcess(lmsp_data, **SLOW, **backend).start()
     with server.client() as c:
         resp = create(c, **request)
         _, seen = wait_for(c, resp["task_id"], lambda t, log: len(deltas(log)) >= 15)
     server.kill()
     seen_until = seen[-1]["sequence_number"]
 
-    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data, **backend).start() as server2, server2.client() as c:
         rest = read_sse(server2, f"/tasks/{resp['task_id']}/events", seen_until)
         whole = seen + rest
         check_log(whole)
