@@ -43,9 +43,6 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(path)}"
 
 
-POSTGRES_SCHEMES = ("postgresql+psycopg:", "postgresql+psycopg://")
-
-
 class Database:
     """One database, with the connection settings the section 11 rules rely on: a SQLite file
     or a PostgreSQL database (`dialect` says which)."""
@@ -95,11 +92,6 @@ class Database:
     @property
     def is_postgres(self) -> bool:
         return self.dialect == dialect.POSTGRESQL
-
-    @property
-    def for_update(self) -> str:
-        """The clause that locks what a SELECT in a write transaction returns (PostgreSQL)."""
-        return dialect.for_update(self.dialect)
 
     @contextmanager
     def write(self) -> Iterator[Session]:
