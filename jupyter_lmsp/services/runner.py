@@ -20,6 +20,7 @@ the tokens an uninterrupted run would give, and its watchers see one contiguous 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.messages import (
-    GenerateJob,
+    ChoiceFinished,
     JobCancelled,
     JobFailed,
     JobFinished,
@@ -40,24 +41,32 @@ from ..engine.messages import (
 from ..protocol import events as ev
 from ..protocol.errors import LMSPError
 from ..protocol.objects import response_object, snapshot_of, usage_object
+from ..protocol.output import Batch
 from ..protocol.states import TaskState
 from ..store import queries, rules
 from ..store.database import Database
 from ..store.tables import Response, Task
+from .assembly import OutputAssembler, ToolCallError
 from .bus import EventBus
 from .catalog import ModelCatalog
-from .conversation import stored_messages
 from .fairqueue import FairQueue, over_share
+from .generation import Generation, job_for
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Pending:
-    """Tokens received from the engine and not yet committed."""
+class _Output:
+    """A running task's output: how to read the engine's tokens, and what is not committed."""
 
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
+    generation: Generation
+    # The raw text each choice had when the job was (re)started, for the parsers (resume).
+    resumed: list[str] = field(default_factory=list)
+    assembler: OutputAssembler | None = None
+    ended: set[int] = field(default_factory=set)
+    pending: Batch = field(default_factory=Batch)
+    # Why the task fails, once its output could not be read (a malformed tool call).
+    broken: dict[str, str] | None = None
 
 
 class TaskRunner:
@@ -81,7 +90,9 @@ class TaskRunner:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue = FairQueue()
         self.active: set[str] = set()
-        self.pending: dict[str, _Pending] = {}
+        # The batch rows each active task takes (a job with n choices takes n).
+        self.rows: dict[str, int] = {}
+        self.outputs: dict[str, _Output] = {}
         # One timer for all running tasks: their tokens are committed together, one
         # transaction per snapshot interval however many tasks decode at once.
         self.flush_handle: asyncio.Handle | None = None
@@ -171,7 +182,7 @@ class TaskRunner:
         """Pause one generation of an owner holding more than its share of the slots while
         another owner waits with less (one pause at a time: the freed slot goes to the waiting
         owner, then the shares are looked at again)."""
-        if self.pausing or not self.queue or len(self.active) < self.max_active:
+        if self.pausing or not self.queue or self._used_rows() < self.max_active:
             return
         held = [self.owner_of[t] for t in self.active if t in self.owner_of]
         owner = over_share(held, self.queue.owners(), self.max_active)
@@ -193,19 +204,25 @@ class TaskRunner:
         if task is None or TaskState(task.state) != TaskState.RUNNING:
             return False
         self.active.discard(task_id)
+        self.rows.pop(task_id, None)
+        self.outputs.pop(task_id, None)
         self.running_since.pop(task_id, None)
         owner = self.owner_of.pop(task_id, task.owner)
         self.queue.push_paused(task_id, owner)
         self._dispatch()
         return True
 
+    def _used_rows(self) -> int:
+        return sum(self.rows.get(t, 1) for t in self.active)
+
     def _fill(self) -> None:
-        while self.queue and len(self.active) < self.max_active:
+        while self.queue and self._used_rows() < self.max_active:
             task_id = self.queue.pop()
             if task_id in self.active:
                 continue
             try:
-                self._begin(task_id)
+                if not self._begin(task_id):
+                    break
             except Exception:  # a bad task must not stop the queue behind it
                 log.exception("could not start task %s", task_id)
                 self._finish(
@@ -216,12 +233,21 @@ class TaskRunner:
                     ),
                 )
 
-    def _begin(self, task_id: str) -> None:
+    def _begin(self, task_id: str) -> bool:
+        """Start a queued task (or resume a running one); False when its choices do not fit
+        in the free rows yet (it is queued again, first, and filling stops)."""
         found = queries.get_task_and_response(self.db, task_id)
         if found is None:
-            return
+            return True
         task, response = found
         state = TaskState(task.state)
+        generation = Generation.from_params(json.loads(task.params))
+        used = self._used_rows()
+        if used and used + generation.n > self.max_active:
+            # A job takes all its rows at once; with nothing running it starts anyway (the
+            # worker takes a job wider than its batch when idle).
+            self.queue.push_front(task_id, task.owner)
+            return False
         if state == TaskState.QUEUED:
             committed = rules.append_events(
                 self.db,
@@ -231,11 +257,11 @@ class TaskRunner:
                 only_from=[TaskState.QUEUED],
             )
             if not committed.changed:
-                return  # cancelled meanwhile
+                return True  # cancelled meanwhile
             self.publish(committed)
             task = committed.task
         elif state != TaskState.RUNNING:
-            return  # a resumed task is `running`; anything else is not ours to start
+            return True  # a resumed task is `running`; anything else is not ours to start
         try:
             model = self.catalog.resolve(task.model)
         except LMSPError as e:
@@ -243,25 +269,21 @@ class TaskRunner:
                 task_id,
                 rules.Outcome(TaskState.FAILED, error={"code": e.code, "message": e.message}),
             )
-            return
-        params = json.loads(task.params)
-        snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+            return True
         assert response is not None  # only response tasks reach the runner
-        job = GenerateJob(
-            job_id=task_id,
-            model_path=str(model.path),
-            messages=stored_messages(response, task),
-            max_tokens=params["max_tokens"],
-            temperature=params["temperature"],
-            top_p=params["top_p"],
-            seed=params["seed"],
-            resume_token_ids=list(snap.get("token_ids", [])),
-            resume_text=snap.get("text", ""),
-            expected_files=json.loads(model.files) if model.files else None,
+        job = job_for(task, response, model, resume=state == TaskState.RUNNING)
+        self.outputs[task_id] = _Output(
+            generation,
+            resumed=[point.text for point in job.resume_points()],
+            ended={
+                i for i, point in enumerate(job.resume_points()) if point.finish_reason is not None
+            },
         )
         self.active.add(task_id)
+        self.rows[task_id] = generation.n
         self.owner_of[task_id] = task.owner
         self.engine.submit(job)
+        return True
 
     # -- messages from the engine ----------------------------------------------------------
 
@@ -279,14 +301,21 @@ class TaskRunner:
         match message:
             case WorkerReady(pid=pid, blas=blas):
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
-            case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
+            case JobStarted(
+                job_id=task_id, input_tokens=n, cached_tokens=cached, tool_format=tool_format
+            ):
                 self.cached_tokens[task_id] = cached
                 self.running_since[task_id] = time.monotonic()
+                output = self.outputs.get(task_id)
+                if output is not None:
+                    output.assembler = OutputAssembler(
+                        tool_format, output.generation.function_names(), output.generation.n
+                    )
+                    self._read(task_id, functools.partial(_restored, output.resumed))
                 self.publish(rules.start_running(self.db, task_id, n))
-            case JobTokens(job_id=task_id, token_ids=ids, text=text):
-                pending = self.pending.setdefault(task_id, _Pending())
-                pending.token_ids.extend(ids)
-                pending.text += text
+            case JobTokens(job_id=task_id, text=text) as tokens:
+                if not self._read(task_id, lambda a: a.tokens(tokens)):
+                    return
                 assert self.loop is not None
                 if self.snapshot_interval <= 0:
                     self._flush(task_id)
@@ -302,13 +331,25 @@ class TaskRunner:
                     self.flush_handle = self.loop.call_later(
                         self.snapshot_interval, self._flush_all
                     )
-            case JobFinished(job_id=task_id, finish_reason=reason, input_tokens=i, output_tokens=o):
+            case ChoiceFinished(job_id=task_id, choice=choice, finish_reason=reason):
+                self._end_choice(task_id, choice, reason)
+            case JobFinished(job_id=task_id, input_tokens=i, output_tokens=o, choices=choices):
+                ends = [(c.choice, c.finish_reason) for c in choices] or [
+                    (0, message.finish_reason)
+                ]
+                for choice, reason in ends:
+                    self._end_choice(task_id, choice, reason)
                 self._flush(task_id)
+                broken = self._broken(task_id)
+                if broken is not None:
+                    self._finish(task_id, rules.Outcome(TaskState.FAILED, error=broken))
+                    return
+                cut = any(reason == "length" for _, reason in ends)
                 self._finish(
                     task_id,
                     rules.Outcome(
                         TaskState.COMPLETED,
-                        incomplete_reason="max_output_tokens" if reason == "length" else None,
+                        incomplete_reason="max_output_tokens" if cut else None,
                         usage=usage_object(i, o, self.cached_tokens.get(task_id, 0)),
                     ),
                 )
@@ -319,12 +360,19 @@ class TaskRunner:
                     text = self.catalog.without_paths(task.model, text)
                 if code == "model_digest_mismatch" and task is not None:
                     self.catalog.mark(task.model, "corrupt")
-                self._finish(
-                    task_id,
-                    rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
-                )
+                error = self._broken(task_id) or {"code": code, "message": text}
+                self._finish(task_id, rules.Outcome(TaskState.FAILED, error=error))
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
+                broken = self._broken(task_id)
+                if broken is not None:
+                    self._finish(
+                        task_id,
+                        rules.Outcome(
+                            TaskState.FAILED, error=broken, usage=self._usage(task_id, o)
+                        ),
+                    )
+                    return
                 if task_id in self.pausing and self._paused(task_id):
                     return
                 self._finish(
@@ -333,24 +381,56 @@ class TaskRunner:
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
 
+    def _read(self, task_id: str, step: Callable[[OutputAssembler], Batch]) -> bool:
+        """Add what `step` makes of the engine's output to the task's pending batch; False
+        when there is nothing to add to (an unknown task, or one whose output broke)."""
+        output = self.outputs.get(task_id)
+        if output is None or output.assembler is None or output.broken is not None:
+            return False
+        try:
+            output.pending.add(step(output.assembler))
+        except ToolCallError as e:
+            # A call the model wrote that cannot be read: the task fails and says why, with
+            # what was read before it committed; its generation stops now.
+            log.warning("task %s: unreadable tool call: %s", task_id, e)
+            output.broken = {"code": "tool_call_invalid", "message": f"A tool call: {e}"}
+            self._flush(task_id)
+            self.engine.cancel(task_id)
+            return False
+        return True
+
+    def _end_choice(self, task_id: str, choice: int, reason: str) -> None:
+        output = self.outputs.get(task_id)
+        if output is None or choice in output.ended:
+            return
+        output.ended.add(choice)
+        self._read(task_id, lambda a: a.end(choice, reason))
+
+    def _broken(self, task_id: str) -> dict[str, str] | None:
+        output = self.outputs.get(task_id)
+        return output.broken if output is not None else None
+
     def _flush(self, *task_ids: str) -> None:
-        """Commit the tokens held for these tasks, in one transaction."""
+        """Commit the output held for these tasks, in one transaction."""
         outputs = {}
         for task_id in task_ids:
-            pending = self.pending.pop(task_id, None)
-            if pending is not None and (pending.token_ids or pending.text):
-                outputs[task_id] = (pending.token_ids, pending.text)
+            output = self.outputs.get(task_id)
+            if output is not None and output.pending:
+                outputs[task_id] = output.pending
+                output.pending = Batch()
         if outputs:
             for committed in rules.append_outputs(self.db, outputs):
                 self.publish(committed)
 
     def _flush_all(self) -> None:
         self.flush_handle = None
-        self._flush(*self.pending)
+        self._flush(*self.outputs)
 
     def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
         self.publish(rules.finish(self.db, task_id, outcome))
         self.active.discard(task_id)
+        self.rows.pop(task_id, None)
+        self.outputs.pop(task_id, None)
         self.producing.discard(task_id)
         self.cached_tokens.pop(task_id, None)
         self.owner_of.pop(task_id, None)
@@ -370,6 +450,9 @@ class TaskRunner:
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.clear()
+        self.rows.clear()
+        for task_id in held:
+            self.outputs.pop(task_id, None)
         self.owner_of.clear()
         self.running_since.clear()
         self.pausing.clear()
@@ -383,6 +466,12 @@ class TaskRunner:
             if task is not None and task.state in (TaskState.QUEUED, TaskState.RUNNING):
                 self.queue.push_front(task_id, task.owner)
         self._dispatch()
+
+
+def _restored(texts: list[str], assembler: OutputAssembler) -> Batch:
+    """Feed a resumed task's parsers the text committed before (nothing new to commit)."""
+    assembler.restore(texts)
+    return Batch()
 
 
 def _loading_event(task: Task, response: Response | None) -> list[dict[str, Any]]:
