@@ -416,6 +416,13 @@ def test_n_choices_are_reproducible_with_a_seed(client, lenient, server):
         for choice in chunk.choices:
             streamed[choice.index] += choice.delta.content or ""
     assert streamed == texts
+    # The response behind it holds one message per choice; its item events say whose.
+    response_id = first.model_extra["response_id"]
+    stored = client.responses.retrieve(response_id)
+    assert sorted(item.content[0].text for item in stored.output) == sorted(texts)
+    log = raw_events(server, first.model_extra["task_id"])
+    added = [e for e in log if e["type"] == "response.output_item.added"]
+    assert sorted(e["choice"] for e in added) == [0, 1, 2]
     # Each choice's tokens are counted, and each has its own log-probabilities.
     assert first.usage.completion_tokens == sum(len(c.logprobs.content) for c in first.choices)
     assert [c.logprobs.content for c in second.choices] == [
