@@ -10,6 +10,7 @@ grammar holds it to the schema, and greedy or seeded decoding is reproducible.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -522,3 +523,50 @@ def test_a_call_cut_by_the_token_limit_is_incomplete(client):
     )
     assert chat.choices[0].finish_reason == "length"
     assert chat.choices[0].message.tool_calls
+
+
+# -- several choices take several rows ------------------------------------------------------
+
+
+def test_n_choices_take_n_rows_until_cancelled(lmsp_data):
+    """A chat completion of n choices holds n of the batch's rows: with all four taken, a
+    response waits queued, and it starts once the completion is cancelled (its rows freed)."""
+    server = ServerProcess(lmsp_data, max_batch_size=4, engine_token_delay=0.05)
+    with server.start(), server.client() as c:
+        body = {
+            "messages": [{"role": "user", "content": "Tell me a story."}],
+            "n": 4,
+            "max_tokens": 2000,
+            "temperature": 0,
+            "stream": True,
+        }
+        head: dict[str, Any] = {}
+        got_head = threading.Event()
+
+        def chat() -> None:
+            with server.client() as own, own.stream("POST", "/chat/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and not head:
+                        head.update(json.loads(line[6:]))
+                        got_head.set()
+
+        reader = threading.Thread(target=chat, daemon=True)
+        reader.start()
+        assert got_head.wait(30)
+        chat_task = head["task_id"]
+        deadline = time.monotonic() + 30
+        while c.get(f"/tasks/{chat_task}").json()["state"] != "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        waiting = c.post(
+            "/responses", json={"input": "Hi", "background": True, "max_output_tokens": 4}
+        ).json()
+        time.sleep(1.0)  # many decode steps: it would have started by now if a row were free
+        assert c.get(f"/tasks/{waiting['task_id']}").json()["state"] == "queued"
+        assert c.post(f"/tasks/{chat_task}/cancel").status_code == 200
+        deadline = time.monotonic() + 30
+        while c.get(f"/tasks/{waiting['task_id']}").json()["state"] == "queued":
+            assert time.monotonic() < deadline, "the cancelled completion's rows were not freed"
+            time.sleep(0.05)
+        assert c.get(f"/tasks/{chat_task}").json()["state"] in ("cancelling", "cancelled")
+        reader.join(30)
