@@ -168,7 +168,7 @@ async def create_response(
         _Admitted(model, conversation, plan, admit),
     )
     ctx.runner.publish(committed)
-    ctx.runner.submit(committed.task.id, caller.id)
+    ctx.runner.submit(committed.task.id, caller.id, spec.generation.n)
     return body
 
 
@@ -229,6 +229,8 @@ def _commit_response(
         owner=caller.id,
         model=admitted.model.id,
         response_id=response_id,
+        # Held by this server's runner from the transaction that creates it (LMSP B12).
+        runner_id=ctx.runner.runner_id,
         params=json.dumps(
             {
                 "max_tokens": admitted.plan.max_tokens,
