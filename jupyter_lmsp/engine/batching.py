@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ if TYPE_CHECKING:
 
     from jupyter_lmsp.engine.constraints import Constraint
     from jupyter_lmsp.engine.logprobs import TokenBytes
+    from jupyter_lmsp.engine.spec_batch import SpeculativeGenerationBatch
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,8 @@ class Update:
     choice: int = 0
     logprobs: list[TokenLogprob] | None = None
     error_code: str = "generation_failed"
+    # Of `token_ids`, how many were proposed by speculative decoding and verified.
+    drafted: int = 0
 
     @property
     def final(self) -> bool:
@@ -112,6 +116,8 @@ class _Token:
     cache_tokens: list[int] | None = None
     # The step's log-probabilities for this row (the model's, after any grammar mask).
     logprobs: mx.array | None = None
+    # A proposed token that a verify step kept (speculative decoding).
+    drafted: bool = False
 
 
 @dataclass
@@ -151,7 +157,12 @@ class _BatchDecoder:
     """
 
     def __init__(
-        self, model: nn.Module, eos_ids: set[int], max_batch_size: int, prefill_step: int
+        self,
+        model: nn.Module,
+        eos_ids: set[int],
+        max_batch_size: int,
+        prefill_step: int,
+        speculation: SpeculationSettings | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -162,6 +173,15 @@ class _BatchDecoder:
             prefill_batch_size=max_batch_size,
             prefill_step_size=prefill_step,
         )
+        self.speculative: SpeculativeGenerationBatch | None = None
+        if speculation is not None and speculation.active:
+            from jupyter_lmsp.engine.spec_batch import SpeculativeGenerationBatch
+
+            # Its decode half, with verify steps (prefill is mlx-lm's, unchanged).
+            self.speculative = SpeculativeGenerationBatch(
+                model, self._generator.sampler, speculation, eos_ids
+            )
+            self._generator._generation_batch = self.speculative
         self._uids: set[int] = set()
 
     def __len__(self) -> int:
@@ -200,6 +220,9 @@ class _BatchDecoder:
 
     def next(self) -> tuple[list[_Prefilled], list[_Token]]:
         progress, responses = self._generator.next()
+        if progress and self.speculative is not None:
+            # A prefill chunk was queued behind this step's decode step.
+            self.speculative.skip_timing()
         done = [r.uid for r in progress if r.end_of_segment and not r.end_of_prompt]
         prefilled = [
             _Prefilled(uid, list(cache), list(tokens))
@@ -217,6 +240,7 @@ class _BatchDecoder:
                     response.prompt_cache,
                     response.all_tokens,
                     response.logprobs,
+                    getattr(response, "drafted", False),
                 )
             )
         return prefilled, tokens
@@ -394,6 +418,9 @@ class _Choice:
     generated: int
     uid: int | None = None  # its decoder row; None while it waits for the prompt, or ended
     ended: bool = False
+    # Of the tokens generated here (not the resumed ones), how many speculative decoding
+    # proposed and verified.
+    drafted: int = 0
 
 
 @dataclass(eq=False)
@@ -426,10 +453,12 @@ class BatchScheduler:
         *,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prefill_step: int = DEFAULT_PREFILL_STEP,
+        speculation: SpeculationSettings | None = None,
     ) -> None:
         self.prompt_cache = prompt_cache
         self.max_batch_size = max(1, max_batch_size)
         self.prefill_step = max(1, prefill_step)
+        self.speculation = speculation if speculation is not None else SpeculationSettings()
         self._jobs: dict[str, _Job] = {}
         self._batches: dict[Hashable, _ModelBatch] = {}
 
@@ -625,10 +654,10 @@ class BatchScheduler:
                 self._start_followers(entry, done)
         updates = []
         logprobs = self._logprobs(batch, tokens)
-        for token in tokens:
+        for token, logprob in zip(tokens, logprobs, strict=True):
             choice = batch.rows.get(token.uid)
             if choice is not None and not choice.ended and choice.job.job.job_id in self._jobs:
-                updates.extend(self._advance(choice, token, logprobs.get(token.uid)))
+                updates.extend(self._advance(choice, token, logprob))
         return updates
 
     def _start_followers(self, entry: _Job, done: _Prefilled) -> None:
@@ -642,12 +671,13 @@ class BatchScheduler:
             )
             self._insert(follower, cache, list(done.cache_tokens))
 
-    def _logprobs(self, batch: _ModelBatch, tokens: list[_Token]) -> dict[int, TokenLogprob]:
-        """The log-probabilities of this step's tokens, for the jobs that asked for them."""
+    def _logprobs(self, batch: _ModelBatch, tokens: list[_Token]) -> list[TokenLogprob | None]:
+        """The log-probabilities of this step's tokens (a row may have several, speculating),
+        for the jobs that asked for them; None for the others."""
         from jupyter_lmsp.engine.logprobs import Wanted, compute
 
-        wanted, names, uids = [], [], []
-        for token in tokens:
+        wanted, names, at = [], [], []
+        for i, token in enumerate(tokens):
             choice = batch.rows.get(token.uid)
             if choice is None or token.logprobs is None:
                 continue
@@ -659,10 +689,12 @@ class BatchScheduler:
                 Wanted(token.logprobs, token.token, job.temperature, job.top_p, job.top_logprobs)
             )
             names.append(choice.job.token_bytes)
-            uids.append(token.uid)
-        if not wanted:
-            return {}
-        return dict(zip(uids, compute(wanted, names), strict=True))
+            at.append(i)
+        found: list[TokenLogprob | None] = [None] * len(tokens)
+        if wanted:
+            for i, logprob in zip(at, compute(wanted, names), strict=True):
+                found[i] = logprob
+        return found
 
     def _advance(
         self, choice: _Choice, token: _Token, logprob: TokenLogprob | None
@@ -679,6 +711,7 @@ class BatchScheduler:
             return [Update(job_id, [], text, "stop", choice=choice.index)]
         choice.text.add(token.token)
         choice.generated += 1
+        choice.drafted += token.drafted
         logprobs = [logprob] if logprob is not None else None
         text = choice.text.take()
         reason = None
@@ -689,7 +722,17 @@ class BatchScheduler:
             reason = "stop" if choice.text.stopped else "length"
         if reason is not None:
             self._end(choice, token)
-        return [Update(job_id, [token.token], text, reason, choice=choice.index, logprobs=logprobs)]
+        return [
+            Update(
+                job_id,
+                [token.token],
+                text,
+                reason,
+                choice=choice.index,
+                logprobs=logprobs,
+                drafted=int(token.drafted),
+            )
+        ]
 
     def _end(self, choice: _Choice, token: _Token) -> None:
         entry = choice.job
@@ -730,7 +773,11 @@ class BatchScheduler:
         eos_ids = set(tokenizer.eos_token_ids)
         decoder: _Decoder
         if all(hasattr(layer, "merge") for layer in layers):
-            decoder = _BatchDecoder(model, eos_ids, self.max_batch_size, self.prefill_step)
+            # Speculation needs caches that can forget positions: plain KVCache layers.
+            speculation = self.speculation if is_reusable(layers) else None
+            decoder = _BatchDecoder(
+                model, eos_ids, self.max_batch_size, self.prefill_step, speculation
+            )
         else:
             log.info("model %s cannot batch; its jobs decode one at a time", model_key)
             decoder = _SerialDecoder(model, eos_ids, self.prefill_step)
