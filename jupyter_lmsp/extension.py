@@ -15,12 +15,13 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Integer, Unicode, default
+from traitlets import Bool, Float, Integer, TraitError, Unicode, default, validate
 
 from . import __version__
 from .auth.ratelimit import RateLimiter
 from .engine.blas import BlasSelection
 from .engine.client import EngineClient
+from .engine.speculative import DEFAULT_MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationSettings
 from .handlers import routes
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
@@ -70,6 +71,28 @@ class LMSPExtension(ExtensionApp):
     prompt_cache_bytes = Integer(
         1024**3, help="Memory the worker may keep KV caches of earlier prompts in (0: none)."
     ).tag(config=True)
+    speculative_decoding = Bool(
+        True,
+        help="Draft-free speculative decoding in the worker: tokens that repeat the job's own "
+        "context (prompt, earlier turns, text so far) are proposed and verified several per "
+        "step, when the worker expects that to be faster. It never changes a token: the "
+        "output is exactly the output without it. False decodes one token per step.",
+    ).tag(config=True)
+    speculative_max_draft = Integer(
+        DEFAULT_MAX_DRAFT,
+        help=f"The most tokens speculative decoding proposes per generation and step "
+        f"(1-{MAX_DRAFT_LIMIT}).",
+    ).tag(config=True)
+
+    @validate("speculative_max_draft")
+    def _valid_max_draft(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if not 1 <= value <= MAX_DRAFT_LIMIT:
+            raise TraitError(
+                f"speculative_max_draft must be between 1 and {MAX_DRAFT_LIMIT}, got {value}"
+            )
+        return value
+
     blas_threads = Integer(
         0,
         help="OpenBLAS threads in the worker (0: 1 on machines with 2 CPUs or fewer, where a "
@@ -215,6 +238,9 @@ class LMSPExtension(ExtensionApp):
         return EngineClient(
             on_message,
             token_delay=self.engine_token_delay,
+            speculation=SpeculationSettings(
+                enabled=self.speculative_decoding, max_draft=self.speculative_max_draft
+            ),
             env=env,
             prepare_env=self.blas.worker_env,
             log=self.log,

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
-from jupyter_lmsp.engine.speculative import SpeculationSettings
+from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
 
 if TYPE_CHECKING:
@@ -459,6 +459,8 @@ class BatchScheduler:
         self.max_batch_size = max(1, max_batch_size)
         self.prefill_step = max(1, prefill_step)
         self.speculation = speculation if speculation is not None else SpeculationSettings()
+        # Speculation counters of the batches let go of (see `speculation_stats`).
+        self._spec_stats = SpeculationStats()
         self._jobs: dict[str, _Job] = {}
         self._batches: dict[Hashable, _ModelBatch] = {}
 
@@ -474,6 +476,20 @@ class BatchScheduler:
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
+
+    def speculation_stats(self) -> SpeculationStats:
+        """Speculative decoding's counters since this scheduler was made, all models."""
+        total = SpeculationStats()
+        total.add(self._spec_stats)
+        for batch in self._batches.values():
+            self._add_stats(total, batch)
+        return total
+
+    @staticmethod
+    def _add_stats(total: SpeculationStats, batch: _ModelBatch) -> None:
+        speculative = getattr(batch.decoder, "speculative", None)
+        if speculative is not None:
+            total.add(speculative.stats)
 
     def job_ids(self) -> list[str]:
         return list(self._jobs)
@@ -791,6 +807,7 @@ class BatchScheduler:
             return
         if self._batches.get(batch.key) is batch:
             del self._batches[batch.key]
+            self._add_stats(self._spec_stats, batch)
             batch.decoder.close()
 
     def _fail_batch(self, batch: _ModelBatch, message: str) -> list[Update]:
@@ -801,6 +818,7 @@ class BatchScheduler:
         batch.rows.clear()
         if self._batches.get(batch.key) is batch:
             del self._batches[batch.key]
+            self._add_stats(self._spec_stats, batch)
         try:
             batch.decoder.close()
         except Exception:

@@ -37,6 +37,7 @@ from jupyter_lmsp.engine.messages import (
     Shutdown,
     WorkerExited,
 )
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 from jupyter_lmsp.engine.worker import worker_main
 
 T = TypeVar("T")
@@ -148,7 +149,8 @@ class EngineClient:
     environment; the server's own environment is unchanged. `prepare_env`, if given, is called
     on the spawner thread before each spawn (never on the caller's thread: it may take seconds)
     and its entries are added too, e.g. the chosen BLAS's `LD_PRELOAD`.
-    `token_delay` is the worker's test hook (see `worker.worker_main`).
+    `token_delay` is the worker's test hook (see `worker.worker_main`); `speculation` how it
+    speculates (`speculative.SpeculationSettings`, default on).
     """
 
     def __init__(
@@ -156,12 +158,14 @@ class EngineClient:
         on_message: Callable[[object], None],
         *,
         token_delay: float = 0.0,
+        speculation: SpeculationSettings | None = None,
         env: Mapping[str, str] | None = None,
         prepare_env: Callable[[], Mapping[str, str]] | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self._on_message = on_message
         self._token_delay = token_delay
+        self._speculation = speculation
         self._env = dict(env) if env else {}
         self._prepare_env = prepare_env
         self._log = log or logging.getLogger(__name__)
@@ -247,6 +251,7 @@ class EngineClient:
         process = ctx.Process(
             target=worker_main,
             args=(child_conn, self._token_delay, os.getpid()),
+            kwargs={"speculation": self._speculation},
             name="lmsp-engine-worker",
             daemon=True,
         )

@@ -172,11 +172,14 @@ class JobTokens:
 @dataclass
 class ChoiceResult:
     """How one choice ended: "stop" (EOS, a stop sequence, or a grammar complete), or
-    "length" (max_tokens); its generated tokens, resumed ones included."""
+    "length" (max_tokens); its generated tokens, resumed ones included; of the tokens this
+    worker generated for it (resumed ones not included), how many speculative decoding
+    proposed and verified (`accepted_draft_tokens`)."""
 
     choice: int
     finish_reason: str
     output_tokens: int
+    accepted_draft_tokens: int = 0
 
 
 @dataclass
@@ -188,19 +191,26 @@ class ChoiceFinished:
     choice: int
     finish_reason: str
     output_tokens: int
+    accepted_draft_tokens: int = 0
 
 
 @dataclass
 class JobFinished:
     """Generation ended by itself: `finish_reason` is "stop" (EOS, a stop sequence, a grammar
     complete) or "length" (max_tokens); for n > 1 that of choice 0, and `output_tokens` the sum
-    over all choices. `choices` has one entry per choice, in order."""
+    over all choices. `choices` has one entry per choice, in order.
+
+    `accepted_draft_tokens`: of the output tokens this worker generated (a resumed job's
+    earlier tokens not included), how many speculative decoding proposed and the model
+    verified (summed over the choices), like Chat Completions' `accepted_prediction_tokens`.
+    They are ordinary output tokens, exactly the ones decoding without speculation gives."""
 
     job_id: str
     finish_reason: str
     input_tokens: int
     output_tokens: int
     choices: list[ChoiceResult] = field(default_factory=list)
+    accepted_draft_tokens: int = 0
 
 
 @dataclass

@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -55,6 +55,7 @@ from jupyter_lmsp.engine.speculative import (
     NgramDrafter,
     Proposal,
     SpeculationSettings,
+    SpeculationStats,
     StepCosts,
     expected_accepted,
     plan,
@@ -247,18 +248,6 @@ class _InFlight:
     # sampler without positions).
     sampler: Any = None
     position: int | None = None
-
-
-@dataclass
-class SpeculationStats:
-    """Counters since the batch was made (for tests and benchmarks)."""
-
-    steps: int = 0
-    verify_steps: int = 0
-    looked: int = 0
-    proposed: int = 0
-    accepted: int = 0
-    widths: dict[int, int] = field(default_factory=dict)
 
 
 class SpeculativeGenerationBatch(GenerationBatch):

@@ -33,10 +33,12 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Defaults, from the measurements above (the demo model, one CPU core, OpenBLAS).
 DEFAULT_MAX_DRAFT = 8
+# A verify step feeds 1 + max_draft tokens per row; past this, no machine gains.
+MAX_DRAFT_LIMIT = 64
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 4
 DEFAULT_SYNC_COST = 0.05
@@ -67,10 +69,13 @@ class SpeculationSettings:
     step_costs: tuple[float, ...] = DEFAULT_STEP_COSTS
     cost_slope: float = DEFAULT_COST_SLOPE
     sync_cost: float = DEFAULT_SYNC_COST
+    # False: the prior alone, never what steps took (tests use it to make decisions
+    # independent of timing).
+    learn_costs: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_draft < 0:
-            raise ValueError(f"max_draft must be >= 0, got {self.max_draft}")
+        if not 0 <= self.max_draft <= MAX_DRAFT_LIMIT:
+            raise ValueError(f"max_draft must be in 0..{MAX_DRAFT_LIMIT}, got {self.max_draft}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
@@ -95,6 +100,28 @@ class Proposal:
 
     tokens: list[int]
     ngram: int
+
+
+@dataclass
+class SpeculationStats:
+    """Counters of a batch's steps: all, verify steps, steps that looked for proposals, tokens
+    proposed in verify steps and accepted, and verify steps by width."""
+
+    steps: int = 0
+    verify_steps: int = 0
+    looked: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    widths: dict[int, int] = field(default_factory=dict)
+
+    def add(self, other: SpeculationStats) -> None:
+        self.steps += other.steps
+        self.verify_steps += other.verify_steps
+        self.looked += other.looked
+        self.proposed += other.proposed
+        self.accepted += other.accepted
+        for width, count in other.widths.items():
+            self.widths[width] = self.widths.get(width, 0) + count
 
 
 class NgramDrafter:
@@ -171,11 +198,13 @@ class NgramDrafter:
 class Acceptance:
     """A row's recent acceptance record, one per n-gram length.
 
-    Per length: `accepted` and `rejected` counts (a verify that kept a of d proposed tokens adds
-    a accepted, and one rejected if a < d), both fading by `decay` per verify, so the estimate
-    follows the text as it changes; `chance` = accepted / (accepted + rejected), the chance a
-    proposed token is accepted given the ones before it were. Both start from, and drift back
-    to (`relax` per step without a verify), a prior of `prior` with weight `weight`.
+    Per length: `accepted` and `rejected` counts. A verify that kept a of d proposed tokens
+    made a + 1 trials (a + 0 if it kept them all): a accepted, one rejected; every trial first
+    fades the counts by `decay`, so the record is the last few trials' (~1 / (1 - decay)) and
+    follows the text as it changes (a quote ends, copying stops). `chance` = accepted /
+    (accepted + rejected): the chance a proposed token is accepted given the ones before it
+    were. Both counts start from, and drift back to (`relax` per step without a verify), a
+    prior of `prior` with weight `weight`, so a row that stopped speculating tries again.
     """
 
     def __init__(
@@ -184,7 +213,7 @@ class Acceptance:
         *,
         prior: float = 0.5,
         weight: float = 2.0,
-        decay: float = 0.85,
+        decay: float = 0.8,
         relax: float = 0.02,
     ) -> None:
         self.prior = prior
@@ -202,8 +231,13 @@ class Acceptance:
 
     def record(self, ngram: int, proposed: int, accepted: int) -> None:
         counts = self._counts[ngram]
-        counts[0] = counts[0] * self.decay + accepted
-        counts[1] = counts[1] * self.decay + (1 if accepted < proposed else 0)
+        rejected = 1 if accepted < proposed else 0
+        fade = self.decay ** (accepted + rejected)
+        # Each trial fades what came before it: the accepted ones, then the rejection.
+        counts[0] = counts[0] * fade + sum(
+            self.decay**i for i in range(rejected, accepted + rejected)
+        )
+        counts[1] = counts[1] * fade + rejected
 
     def idle(self) -> None:
         """A step without a verify of this row: drift back towards the prior."""
@@ -262,10 +296,11 @@ class StepCosts:
         """A synced step of `rows` x (1 + `width`) tokens, in pipelined steps of `rows` tokens
         (`width` 0: an ordinary step after looking)."""
         wide = rows * (1 + width)
-        base = self.measured(rows, False)
-        found = self.measured(wide, True)
-        if base is not None and found is not None:
-            return found / base
+        if self._settings.learn_costs:
+            base = self.measured(rows, False)
+            found = self.measured(wide, True)
+            if base is not None and found is not None:
+                return found / base
         return self.prior(wide, True) / self.prior(rows)
 
 

@@ -66,6 +66,7 @@ from jupyter_lmsp.engine.messages import (
     WorkerReady,
 )
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -155,6 +156,8 @@ class _Outbox:
     # Tokens generated so far, resumed ones included: the count final messages report.
     output_tokens: int
     want_logprobs: bool = False
+    # Of the tokens generated here, those speculative decoding proposed and verified.
+    accepted_draft_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -171,6 +174,7 @@ class _Outbox:
         self.text += update.text
         self.logprobs.extend(update.logprobs or [])
         self.output_tokens += len(update.token_ids)
+        self.accepted_draft_tokens += update.drafted
 
     def take(self) -> JobTokens | None:
         if not self.pending:
@@ -216,6 +220,7 @@ class Worker:
         prefill_step: int = DEFAULT_PREFILL_STEP,
         gather_window: float = GATHER_WINDOW,
         gather_limit: float = GATHER_LIMIT,
+        speculation: SpeculationSettings | None = None,
     ) -> None:
         self._conn = conn
         self._gather_window = gather_window
@@ -232,6 +237,7 @@ class Worker:
             PromptCache(prompt_cache_bytes),
             max_batch_size=max_batch_size,
             prefill_step=prefill_step,
+            speculation=speculation,
         )
         self._running: dict[str, _Running] = {}
         self._shutdown = False
@@ -501,12 +507,21 @@ class Worker:
             if update.finish_reason is None:
                 continue
             self._flush_outbox(outbox)
-            result = ChoiceResult(update.choice, update.finish_reason, outbox.output_tokens)
+            result = ChoiceResult(
+                update.choice,
+                update.finish_reason,
+                outbox.output_tokens,
+                outbox.accepted_draft_tokens,
+            )
             running.results[update.choice] = result
             if len(running.outboxes) > 1:
                 self._send(
                     ChoiceFinished(
-                        update.job_id, update.choice, update.finish_reason, outbox.output_tokens
+                        update.job_id,
+                        update.choice,
+                        update.finish_reason,
+                        outbox.output_tokens,
+                        outbox.accepted_draft_tokens,
                     )
                 )
             if len(running.results) < len(running.outboxes):
@@ -520,6 +535,7 @@ class Worker:
                     running.input_tokens,
                     sum(choice.output_tokens for choice in choices),
                     choices,
+                    sum(choice.accepted_draft_tokens for choice in choices),
                 )
             )
 
@@ -603,6 +619,7 @@ def worker_main(
     *,
     max_batch_size: int | None = None,
     prompt_cache_bytes: int | None = None,
+    speculation: SpeculationSettings | None = None,
 ) -> None:
     """Entry point of the worker process; returns when told to shut down or orphaned.
 
@@ -610,7 +627,8 @@ def worker_main(
     generation slow enough to cancel or kill mid-run). `parent_pid` is the server process's
     pid; the worker exits when its parent changes. `max_batch_size` is how many jobs decode at
     once; `prompt_cache_bytes` the budget of the prompt cache (0 turns it off). Either defaults
-    to its `LMSP_*` environment variable, then to the built-in default.
+    to its `LMSP_*` environment variable, then to the built-in default. `speculation`: how the
+    worker speculates (`speculative.SpeculationSettings`; default on).
     """
     _die_with_parent(parent_pid)
     # Ctrl+C in the server's terminal reaches the whole process group; the server decides
@@ -639,6 +657,7 @@ def worker_main(
             prompt_cache_bytes=prompt_cache_bytes,
             gather_window=_env_number("LMSP_GATHER_WINDOW", GATHER_WINDOW),
             gather_limit=_env_number("LMSP_GATHER_LIMIT", GATHER_LIMIT),
+            speculation=speculation,
         ).serve()
     except _ParentGone:
         pass
