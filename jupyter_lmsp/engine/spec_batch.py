@@ -277,6 +277,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         fallback_sampler: Any,
         settings: SpeculationSettings,
         stop_tokens: Iterable[int] = (),
+        costs: StepCosts | None = None,
     ) -> None:
         super().__init__(
             model=model,
@@ -293,7 +294,8 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self.settings = settings
         self.stop_tokens = frozenset(stop_tokens)
         self.stats = SpeculationStats()
-        self.costs = StepCosts(settings)
+        # The model's step costs (the scheduler keeps them from batch to batch).
+        self.costs = costs if costs is not None else StepCosts(settings)
         # The step queued by the last `next()` (tokens fed, synced) and when that returned.
         self._timing: tuple[int, bool, float] | None = None
         self._rows: dict[int, _Row] = {}

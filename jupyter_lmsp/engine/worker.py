@@ -342,7 +342,7 @@ class Worker:
         self._models[key] = (model, tokenizer)
         while len(self._models) > MAX_CACHED_MODELS:
             old_key, _ = self._models.popitem(last=False)
-            self._scheduler.prompt_cache.clear(old_key)
+            self._scheduler.forget_model(old_key)
             from jupyter_lmsp.engine.constraints import forget_tokenizer
 
             forget_tokenizer(old_key)
