@@ -8,6 +8,7 @@ inference worker process) starts once the event loop runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Integer, TraitError, Unicode, default, validate
+from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
 
 from . import __version__
 from .auth.ratelimit import RateLimiter
@@ -23,6 +24,8 @@ from .engine.blas import BlasSelection
 from .engine.client import EngineClient
 from .engine.speculative import DEFAULT_MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationSettings
 from .handlers import routes
+from .protocol.errors import LMSPError
+from .services.admission import Admission
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
 from .services.context import ServiceContext
@@ -30,6 +33,7 @@ from .services.registration import ModelRegistrar
 from .services.runner import TaskRunner
 from .store import Database, queries, rules
 from .store.database import sqlite_url
+from .store.private import private_folder
 
 
 class LMSPExtension(ExtensionApp):
@@ -43,6 +47,17 @@ class LMSPExtension(ExtensionApp):
         config=True
     )
     default_model = Unicode("", help="Model used when a request names none.").tag(config=True)
+    model_source_dirs = List(
+        Unicode(),
+        help="Folders paired clients may register models from, besides the model folder and "
+        "the Hugging Face cache (the owner may register from anywhere).",
+    ).tag(config=True)
+    max_model_bytes = Integer(
+        128 * 1024**3, help="Largest total size of a model's files; larger ones are refused."
+    ).tag(config=True)
+    registration_concurrency = Integer(
+        1, help="Model registrations (conversion, hashing) that run at once; the rest queue."
+    ).tag(config=True)
     retention_seconds = Float(
         7 * 24 * 3600.0, help="How long finished tasks, their events and responses are kept."
     ).tag(config=True)
@@ -54,6 +69,19 @@ class LMSPExtension(ExtensionApp):
     max_body_bytes = Integer(1024 * 1024, help="Largest accepted request body.").tag(config=True)
     max_output_tokens_default = Integer(
         1024, help="max_output_tokens when a request gives none."
+    ).tag(config=True)
+    max_context_tokens = Integer(
+        0,
+        help="Context window requests are held to (prompt and output together); 0: each "
+        "model's own. A smaller one bounds the memory a single request can take.",
+    ).tag(config=True)
+    client_max_tasks = Integer(
+        64, help="Unfinished tasks a paired client may have at once; more get 429."
+    ).tag(config=True)
+    client_max_tokens = Integer(
+        131072,
+        help="Tokens a paired client may have in flight (prompt plus output limit of its "
+        "unfinished tasks); more get 429.",
     ).tag(config=True)
     keepalive_interval = Float(15.0, help="Seconds of silence before an SSE keep-alive.").tag(
         config=True
@@ -107,6 +135,15 @@ class LMSPExtension(ExtensionApp):
     pairing_burst = Integer(10, help="Unauthenticated pairing requests allowed in a burst.").tag(
         config=True
     )
+    pairing_poll_rate_per_minute = Float(
+        30.0, help="Polls for a pairing's token allowed per minute and pairing."
+    ).tag(config=True)
+    pairing_poll_burst = Integer(10, help="Polls for a pairing's token allowed in a burst.").tag(
+        config=True
+    )
+    max_pending_pairings = Integer(
+        20, help="Pairing requests that may wait for the owner at once; more get 429."
+    ).tag(config=True)
     use_openblas = Unicode(
         "auto",
         help="'auto' gives the worker the fastest BLAS that passes the probe (an OpenBLAS on "
@@ -144,6 +181,8 @@ class LMSPExtension(ExtensionApp):
         return str(Path(self.data_dir) / "models")
 
     def initialize_settings(self) -> None:
+        # Other local users must not read the database or the models (docs/security.md).
+        private_folder(self.data_dir)
         self.db = Database(self.db_url)
         report = rules.recover_at_startup(self.db)
         if report.released_claims:
@@ -158,7 +197,9 @@ class LMSPExtension(ExtensionApp):
                 report.examined,
                 ", ".join(f"{k} x{v}" for k, v in sorted(report.transitions.items())),
             )
-        catalog = ModelCatalog(self.db, Path(self.model_dir), self.default_model or None)
+        catalog = ModelCatalog(
+            self.db, Path(self.model_dir), self.default_model or None, self.max_model_bytes
+        )
         for model_id in catalog.sync_model_dir():
             self.log.info("LMSP: registered model directory %s", model_id)
         # Chosen on first use, on the engine client's spawner thread (never on the IOLoop).
@@ -178,7 +219,21 @@ class LMSPExtension(ExtensionApp):
             snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
         )
-        registrar = ModelRegistrar(self.db, bus, catalog)
+        admission = Admission(
+            max_output_tokens_default=self.max_output_tokens_default,
+            max_context_tokens=self.max_context_tokens,
+            max_tasks=self.client_max_tasks,
+            max_tokens=self.client_max_tokens,
+        )
+        registrar = ModelRegistrar(
+            self.db,
+            bus,
+            catalog,
+            admission=admission,
+            allowed_dirs=[Path(d).expanduser() for d in self.model_source_dirs],
+            max_model_bytes=self.max_model_bytes,
+            concurrency=self.registration_concurrency,
+        )
         runner.cancel_listeners.append(registrar.kill)
         self.ctx = ServiceContext(
             db=self.db,
@@ -194,6 +249,13 @@ class LMSPExtension(ExtensionApp):
             idempotency_ttl=self.idempotency_ttl,
             pairing_ttl=self.pairing_ttl,
             pairing_limiter=RateLimiter(self.pairing_rate_per_minute, self.pairing_burst),
+            poll_limiter=RateLimiter(
+                self.pairing_poll_rate_per_minute,
+                self.pairing_poll_burst,
+                "Too many polls for this pairing; poll every 'interval' seconds.",
+            ),
+            max_pending_pairings=self.max_pending_pairings,
+            admission=admission,
             blas=self.blas,
         )
         self._purge_task: asyncio.Task[None] | None = None
@@ -203,6 +265,9 @@ class LMSPExtension(ExtensionApp):
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
         self.ctx.runner.start()
+        # The default model's tokenizer, for counting prompts (loaded off the loop).
+        with contextlib.suppress(LMSPError):
+            self.ctx.admission.warm(self.ctx.catalog.resolve(None))
         if not self.ctx.registrar.started:
             self.ctx.registrar.start()
         self._purge_task = asyncio.create_task(self._purge_periodically())
@@ -220,6 +285,7 @@ class LMSPExtension(ExtensionApp):
         if self._purge_task is not None:
             self._purge_task.cancel()
         self.ctx.runner.stop()
+        self.ctx.admission.close()
         self.db.dispose()
 
     def _blas_threads(self) -> int:

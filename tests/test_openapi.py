@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 from typing import Any
 
 import pytest
@@ -254,7 +255,7 @@ async def wait_task(jp_fetch, task_id: str) -> dict[str, Any]:
 
 
 async def test_served_document_and_real_answers_match(
-    jp_fetch, jp_base_url, http_server_client, test_model_dir
+    jp_fetch, jp_base_url, http_server_client, test_model_dir, tmp_path
 ):
     # Served without credentials, with this server's mount point.
     raw = await http_server_client.fetch(f"{jp_base_url}lmsp/v1/openapi.json")
@@ -270,8 +271,11 @@ async def test_served_document_and_real_answers_match(
     assert models["data"]
     _, model, _ = await call(jp_fetch, "GET", f"models/{MODEL}")
     assert_valid("Model", model)
+    # A copy: the test model's own folder is registered already (as MODEL), and a folder is
+    # registered under one id only.
+    copy = shutil.copytree(test_model_dir, tmp_path / "copy")
     status, registering, _ = await call(
-        jp_fetch, "POST", "models", {"source": str(test_model_dir), "id": "copy"}
+        jp_fetch, "POST", "models", {"source": str(copy), "id": "copy"}
     )
     assert status == 202
     assert_valid("Task", registering)

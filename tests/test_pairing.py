@@ -258,6 +258,38 @@ def test_matrix_other_callers_resources_are_404(server, matrix):
         assert c.get(f"/responses/{matrix['client_resp']['id']}").status_code == 200
 
 
+def test_matrix_what_paired_clients_see_and_may_do(server, matrix):
+    """Beyond scopes (issue 12): no host paths for any paired client, registration only from
+    the allowed folders (one error for everything else), no approving one's own pairing."""
+    full = {"Authorization": f"Bearer {matrix['full']['access_token']}"}
+    narrow = {"Authorization": f"Bearer {matrix['narrow']['access_token']}"}
+    for headers in (full, narrow):
+        listed = send(server, "GET", "/models", None, headers).json()["data"]
+        one = send(server, "GET", "/models/tiny", None, headers).json()
+        for model in [*listed, one]:
+            assert model["path"] is None and model["files"] is None and model["source"] is None
+    with owner(server) as own:
+        assert own.get("/models/tiny").json()["path"].endswith("tiny")
+        missing = own.post("/models", json={"source": "/nonexistent/model"})
+        assert missing.status_code == 404 and missing.json()["error"]["code"] == "source_not_found"
+    for source in ("/nonexistent/model", "/etc", str(server.data_dir)):
+        r = send(server, "POST", "/models", {"source": source}, full)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "source_unusable", r.text
+    for headers in (full, narrow):  # nor the BLAS libraries' files in the service's report
+        service = send(server, "GET", "/service", None, headers).json()
+        assert "paths" not in (service["blas"] or {})
+        assert sys.prefix not in json.dumps(service)
+    with owner(server) as own:
+        blas = own.get("/service").json()["blas"]
+        assert blas["state"] == "chosen" and "paths" in blas  # the owner sees them
+    started = send(
+        server, "POST", "/pairings", {"client_name": "x", "scopes": ["tasks:read"]}, full
+    )
+    assert started.status_code == 201
+    r = send(server, "POST", f"/pairings/{started.json()['id']}/approve", {}, full)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "pairing_self_approval"
+
+
 def test_matrix_jupyter_token_has_full_access(server, matrix):
     for headers in ({"Authorization": f"token {TOKEN}"}, {"Authorization": f"Bearer {TOKEN}"}):
         with httpx.Client(base_url=server.api, timeout=30, headers=headers) as c:
@@ -315,7 +347,7 @@ def test_no_secret_in_the_database_file(server, matrix):
 def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
     with_test_model(tmp_path, test_model_dir)
     with (
-        ServerProcess(tmp_path, pairing_burst=20, pairing_rate_per_minute=30) as server,
+        ServerProcess(tmp_path, pairing_poll_burst=12, pairing_poll_rate_per_minute=30) as server,
         httpx.Client(base_url=server.api, timeout=30) as anon,
     ):
         p = anon.post("/pairings", json={"client_name": "victim", "scopes": ["tasks:read"]}).json()
@@ -327,7 +359,13 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
         assert verdicts == ["invalid_grant"] * 8
         right = anon.post(f"/pairings/{p['id']}/token", json={"device_code": p["device_code"]})
         assert right.json()["error"]["code"] == "expired_token"
-        # The address has used 10 of its 20-request burst; the rest are allowed, then 429.
+        # Polls are limited per pairing (12 in a burst): the pairing has used 9 of its 12.
+        for _ in range(3):
+            r = anon.post(f"/pairings/{p['id']}/token", json={"device_code": "lmspdc_more"})
+            assert r.status_code == 400
+        r = anon.post(f"/pairings/{p['id']}/token", json={"device_code": "lmspdc_more"})
+        assert r.status_code == 429
+        # Polls for pairings that do not exist share one bucket per address: 12, then 429.
         allowed = 0
         while True:
             r = anon.post("/pairings/pair_x/token", json={"device_code": "lmspdc_x"})
@@ -335,6 +373,6 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
                 break
             allowed += 1
             assert allowed < 100
-        assert allowed == 10
+        assert allowed == 12
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert int(r.headers["Retry-After"]) >= 1

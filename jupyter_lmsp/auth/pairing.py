@@ -1,9 +1,17 @@
 """The pairing flow (LMSP B3, shaped like RFC 8628): start, decide, poll for the token; and the
-owner's view of paired clients."""
+owner's view of paired clients.
+
+Abuse limits (docs/security.md): starting is rate-limited per remote address and capped at
+`max_pending` waiting requests (the owner's list shows the oldest first, so a flood cannot
+bury an earlier request); polling is rate-limited per pairing (polls for pairings that do not
+exist share one bucket per address), so spamming either cannot lock a program out of the other.
+An approving paired client grants only scopes it holds itself, never to a pairing it started.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -11,10 +19,12 @@ from ..protocol.errors import LMSPError, invalid, not_found
 from ..protocol.ids import new_id
 from ..protocol.objects import client_object, pairing_object
 from ..store import clients as store
+from ..store import rules
 from ..store.database import Database
 from ..store.tables import Pairing
 from . import secrets as codes
-from .scopes import parse_scopes
+from .ratelimit import RateLimiter
+from .scopes import OWNER, Caller, parse_scopes
 
 PAIRING_TTL = 600.0
 POLL_INTERVAL = 5
@@ -28,7 +38,15 @@ _POLL_ERRORS = {
 }
 
 
-def start(db: Database, body: dict[str, Any], ttl: float = PAIRING_TTL) -> dict[str, Any]:
+def start(
+    db: Database,
+    body: dict[str, Any],
+    ttl: float = PAIRING_TTL,
+    *,
+    started_by: Caller | None = None,
+    max_pending: int | None = None,
+) -> dict[str, Any]:
+    """Start a pairing. `started_by` is the caller when the request carried credentials."""
     name = body.get("client_name")
     if not isinstance(name, str) or not 1 <= len(name.strip()) <= 100:
         raise invalid("'client_name' must be a string of 1 to 100 characters.", param="client_name")
@@ -44,19 +62,27 @@ def start(db: Database, body: dict[str, Any], ttl: float = PAIRING_TTL) -> dict[
         )
     device_code = codes.new_device_code()
     now = time.time()
-    pairing = store.create_pairing(
-        db,
-        Pairing(
-            id=new_id("pair"),
-            client_name=name.strip(),
-            requested_scopes=json.dumps(scopes),
-            user_code=codes.new_user_code(),
-            device_code_hash=codes.secret_hash(device_code),
-            interval=POLL_INTERVAL,
-            created_at=now,
-            expires_at=now + ttl,
-        ),
+    pairing = Pairing(
+        id=new_id("pair"),
+        client_name=name.strip(),
+        requested_scopes=json.dumps(scopes),
+        user_code=codes.new_user_code(),
+        device_code_hash=codes.secret_hash(device_code),
+        interval=POLL_INTERVAL,
+        created_at=now,
+        expires_at=now + ttl,
+        started_by=started_by.id if started_by is not None else None,
     )
+    oldest_expiry = store.create_pairing(db, pairing, max_pending)
+    if oldest_expiry is not None:
+        raise LMSPError(
+            429,
+            "too_many_pending_pairings",
+            f"{max_pending} pairing requests already wait for the owner; retry when one is "
+            "decided or expires.",
+            type="rate_limit_error",
+            headers={"Retry-After": str(max(1, math.ceil(oldest_expiry - now)))},
+        )
     return {
         "id": pairing.id,
         "object": "pairing",
@@ -68,14 +94,37 @@ def start(db: Database, body: dict[str, Any], ttl: float = PAIRING_TTL) -> dict[
     }
 
 
-def decide(db: Database, id_or_code: str, approve: bool, scopes: object = None) -> dict[str, Any]:
+def decide(
+    db: Database,
+    id_or_code: str,
+    approve: bool,
+    scopes: object = None,
+    approver: Caller = OWNER,
+) -> dict[str, Any]:
+    """Approve or deny a pairing. A paired client approving (it holds `clients:admin`) grants
+    only scopes it holds itself, and never decides a pairing it started."""
     pairing = store.find_pairing(db, id_or_code)
     if pairing is None:
         raise not_found("pairing", id_or_code)
     granted = None if scopes is None else parse_scopes(scopes)
-    updated, why = store.decide_pairing(db, pairing.id, approve, granted)
+    updated, why = store.decide_pairing(
+        db,
+        pairing.id,
+        approve,
+        granted,
+        decided_by=approver.id,
+        held=None if approver.is_owner else approver.scopes,
+    )
     if why == "ok" and updated is not None:
         return pairing_object(updated)
+    if why in _FORBIDDEN:
+        raise LMSPError(
+            403,
+            f"pairing_{why}",
+            _FORBIDDEN[why],
+            type="permission_error",
+            param="scopes" if why.startswith("scopes") else None,
+        )
     messages = {
         "expired": "This pairing has expired.",
         "decided": f"This pairing was already {pairing.status}.",
@@ -89,10 +138,27 @@ def decide(db: Database, id_or_code: str, approve: bool, scopes: object = None) 
     )
 
 
-def poll(db: Database, pairing_id: str, body: dict[str, Any]) -> dict[str, Any]:
+_FORBIDDEN = {
+    "scopes_not_held": "A client may grant only scopes it holds itself; narrow 'scopes'.",
+    "self_approval": "A client may not decide a pairing it started itself.",
+}
+
+
+def poll(
+    db: Database,
+    pairing_id: str,
+    body: dict[str, Any],
+    limiter: RateLimiter | None = None,
+    remote_address: str = "unknown",
+) -> dict[str, Any]:
+    """Poll for the token. With a `limiter`, polls are limited per pairing; polls for a pairing
+    that does not exist share one bucket per remote address."""
     device_code = body.get("device_code")
     if not isinstance(device_code, str) or not device_code:
         raise invalid("'device_code' is required.", param="device_code")
+    if limiter is not None:
+        known = store.get_pairing(db, pairing_id) is not None
+        limiter.check(f"pairing:{pairing_id}" if known else f"unknown:{remote_address}")
     result = store.poll_pairing(db, pairing_id, device_code)
     if result.outcome == "not_found":
         raise not_found("pairing", pairing_id)
@@ -126,7 +192,11 @@ def list_clients(db: Database) -> dict[str, Any]:
 
 
 def revoke(db: Database, client_id: str) -> dict[str, Any]:
-    client = store.revoke_client(db, client_id)
-    if client is None:
+    """Revoke a client from outside a running server (the command line): the client, those it
+    approved, and the cancellation of their unfinished tasks are committed together
+    (`rules.revoke_client`); a running server stops their work through
+    `services.revocation` when the revocation goes through it instead."""
+    revocation = rules.revoke_client(db, client_id)
+    if revocation is None:
         raise not_found("client", client_id)
-    return client_object(client)
+    return client_object(revocation.clients[0])

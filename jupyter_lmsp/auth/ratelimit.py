@@ -1,4 +1,9 @@
-"""A token bucket per remote address, for requests that carry no credentials (pairing)."""
+"""Token buckets for requests that carry no credentials (pairing, LMSP B3).
+
+One `RateLimiter` per kind of request, each with its own buckets: starting a pairing is limited
+per remote address, polling for a token per pairing (see `auth.pairing`), so a program that
+spams one kind cannot lock another program out of the other (every local program is 127.0.0.1).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +21,15 @@ class _Bucket:
 
 
 class RateLimiter:
-    def __init__(self, per_minute: float, burst: int) -> None:
+    def __init__(
+        self,
+        per_minute: float,
+        burst: int,
+        message: str = "Too many unauthenticated requests from this address; slow down.",
+    ) -> None:
         self.rate = per_minute / 60.0
         self.burst = burst
+        self.message = message
         self._buckets: dict[str, _Bucket] = {}
 
     def check(self, key: str, now: float | None = None) -> None:
@@ -34,7 +45,7 @@ class RateLimiter:
             raise LMSPError(
                 429,
                 "rate_limit_exceeded",
-                "Too many unauthenticated requests from this address; slow down.",
+                self.message,
                 type="rate_limit_error",
                 headers={"Retry-After": str(wait)},
             )

@@ -15,6 +15,9 @@ Layout:
 - Generation itself is `batching.BatchScheduler` (continuous batching over mlx-lm's
   `BatchGenerator`, per-choice samplers, stop sequences, grammars and log-probabilities) with
   a `prompt_cache.PromptCache` of KV caches.
+- Models are verified and loaded by `loader.ModelLoader` in a thread of their own: a job whose
+  model is not in memory waits for it while the other jobs go on decoding, and a cancel of
+  the last job waiting for a model stops that model's verification.
 
 Configuration: `worker_main`'s `max_batch_size` and `prompt_cache_bytes`, or, when those are not
 given, the environment variables `LMSP_MAX_BATCH_SIZE` and `LMSP_PROMPT_CACHE_BYTES` of the
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -48,6 +52,7 @@ from jupyter_lmsp.engine.batching import (
     Update,
 )
 from jupyter_lmsp.engine.grammars import GENERIC, CallFormat, GrammarError, build_grammar
+from jupyter_lmsp.engine.loader import LoadResult, ModelLoader
 from jupyter_lmsp.engine.messages import (
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,
@@ -241,6 +246,9 @@ class Worker:
         )
         self._running: dict[str, _Running] = {}
         self._shutdown = False
+        self._loader = ModelLoader()
+        # Jobs waiting for their model to be verified and loaded, by model key.
+        self._waiting: dict[tuple[Any, ...], list[GenerateJob]] = {}
 
     # --- pipe ------------------------------------------------------------------------------
 
@@ -256,7 +264,10 @@ class Worker:
         Called only between scheduler steps: a cancel removes its job from the batch at once.
         """
         try:
-            ready = self._conn.poll(timeout)
+            ready = multiprocessing.connection.wait([self._conn, self._loader.wake_fd], timeout)
+            if self._loader.wake_fd in ready:
+                self._take_loads()
+            ready = self._conn.poll(0)
             while ready:
                 self._handle(self._conn.recv())
                 ready = self._conn.poll(0)
@@ -291,6 +302,16 @@ class Worker:
                 self._queue.remove(job)
                 self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
                 return
+        for key, jobs in list(self._waiting.items()):
+            for job in jobs:
+                if job.job_id == job_id:
+                    jobs.remove(job)
+                    if not jobs:
+                        # Nobody waits for this model any more: stop verifying it.
+                        del self._waiting[key]
+                        self._loader.cancel(key)
+                    self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+                    return
         # Unknown id: the job already ended and its final message is on its way.
 
     def _sleep(self, seconds: float) -> None:
@@ -304,49 +325,50 @@ class Worker:
 
     # --- models ----------------------------------------------------------------------------
 
-    def _model(
-        self, model_path: str, expected_files: list[dict[str, Any]] | None = None
-    ) -> tuple[tuple[Any, ...], nn.Module, TokenizerWrapper]:
-        path = Path(model_path).expanduser()
+    def _model_key(self, job: GenerateJob) -> tuple[Any, ...]:
+        path = Path(job.model_path).expanduser()
         # Checked here because mlx_lm.load treats a missing path as a Hugging Face repo id and
-        # tries to download it.
+        # tries to download it. (The message names no path: a paired client may read it.)
         if not (path / "config.json").is_file():
-            raise JobError("model_not_found", f"no MLX model directory at {model_path}")
+            raise JobError("model_not_found", "the model's directory holds no MLX model")
         path = path.resolve()
-        # The file listing is part of the key so a model rewritten in place is reloaded (and
-        # its prompt-cache entries, keyed the same way, are never reused for the new weights).
-        key = (str(path), _listing(path))
-        if key in self._models:
-            self._models.move_to_end(key)
-            return (key, *self._models[key])
-        if expected_files is not None:
-            # Verified just before loading: a model whose bytes changed since registration
-            # never runs. (The remaining window is the few milliseconds until mlx_lm opens
-            # the files; a model already loaded keeps the bytes that were verified.)
-            from ..models.digests import verify
+        if job.expected_files is not None:
+            # The registered digest: the weights in memory are the verified registered bytes,
+            # so a model re-registered with new files gets a new key (and new prompt caches).
+            from ..models.digests import model_digest
 
-            changed = verify(path, expected_files)
-            if changed:
-                raise JobError(
-                    "model_digest_mismatch",
-                    f"{len(changed)} file(s) of {path.name} no longer match their digests: "
-                    + ", ".join(changed[:5]),
-                )
-        from mlx_lm import load
+            return (str(path), model_digest(job.expected_files))
+        # Unregistered (a direct engine user): the listing, so a model rewritten in place is
+        # reloaded and its prompt-cache entries are never reused for the new weights.
+        return (str(path), _listing(path))
 
-        try:
-            model, tokenizer = load(str(path))
-        except Exception as exc:
-            log.exception("loading %s failed", path)
-            raise JobError("model_load_failed", f"{type(exc).__name__}: {exc}") from exc
-        self._models[key] = (model, tokenizer)
+    def _take_loads(self) -> None:
+        """Models the loader finished: cache them and put their waiting jobs back at the front
+        of the queue (admitted next); fail the jobs of a model that could not be loaded."""
+        for result in self._loader.finished():
+            jobs = self._waiting.pop(result.key, [])
+            if result.cancelled:
+                if jobs:  # a job came for it after its load was cancelled: load it again
+                    self._waiting[result.key] = jobs
+                    self._loader.request(result.key, Path(result.key[0]), jobs[0].expected_files)
+                continue
+            if result.code is not None:
+                for job in jobs:
+                    self._send(JobFailed(job.job_id, result.code, result.message))
+                continue
+            self._cache_model(result)
+            self._queue.extendleft(reversed(jobs))
+
+    def _cache_model(self, result: LoadResult) -> None:
+        assert result.model is not None and result.tokenizer is not None
+        self._models[result.key] = (result.model, result.tokenizer)
+        self._models.move_to_end(result.key)
         while len(self._models) > MAX_CACHED_MODELS:
             old_key, _ = self._models.popitem(last=False)
             self._scheduler.forget_model(old_key)
             from jupyter_lmsp.engine.constraints import forget_tokenizer
 
             forget_tokenizer(old_key)
-        return key, model, tokenizer
 
     # --- jobs ------------------------------------------------------------------------------
 
@@ -391,6 +413,11 @@ class Worker:
         for job in self._queue:
             self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
         self._queue.clear()
+        for jobs in self._waiting.values():
+            for job in jobs:
+                self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+        self._waiting.clear()
+        self._loader.close()
 
     def _fits(self) -> bool:
         """Whether the next queued job's choices fit in the batch now (a job with more choices
@@ -404,7 +431,17 @@ class Worker:
         while self._fits():
             job = self._queue.popleft()
             try:
-                self._start(job)
+                _validate(job)
+                key = self._model_key(job)
+                loaded = self._models.get(key)
+                if loaded is None:
+                    # Verified and loaded in the loader's thread; the job waits, the batch
+                    # goes on decoding.
+                    self._waiting.setdefault(key, []).append(job)
+                    self._loader.request(key, Path(key[0]), job.expected_files)
+                    continue
+                self._models.move_to_end(key)
+                self._start(job, key, *loaded)
             except JobError as exc:
                 self._send(JobFailed(job.job_id, exc.code, exc.message))
             except _ParentGone:
@@ -447,12 +484,12 @@ class Worker:
                 del self._coming[job_id]
         return bool(self._coming)
 
-    def _start(self, job: GenerateJob) -> None:
+    def _start(
+        self, job: GenerateJob, key: tuple[Any, ...], model: nn.Module, tokenizer: TokenizerWrapper
+    ) -> None:
         from jupyter_lmsp.engine.constraints import ConstraintError, ll_tokenizer
         from jupyter_lmsp.engine.toolcalls import render
 
-        _validate(job)
-        key, model, tokenizer = self._model(job.model_path, job.expected_files)
         call_format = GENERIC
         calls = job.tools is not None and job.tools.active
         if calls:

@@ -132,7 +132,8 @@ def idempotent(method: Callable[..., Any]) -> Callable[..., Any]:
         try:
             await _maybe_await(method(self, *args))
         except LMSPError as e:
-            if e.status < 500:
+            # A 429 (a quota, a rate limit) says "not now": the same key may be retried later.
+            if e.status < 500 and e.status != 429:
                 idempotency.record(self.ctx, found, e.status, e.body())
             else:
                 idempotency.release(self.ctx, found)

@@ -30,7 +30,7 @@ class ChatCompletionsHandler(LMSPHandler):
     @idempotent
     async def post(self) -> None:
         request = parse_chat_request(self.json_body())
-        self.run = chat.start_chat_completion(self.ctx, request, self.caller, self.keyed)
+        self.run = await chat.start_chat_completion(self.ctx, request, self.caller, self.keyed)
         await self._answer(request.stream)
 
     async def replay_response_result(self, row: IdempotencyKey) -> None:

@@ -17,7 +17,7 @@ class ResponsesHandler(LMSPHandler):
     @idempotent
     async def post(self) -> None:
         request = parse_response_request(self.json_body())
-        response = responses.create_response(
+        response = await responses.create_response(
             self.ctx, request, self.caller, self.keyed, self.api_prefix
         )
         failpoints.hit("after_create_commit")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..services import disclosure
 from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
 
 CAPABILITIES = [
@@ -37,7 +38,9 @@ class ServiceHandler(LMSPHandler):
                     "max_output_tokens_default": ctx.max_output_tokens_default,
                 },
                 "worker": ctx.runner.worker_info,
-                "blas": ctx.blas.report() if ctx.blas is not None else None,
+                "blas": disclosure.blas_report(
+                    ctx.blas.report() if ctx.blas is not None else None, self.caller
+                ),
             }
         )
 
@@ -46,7 +49,7 @@ class ModelsHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("models:read")
     def get(self) -> None:
-        self.write_json({"object": "list", "data": self.ctx.catalog.list()})
+        self.write_json({"object": "list", "data": self.ctx.catalog.list(self.caller)})
 
     @allow_unauthenticated
     @requires("models:write")
@@ -62,7 +65,7 @@ class ModelHandler(LMSPHandler):
     @allow_unauthenticated
     @requires("models:read")
     def get(self, model_id: str) -> None:
-        self.write_json(self.ctx.catalog.get(model_id))
+        self.write_json(self.ctx.catalog.get(model_id, self.caller))
 
     @allow_unauthenticated
     @requires("models:write")

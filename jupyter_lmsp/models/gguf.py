@@ -13,6 +13,7 @@ the previous complete version, or the new complete version — never a partial o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -101,6 +102,8 @@ def convert_gguf(
     *,
     dequantize: bool | None = None,
     progress: ProgressCallback | None = None,
+    replace: bool = True,
+    marker: tuple[str, Mapping[str, Any]] | None = None,
 ) -> Path:
     """Convert a llama GGUF file into an MLX model directory at `out_dir` and return it.
 
@@ -108,7 +111,10 @@ def convert_gguf(
     the GGUF's own 4/8-bit quantization on macOS. `progress(stage, fraction)` is called with
     stages "reading", "weights", "tokenizer", "writing", "done"; `fraction` is of the whole
     conversion and never decreases. An exception raised by `progress` aborts the conversion
-    and, unless raised at "done", leaves `out_dir` as it was. An existing `out_dir` is replaced.
+    and, unless raised at "done", leaves `out_dir` as it was. An existing `out_dir` is replaced,
+    unless `replace` is False: then an existing `out_dir` (other than an empty folder) is left
+    alone and `FileExistsError` raised. `marker` (file name, JSON value) is written into the
+    directory with the rest, so it is there from the moment the directory is.
     """
     gguf_path = Path(gguf_path)
     out_dir = Path(out_dir)
@@ -155,11 +161,16 @@ def convert_gguf(
         tokenizer.save(str(staging / "tokenizer.json"))
         _write_json(staging / "tokenizer_config.json", tokenizer_config)
         _write_json(staging / "config.json", config)
+        if marker is not None:
+            _write_json(staging / marker[0], marker[1])
         # Written last: its presence is what marks a directory as a finished conversion.
         _write_json(staging / CONVERSION_FILE, provenance)
         _fsync_tree(staging)
         report("writing", 1.0)
-        _replace_dir(staging, out_dir)
+        if replace:
+            _replace_dir(staging, out_dir)
+        else:
+            _place_dir(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -421,6 +432,18 @@ def _replace_dir(staging: Path, out_dir: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
+
+
+def _place_dir(staging: Path, out_dir: Path) -> None:
+    """Rename `staging` to `out_dir` only if nothing is there (rename(2) replaces nothing but an
+    empty folder): what is already at `out_dir` is never touched."""
+    try:
+        os.rename(staging, out_dir)
+    except OSError as e:
+        if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+            raise FileExistsError(errno.EEXIST, "already exists", str(out_dir)) from None
+        raise
+    _fsync_dir(out_dir.parent)
 
 
 def _sibling(out_dir: Path, kind: str) -> Path:

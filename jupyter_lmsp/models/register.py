@@ -1,11 +1,14 @@
 """Preparing a model for registration, run as its own process by the task runner:
 
-    python -m jupyter_lmsp.models.register SOURCE --model-dir DIR --id ID
+    python -m jupyter_lmsp.models.register SOURCE --model-dir DIR --id ID [--task-id T]
+        [--max-bytes N] [--allowed FOLDER ...]
 
-It resolves the source, converts a GGUF file into DIR/ID, hashes every file, and writes JSON
-lines on stdout: `{"progress": {"stage", "fraction"}}` while working, then one
-`{"model": {...}}` or `{"error": {"code", "message"}}`. A process of its own keeps conversion
-and hashing off the server's event loop, and a crash in it cannot take the server down.
+It resolves the source (with `--allowed`, only inside those folders: a paired client's
+request), converts a GGUF file into DIR/ID, checks and hashes every file (see
+`digests.model_files`), and writes JSON lines on stdout: `{"progress": {"stage", "fraction"}}`
+while working, then one `{"model": {...}}` or `{"error": {"code", "message"}}`. A process of
+its own keeps conversion and hashing off the server's event loop, and a crash in it cannot take
+the server down. A conversion it made is removed again if the model is then refused.
 """
 
 from __future__ import annotations
@@ -15,11 +18,13 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from .digests import file_digests, model_digest
+from . import managed
+from .digests import DEFAULT_MAX_BYTES, ModelFileError, file_digests, model_digest
 from .gguf import GGUFConversionError
-from .sources import SourceError, materialize, resolve_source
+from .sources import Allowed, SourceError, materialize, resolve_source
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -32,8 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("source")
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--id", required=True)
+    parser.add_argument("--task-id", default="")
+    parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES)
+    parser.add_argument("--allowed", action="append", default=None)
     args = parser.parse_args(argv)
     last = [0.0]
+    allowed = Allowed([Path(a) for a in args.allowed]) if args.allowed is not None else None
 
     def progress(stage: str, fraction: float) -> None:
         now = time.monotonic()
@@ -41,24 +50,38 @@ def main(argv: Sequence[str] | None = None) -> int:
             last[0] = now
             _emit({"progress": {"stage": stage, "fraction": round(fraction, 4)}})
 
+    made: Path | None = None
     try:
-        source = resolve_source(args.source)
-        path = materialize(source, args.model_dir, args.id, progress)
-        files = file_digests(path, lambda f: progress("hashing", f))
-    except SourceError as e:
-        _emit({"error": {"code": e.code, "message": e.message}})
+        source = resolve_source(args.source, allowed)
+        path = materialize(source, Path(args.model_dir), args.id, progress, args.task_id)
+        if source.kind == "gguf":
+            made = path
+        files = file_digests(
+            path,
+            lambda f: progress("hashing", f),
+            root=source.root if source.kind != "gguf" else path,
+            max_bytes=args.max_bytes,
+        )
+    except (SourceError, ModelFileError, GGUFConversionError) as e:
+        if made is not None:
+            managed.remove(made, args.id, Path(args.model_dir))
+        code = e.code if isinstance(e, SourceError | ModelFileError) else "conversion_failed"
+        _emit({"error": {"code": code, "message": str(e)}})
         return 1
-    except GGUFConversionError as e:
-        _emit({"error": {"code": "conversion_failed", "message": str(e)}})
-        return 1
+    except BaseException:
+        if made is not None:
+            managed.remove(made, args.id, Path(args.model_dir))
+        raise
     _emit(
         {
             "model": {
                 "id": args.id,
                 "format": "mlx",
                 "path": str(path),
-                "source": args.source,
+                # A repo id as given; a path as resolved (never relative to some folder).
+                "source": args.source if source.kind == "hf_cache" else str(source.path),
                 "source_kind": source.kind,
+                "managed": made is not None,
                 "files": files,
                 "size_bytes": sum(f["size"] for f in files),
                 "digest": model_digest(files),

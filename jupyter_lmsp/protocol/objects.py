@@ -153,18 +153,30 @@ def client_object(client: Client) -> dict[str, Any]:
     }
 
 
-def model_object(model: Model, state: str | None = None) -> dict[str, Any]:
-    """A registered model in the OpenAI list shape, with LMSP's registry fields (B4)."""
+def model_object(
+    model: Model, state: str | None = None, *, host_paths: bool = True
+) -> dict[str, Any]:
+    """A registered model in the OpenAI list shape, with LMSP's registry fields (B4).
+
+    Without `host_paths` (what a paired client sees, docs/security.md) `path` and `files` are
+    null, and `source` too unless it is a Hugging Face repo id: nothing about the host's
+    folders. The owner sees everything."""
     return {
         "id": model.id,
         "object": "model",
         "created": int(model.created_at),
         "owned_by": model.owned_by,
         "format": model.format,
-        "path": model.path,
+        "path": model.path if host_paths else None,
         "size_bytes": model.size_bytes,
         "digest": model.digest,
-        "files": json.loads(model.files),
+        "files": json.loads(model.files) if host_paths else None,
         "state": state or model.state,
-        "source": model.source,
+        "source": model.source if host_paths or _is_repo_id(model.source) else None,
     }
+
+
+def _is_repo_id(source: str) -> bool:
+    # `org/name` as Hugging Face spells repo ids; a path source is stored absolute.
+    parts = source.split("/")
+    return len(parts) == 2 and all(parts) and not source.startswith((".", "~", "/"))

@@ -522,14 +522,18 @@ def _model() -> Schema:
             "created": {"type": "integer"},
             "owned_by": {"type": "string"},
             "format": {"type": "string"},
-            "path": {"type": "string"},
+            "path": {
+                "type": ["string", "null"],
+                "description": "Its folder on the host; null for a paired client.",
+            },
             "size_bytes": {"type": "integer", "minimum": 0},
             "digest": {
                 "type": ["string", "null"],
                 "description": "`sha256:` over its files' digests.",
             },
             "files": {
-                "type": "array",
+                "type": ["array", "null"],
+                "description": "Its files (relative paths); null for a paired client.",
                 "items": {
                     "type": "object",
                     "required": ["path", "size", "sha256"],
@@ -541,7 +545,11 @@ def _model() -> Schema:
                 },
             },
             "state": {"enum": ["available", "loaded", "missing", "corrupt"]},
-            "source": {"type": ["string", "null"]},
+            "source": {
+                "type": ["string", "null"],
+                "description": "A Hugging Face repo id, or the path registered from (null "
+                "for a paired client).",
+            },
         },
     }
 
@@ -1159,7 +1167,7 @@ def _paths() -> dict[str, Any]:
                 },
                 parameters=[_idempotency_header()],
                 body="RegisterModelRequest",
-                errors=(*POSTED, 404),
+                errors=(*POSTED, 404, 429),
             ),
         },
         "/models/{model_id}": {
@@ -1207,7 +1215,7 @@ def _paths() -> dict[str, Any]:
                 },
                 parameters=[_idempotency_header()],
                 body="CreateResponseRequest",
-                errors=(*POSTED, 404),
+                errors=(*POSTED, 404, 429),
             )
         },
         "/responses/{response_id}": {
@@ -1369,7 +1377,7 @@ def _paths() -> dict[str, Any]:
                 ),
                 parameters=[_idempotency_header()],
                 body="CreateChatCompletionRequest",
-                errors=(*POSTED, 404, 500),
+                errors=(*POSTED, 404, 429, 500),
             )
         },
         "/pairings": {
@@ -1378,9 +1386,8 @@ def _paths() -> dict[str, Any]:
                 "Start pairing a client (no credentials): the device flow of RFC 8628",
                 "pairing",
                 _ok("The pairing, with the device and user codes.", "PairingStarted", status="201"),
-                parameters=[_idempotency_header()],
                 body="StartPairingRequest",
-                errors=(400, 409, 413, 422, 429),
+                errors=(400, 413, 429),
                 public=True,
             ),
             "get": _op(

@@ -2,6 +2,9 @@
 
 Publishing happens on the IOLoop thread right after the transaction that wrote the events
 committed, so a watcher never sees an event the database does not have.
+
+A subscription may name the caller it serves; `close_caller` then ends every such subscription
+(a revoked client's streams close at once): its queue receives `CLOSED`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ from typing import Any
 Event = dict[str, Any]
 
 ALL_TASKS = "*"
+# Put in a subscription's queue when its caller lost access: the subscriber stops.
+CLOSED: Event = {"type": "lmsp.closed"}
 
 
 class Subscription:
-    def __init__(self, bus: EventBus, task_id: str) -> None:
+    def __init__(self, bus: EventBus, task_id: str, caller: str | None = None) -> None:
         self.bus = bus
         self.task_id = task_id
+        self.caller = caller
         self.queue: asyncio.Queue[tuple[str, Event]] = asyncio.Queue()
 
     async def get(self, timeout: float | None = None) -> tuple[str, Event] | None:
@@ -47,10 +53,20 @@ class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[str, set[Subscription]] = defaultdict(set)
 
-    def subscribe(self, task_id: str = ALL_TASKS) -> Subscription:
-        sub = Subscription(self, task_id)
+    def subscribe(self, task_id: str = ALL_TASKS, caller: str | None = None) -> Subscription:
+        sub = Subscription(self, task_id, caller)
         self._subscribers[task_id].add(sub)
         return sub
+
+    def close_caller(self, caller: str) -> int:
+        """End every subscription held for `caller`; how many there were."""
+        closed = 0
+        for subs in list(self._subscribers.values()):
+            for sub in list(subs):
+                if sub.caller == caller:
+                    sub.queue.put_nowait((sub.task_id, CLOSED))
+                    closed += 1
+        return closed
 
     def unsubscribe(self, sub: Subscription) -> None:
         subs = self._subscribers.get(sub.task_id)

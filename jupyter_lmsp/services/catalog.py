@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from ..models.digests import file_digests, model_digest
+from ..auth.scopes import OWNER, Caller
+from ..models import managed
+from ..models.digests import DEFAULT_MAX_BYTES, ModelFileError, file_digests, model_digest
 from ..protocol.errors import LMSPError, not_found
 from ..protocol.objects import model_object
 from ..store import models as store
@@ -30,10 +31,17 @@ class ModelCatalog:
     # such as the CLI, is seen within this many seconds).
     CACHE_SECONDS = 1.0
 
-    def __init__(self, db: Database, model_dir: Path, default_model: str | None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        model_dir: Path,
+        default_model: str | None,
+        max_model_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.db = db
         self.model_dir = Path(model_dir)
         self.default_model = default_model or None
+        self.max_model_bytes = max_model_bytes
         self._rows: dict[str, Model] = {}
         self._read_at = float("-inf")
 
@@ -57,8 +65,16 @@ class ModelCatalog:
         for d in sorted(self.model_dir.iterdir()):
             if d.name in known or d.name.startswith(".") or not (d / "config.json").is_file():
                 continue
+            taken = self.registered_as(d)
+            if taken is not None:
+                log.warning("LMSP: %s is already registered as model %s; skipped", d, taken)
+                continue
             started = time.monotonic()
-            files = file_digests(d)
+            try:
+                files = file_digests(d, root=d.resolve(), max_bytes=self.max_model_bytes)
+            except ModelFileError as e:
+                log.warning("LMSP: model directory %s not registered: %s", d, e.message)
+                continue
             store.save_model(
                 self.db,
                 Model(
@@ -79,14 +95,32 @@ class ModelCatalog:
             added.append(d.name)
         return added
 
-    def list(self) -> list[dict[str, Any]]:
-        return [model_object(m, self._state(m)) for m in store.list_models(self.db)]
+    def registered_as(self, path: Path) -> str | None:
+        """The id a folder is registered under, comparing resolved paths (a trailing `/`, a
+        `..` or a link make no second registration of the same files)."""
+        try:
+            wanted = Path(path).resolve()
+        except (OSError, RuntimeError):
+            return None
+        for model in store.list_models(self.db):
+            try:
+                if Path(model.path).resolve() == wanted:
+                    return model.id
+            except (OSError, RuntimeError):
+                continue
+        return None
 
-    def get(self, model_id: str) -> dict[str, Any]:
+    def list(self, caller: Caller = OWNER) -> list[dict[str, Any]]:
+        return [
+            model_object(m, self._state(m), host_paths=caller.is_owner)
+            for m in store.list_models(self.db)
+        ]
+
+    def get(self, model_id: str, caller: Caller = OWNER) -> dict[str, Any]:
         model = store.get_model(self.db, model_id)
         if model is None:
             raise not_found("model", model_id, param="model")
-        return model_object(model, self._state(model))
+        return model_object(model, self._state(model), host_paths=caller.is_owner)
 
     def resolve(self, model_id: str | None) -> Model:
         """The model to run for a request's `model` (the default when None)."""
@@ -116,27 +150,37 @@ class ModelCatalog:
                 + (
                     "its files no longer match their digests."
                     if state == "corrupt"
-                    else f"its directory {model.path} is gone."
+                    else "its directory is gone."
                 ),
                 type="conflict_error" if state == "corrupt" else "not_found_error",
                 param="model",
             )
         return model
 
+    def without_paths(self, model_id: str, message: str) -> str:
+        """`message` (an engine error, which a paired client may read) with the model's folder
+        replaced by its id: no host path in what a client sees."""
+        model = self._get(model_id)
+        if model is None:
+            return message
+        for path in sorted({model.path, str(Path(model.path).resolve())}, key=len, reverse=True):
+            message = message.replace(path, f"<model {model_id}>")
+        return message
+
     def mark(self, model_id: str, state: str) -> None:
         store.set_model_state(self.db, model_id, state)
         self.forget()
 
     def delete(self, model_id: str) -> dict[str, Any]:
-        """Forget a model; files the service made itself (in its model folder) go too."""
+        """Forget a model. Its files go too only if the service made them: the row says so
+        (`managed`) and so does the marker the service wrote in the folder (`models.managed`).
+        Anything else stays where it is."""
         model = store.delete_model(self.db, model_id)
         self.forget()
         if model is None:
             raise not_found("model", model_id, param="model")
-        path = Path(model.path)
-        owned = path.parent == self.model_dir and not path.is_symlink()
-        if owned and path.is_dir() and json.loads(model.files) and model.source != str(path):
-            shutil.rmtree(path, ignore_errors=True)
+        if model.managed:
+            managed.remove(Path(model.path), model_id, self.model_dir)
         return {"id": model_id, "object": "model", "deleted": True}
 
     def _state(self, model: Model) -> str:

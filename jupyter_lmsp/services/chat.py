@@ -21,7 +21,7 @@ from ..protocol.chat import (
     completion_object,
     finish_reason,
 )
-from ..protocol.errors import LMSPError
+from ..protocol.errors import LMSPError, unauthenticated
 from ..protocol.requests import ResponseRequest
 from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries
@@ -42,13 +42,15 @@ class ChatRun:
 
     response: dict[str, Any]
     include_usage: bool = False
+    # Whose run it is: its stream closes when that client is revoked.
+    caller: str | None = None
 
     @property
     def task_id(self) -> str:
         return str(self.response["task_id"])
 
 
-def start_chat_completion(
+async def start_chat_completion(
     ctx: ServiceContext, request: ChatRequest, caller: Caller, keyed: KeyedRequest | None = None
 ) -> ChatRun:
     """Commit the chat completion's response and task (queued) and hand it to the runner.
@@ -72,8 +74,10 @@ def start_chat_completion(
         # Stored in the Responses input form, so /responses/{id}/input_items can list it.
         raw_input=request.messages,
     )
-    response = responses.create_response(ctx, as_response, caller, keyed=keyed)
-    return ChatRun(response, include_usage=request.include_usage)
+    response = await responses.create_response(
+        ctx, as_response, caller, keyed=keyed, input_param="messages"
+    )
+    return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 
 def existing_run(
@@ -82,7 +86,9 @@ def existing_run(
     """The chat completion an earlier request with the same idempotency key started; its
     chunks or completion are read back from the task's stored events."""
     return ChatRun(
-        responses.get_response(ctx, response_id, caller), include_usage=request.include_usage
+        responses.get_response(ctx, response_id, caller),
+        include_usage=request.include_usage,
+        caller=caller.id,
     )
 
 
@@ -97,7 +103,9 @@ def cancel(ctx: ServiceContext, run: ChatRun) -> None:
 
 
 def _events(ctx: ServiceContext, run: ChatRun) -> TaskEventStream:
-    return TaskEventStream(ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval)
+    return TaskEventStream(
+        ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval, caller=run.caller
+    )
 
 
 async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, Any]:
@@ -111,7 +119,8 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
                 terminal = event
     finally:
         await events.aclose()
-    assert terminal is not None  # TaskEventStream ends only after the terminal event
+    if terminal is None:  # the stream ends early only when its client was revoked
+        raise unauthenticated("The access token was revoked.")
     raise_for_outcome(terminal)
     return completion_object(terminal["response"])
 
@@ -148,6 +157,8 @@ async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncIterator[Chunk]:
                     )
     finally:
         await events.aclose()
+    if events.revoked:
+        yield unauthenticated("The access token was revoked.").body()
     yield DONE
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from ..auth.ratelimit import RateLimiter
 from ..engine.blas import BlasSelection
 from ..store.database import Database
+from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
 from .registration import ModelRegistrar
@@ -27,6 +28,11 @@ class ServiceContext:
     max_body_bytes: int = 1024 * 1024
     idempotency_ttl: float = 24 * 3600.0
     pairing_ttl: float = 600.0
+    # Starting a pairing, per remote address; polling for its token, per pairing.
     pairing_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    poll_limiter: RateLimiter = field(default_factory=lambda: RateLimiter(30, 10))
+    max_pending_pairings: int = 20
+    # Context windows, output limits and per-client quotas (services.admission).
+    admission: Admission = field(default_factory=Admission)
     # The inference worker's BLAS: chosen by probing, reported by GET /service.
     blas: BlasSelection | None = None

@@ -15,7 +15,7 @@ from typing import Any
 from ..protocol.events import is_terminal
 from ..store import queries
 from ..store.database import Database
-from .bus import EventBus, Subscription
+from .bus import CLOSED, EventBus, Subscription
 
 Event = dict[str, Any]
 
@@ -25,12 +25,24 @@ class TaskEventStream:
     one (the caller writes a keep-alive), and the end after the terminal event.
 
     `ready` says whether the next event is already at hand, so a writer can send several in
-    one flush (the four or five events of a task's end arrive together)."""
+    one flush (the four or five events of a task's end arrive together).
+
+    `caller` names the paired client the stream serves: the stream ends early, without its
+    terminal event, when that client is revoked (`EventBus.close_caller`)."""
 
     def __init__(
-        self, db: Database, bus: EventBus, task_id: str, after: int = -1, idle: float = 15.0
+        self,
+        db: Database,
+        bus: EventBus,
+        task_id: str,
+        after: int = -1,
+        idle: float = 15.0,
+        caller: str | None = None,
     ) -> None:
         self.db, self.bus, self.task_id, self.after, self.idle = db, bus, task_id, after, idle
+        self.caller = caller
+        # Set when the stream ended because its caller was revoked (no terminal event came).
+        self.revoked = False
         self._replay: deque[Event] = deque()
         self._sub: Subscription | None = None
         self._events = self._follow()
@@ -49,7 +61,7 @@ class TaskEventStream:
         await self._events.aclose()
 
     async def _follow(self) -> AsyncIterator[Event | None]:
-        with self.bus.subscribe(self.task_id) as sub:
+        with self.bus.subscribe(self.task_id, self.caller) as sub:
             self._sub = sub
             last = self.after
             self._replay.extend(queries.list_events(self.db, self.task_id, last))
@@ -65,6 +77,9 @@ class TaskEventStream:
                     yield None
                     continue
                 _, event = item
+                if event is CLOSED:
+                    self.revoked = True
+                    return
                 seq = event["sequence_number"]
                 if seq <= last:
                     continue

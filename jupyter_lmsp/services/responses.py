@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..auth.scopes import Caller
-from ..protocol.errors import LMSPError, invalid, not_found
+from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
 from ..protocol.objects import input_item, response_object
 from ..protocol.requests import ResponseRequest
@@ -16,38 +16,58 @@ from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.tables import Response, Task
 from .context import ServiceContext
+from .conversation import conversation_of, input_messages_of, prompt_messages
 from .follow import TaskEventStream
 from .idempotency import KeyedRequest
 
 
-def create_response(
+async def create_response(
     ctx: ServiceContext,
     request: ResponseRequest,
     caller: Caller,
     keyed: KeyedRequest | None = None,
     location_prefix: str = "",
+    input_param: str = "input",
 ) -> dict[str, Any]:
     """Commit the response and its task (queued), hand the task to the runner, and return the
     response object as committed. The caller may answer 202 as soon as this returns.
 
+    Before that, admission (`services.admission`): the prompt is counted and must fit the
+    model's context window (400 `context_length_exceeded`, naming `input_param`), the output
+    limit is capped at what the window leaves, and a paired client must be within its quotas
+    (429), checked in the transaction that creates the task.
+
     With an idempotency key, its result is written in the same transaction: the 202 body for a
     background response, otherwise a link to the response whose final form is the result.
+
+    The conversation (earlier turns and this input) is stored once, in the response's
+    `request`; the task's `params` hold only how to generate.
     """
     model = ctx.catalog.resolve(request.model)
     context = _context_before(ctx, request.previous_response_id, caller)
+    conversation = context + list(request.messages)
+    plan = await ctx.admission.plan(
+        model,
+        prompt_messages(request.instructions, conversation),
+        request.max_output_tokens,
+        input_param,
+    )
+    admit = ctx.admission.quota(
+        caller, plan.budget, "max_tokens" if input_param == "messages" else "max_output_tokens"
+    )
     now = time.time()
     response_id = new_id("resp")
     task_id = new_id("task")
-    turn = context + list(request.messages)
-    messages = list(turn)
-    if request.instructions:
-        messages.insert(0, {"role": "system", "content": request.instructions})
+    stored = request.stored_request()
+    stored.pop("input", None)
+    stored["conversation"] = conversation
+    stored["input_count"] = len(request.messages)
     response = Response(
         id=response_id,
         task_id=task_id,
         owner=caller.id,
         model=model.id,
-        request=json.dumps(request.stored_request()),
+        request=json.dumps(stored),
         previous_response_id=request.previous_response_id,
         store=request.store,
         created_at=now,
@@ -62,13 +82,13 @@ def create_response(
         response_id=response_id,
         params=json.dumps(
             {
-                "input_messages": request.messages,
-                "context": turn,
-                "messages": messages,
-                "max_tokens": request.max_output_tokens or ctx.max_output_tokens_default,
+                "max_tokens": plan.max_tokens,
                 "temperature": request.temperature,
                 "top_p": request.top_p,
                 "seed": request.seed,
+                "prompt_tokens": plan.prompt_tokens,
+                # What the task holds of its caller's quota while unfinished.
+                "budget": plan.budget,
             }
         ),
         created_at=now,
@@ -84,9 +104,9 @@ def create_response(
             )
         else:
             record = keyed.result(None, response_id=response_id)
-    committed = rules.create_task(ctx.db, task, response, idempotency=record)
+    committed = rules.create_task(ctx.db, task, response, idempotency=record, admit=admit)
     ctx.runner.publish(committed)
-    ctx.runner.submit(task_id)
+    ctx.runner.submit(task_id, caller.id)
     return response_object(response, committed.task)
 
 
@@ -106,8 +126,7 @@ def _context_before(
             param="previous_response_id",
             code="previous_response_not_finished",
         )
-    params = json.loads(task.params)
-    context = list(params.get("context", params.get("messages", [])))
+    context = conversation_of(response, task)
     answer = "".join(
         part.get("text", "")
         for item in json.loads(response.output)
@@ -171,7 +190,7 @@ def list_input_items(
     if order not in ("asc", "desc"):
         raise invalid("'order' must be 'asc' or 'desc'.", param="order")
     response, task = _find(ctx, response_id, caller)
-    messages = json.loads(task.params).get("input_messages", [])
+    messages = input_messages_of(response, task)
     items = [input_item(response.id, i, m) for i, m in enumerate(messages)]
     if order == "desc":
         items.reverse()
@@ -194,13 +213,18 @@ def response_events(
     ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
 ) -> TaskEventStream:
     _, task = _find(ctx, response_id, caller)
-    return TaskEventStream(ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval)
+    return TaskEventStream(
+        ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval, caller=caller.id
+    )
 
 
 async def wait_for_response(
     ctx: ServiceContext, response_id: str, caller: Caller
 ) -> dict[str, Any]:
     """The finished response object, once its task reached a terminal state."""
-    async for _ in response_events(ctx, response_id, caller):
+    events = response_events(ctx, response_id, caller)
+    async for _ in events:
         pass
+    if events.revoked:
+        raise unauthenticated("The access token was revoked.")
     return get_response(ctx, response_id, caller)

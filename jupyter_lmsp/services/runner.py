@@ -8,6 +8,13 @@ Generated tokens are coalesced for `snapshot_interval` seconds, then committed t
 the snapshot that covers them (LMSP B7): a crash loses at most that much uncommitted work, and a
 resumed task continues from exactly what its watchers saw. A task's first text is committed on
 the loop's next turn instead, so nobody waits up to an interval for it.
+
+Queued tasks wait in a `FairQueue`: their owners take turns for the free slots, so one
+caller's backlog never holds another's new task back by more than one turn. When every slot
+is taken and an owner holds more than its share while another waits with less, one of its
+running generations is paused — cancelled in the worker, its tokens committed, the task left
+`running` — and queued again: it resumes from its snapshot (LMSP B7) when its turn comes, with
+the tokens an uninterrupted run would give, and its watchers see one contiguous stream.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import deque
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +46,8 @@ from ..store.database import Database
 from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
+from .conversation import stored_messages
+from .fairqueue import FairQueue, over_share
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +79,7 @@ class TaskRunner:
         self.max_active = max_active
         self.engine: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.queue: deque[str] = deque()
+        self.queue = FairQueue()
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
         # One timer for all running tasks: their tokens are committed together, one
@@ -79,6 +88,11 @@ class TaskRunner:
         # Tasks whose text has begun (their first text is not held for an interval).
         self.producing: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
+        # Whose each active task is, and when the running ones started (for pausing one).
+        self.owner_of: dict[str, str] = {}
+        self.running_since: dict[str, float] = {}
+        # Tasks whose generation is being paused to free a slot for another owner.
+        self.pausing: set[str] = set()
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
@@ -98,7 +112,7 @@ class TaskRunner:
         self.engine.start()
         self.worker_info = {"state": "starting"}
         for task in queries.tasks_to_run(self.db):
-            self.queue.append(task.id)
+            self.queue.push(task.id, task.owner)
         self._dispatch()
 
     def stop(self) -> None:
@@ -108,11 +122,12 @@ class TaskRunner:
 
     # -- requests from the services --------------------------------------------------------
 
-    def submit(self, task_id: str) -> None:
-        """A task was committed `queued`: run it when a slot is free."""
+    def submit(self, task_id: str, owner: str) -> None:
+        """A task of `owner` was committed `queued`: run it when a slot is free (and it is its
+        owner's turn)."""
         if not self.started:
             return  # start() picks it up from the database
-        self.queue.append(task_id)
+        self.queue.push(task_id, owner)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
             # jobs waits for it instead of starting without it.
@@ -128,19 +143,64 @@ class TaskRunner:
 
     def cancel(self, task_id: str) -> rules.Committed:
         committed = rules.request_cancel(self.db, task_id)
+        self.cancelled(committed)
+        return committed
+
+    def cancelled(self, committed: rules.Committed) -> None:
+        """Publish a committed cancel and stop the work of a task now `cancelling`."""
         self.publish(committed)
+        task_id = committed.task.id
         if committed.task.state == TaskState.CANCELLING:
+            if task_id not in self.active and self.queue.remove(task_id):
+                # A paused generation waiting for its turn: nothing runs, it ends now.
+                self._finish(task_id, rules.Outcome(TaskState.CANCELLED))
+                return
             if task_id in self.active:
                 self.engine.cancel(task_id)
             for listener in self.cancel_listeners:
                 listener(task_id)
-        return committed
 
     # -- dispatch --------------------------------------------------------------------------
 
     def _dispatch(self) -> None:
+        self._fill()
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        """Pause one generation of an owner holding more than its share of the slots while
+        another owner waits with less (one pause at a time: the freed slot goes to the waiting
+        owner, then the shares are looked at again)."""
+        if self.pausing or not self.queue or len(self.active) < self.max_active:
+            return
+        held = [self.owner_of[t] for t in self.active if t in self.owner_of]
+        owner = over_share(held, self.queue.owners(), self.max_active)
+        if owner is None:
+            return
+        candidates = [t for t, o in self.owner_of.items() if o == owner and t in self.running_since]
+        if not candidates:
+            return  # its tasks are still loading: not paused (they could not resume from there)
+        victim = max(candidates, key=lambda t: self.running_since[t])
+        log.info("pausing task %s of %s: another caller waits for a slot", victim, owner)
+        self.pausing.add(victim)
+        self.engine.cancel(victim)
+
+    def _paused(self, task_id: str) -> bool:
+        """A pause took effect (the worker let the task go): queue it again, unless it was
+        cancelled meanwhile (then it ends as cancelled, as any cancel)."""
+        self.pausing.discard(task_id)
+        task = queries.get_task(self.db, task_id)
+        if task is None or TaskState(task.state) != TaskState.RUNNING:
+            return False
+        self.active.discard(task_id)
+        self.running_since.pop(task_id, None)
+        owner = self.owner_of.pop(task_id, task.owner)
+        self.queue.push_paused(task_id, owner)
+        self._dispatch()
+        return True
+
+    def _fill(self) -> None:
         while self.queue and len(self.active) < self.max_active:
-            task_id = self.queue.popleft()
+            task_id = self.queue.pop()
             if task_id in self.active:
                 continue
             try:
@@ -159,7 +219,7 @@ class TaskRunner:
         found = queries.get_task_and_response(self.db, task_id)
         if found is None:
             return
-        task, _ = found
+        task, response = found
         state = TaskState(task.state)
         if state == TaskState.QUEUED:
             committed = rules.append_events(
@@ -185,10 +245,11 @@ class TaskRunner:
             return
         params = json.loads(task.params)
         snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+        assert response is not None  # only response tasks reach the runner
         job = GenerateJob(
             job_id=task_id,
             model_path=str(model.path),
-            messages=params["messages"],
+            messages=stored_messages(response, task),
             max_tokens=params["max_tokens"],
             temperature=params["temperature"],
             top_p=params["top_p"],
@@ -198,6 +259,7 @@ class TaskRunner:
             expected_files=json.loads(model.files) if model.files else None,
         )
         self.active.add(task_id)
+        self.owner_of[task_id] = task.owner
         self.engine.submit(job)
 
     # -- messages from the engine ----------------------------------------------------------
@@ -218,6 +280,7 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
+                self.running_since[task_id] = time.monotonic()
                 self.publish(rules.start_running(self.db, task_id, n))
             case JobTokens(job_id=task_id, token_ids=ids, text=text):
                 pending = self.pending.setdefault(task_id, _Pending())
@@ -250,16 +313,19 @@ class TaskRunner:
                 )
             case JobFailed(job_id=task_id, code=code, message=text):
                 self._flush(task_id)
-                if code == "model_digest_mismatch":
-                    task = queries.get_task(self.db, task_id)
-                    if task is not None:
-                        self.catalog.mark(task.model, "corrupt")
+                task = queries.get_task(self.db, task_id)
+                if task is not None:
+                    text = self.catalog.without_paths(task.model, text)
+                if code == "model_digest_mismatch" and task is not None:
+                    self.catalog.mark(task.model, "corrupt")
                 self._finish(
                     task_id,
                     rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
                 )
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
+                if task_id in self.pausing and self._paused(task_id):
+                    return
                 self._finish(
                     task_id, rules.Outcome(TaskState.CANCELLED, usage=self._usage(task_id, o))
                 )
@@ -286,6 +352,9 @@ class TaskRunner:
         self.active.discard(task_id)
         self.producing.discard(task_id)
         self.cached_tokens.pop(task_id, None)
+        self.owner_of.pop(task_id, None)
+        self.running_since.pop(task_id, None)
+        self.pausing.discard(task_id)
         self._dispatch()
 
     def _usage(self, task_id: str, output_tokens: int) -> dict[str, Any] | None:
@@ -300,15 +369,18 @@ class TaskRunner:
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.clear()
+        self.owner_of.clear()
+        self.running_since.clear()
+        self.pausing.clear()
         self.producing.difference_update(held)
         report = rules.recover_after_worker_exit(self.db, held)
         for committed in report.committed:
             self.publish(committed)
         self.engine.restart()
-        for task_id in held:
+        for task_id in reversed(held):
             task = queries.get_task(self.db, task_id)
             if task is not None and task.state in (TaskState.QUEUED, TaskState.RUNNING):
-                self.queue.appendleft(task_id)
+                self.queue.push_front(task_id, task.owner)
         self._dispatch()
 
 

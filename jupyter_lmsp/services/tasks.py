@@ -82,4 +82,6 @@ def task_events(
     ctx: ServiceContext, task_id: str, caller: Caller, after: int = -1
 ) -> TaskEventStream:
     _find(ctx, task_id, caller)
-    return TaskEventStream(ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval)
+    return TaskEventStream(
+        ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval, caller=caller.id
+    )

@@ -21,13 +21,34 @@ MAX_FAILED_POLLS = 5
 SLOW_DOWN_STEP = 5
 
 
-def create_pairing(db: Database, pairing: Pairing) -> Pairing:
+def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = None) -> float | None:
+    """Store a new pairing request, unless `max_pending` unexpired requests already wait: then
+    nothing is stored and the time the oldest of them expires is returned (None on success).
+    Counting and inserting share the transaction, so concurrent starts cannot overshoot."""
     with db.write() as session:
+        if max_pending is not None:
+            waiting = (
+                select(Pairing.expires_at)
+                .where(
+                    Pairing.status == "pending",  # type: ignore[arg-type]
+                    Pairing.expires_at > pairing.created_at,  # type: ignore[arg-type,operator]
+                )
+                .order_by(Pairing.expires_at)  # type: ignore[arg-type]
+            )
+            expiries = list(session.execute(waiting).scalars())
+            if len(expiries) >= max_pending:
+                return expiries[0]
         session.add(pairing)
-    return pairing
+    return None
+
+
+def get_pairing(db: Database, pairing_id: str) -> Pairing | None:
+    with db.read() as session:
+        return session.get(Pairing, pairing_id)
 
 
 def list_pairings(db: Database, status: str | None = "pending") -> list[Pairing]:
+    """Pairing requests, oldest first (a flood of new ones never pushes an earlier one down)."""
     now = time.time()
     with db.read() as session:
         query = select(Pairing).order_by(Pairing.created_at)  # type: ignore[arg-type]
@@ -53,12 +74,23 @@ def find_pairing(db: Database, id_or_user_code: str) -> Pairing | None:
 
 
 def decide_pairing(
-    db: Database, pairing_id: str, approve: bool, scopes: list[str] | None = None
+    db: Database,
+    pairing_id: str,
+    approve: bool,
+    scopes: list[str] | None = None,
+    *,
+    decided_by: str | None = None,
+    held: frozenset[str] | None = None,
 ) -> tuple[Pairing | None, str]:
     """Approve (with `scopes`, a subset of those requested) or deny a pending pairing.
 
+    `decided_by` is the deciding caller's id, `held` the scopes it holds when it is a paired
+    client (None: the owner, who holds all). A client grants only scopes it holds and decides
+    no pairing it started itself.
+
     Returns the pairing and "ok", or None/the pairing and why nothing changed:
-    "not_found", "expired", "decided", "scopes_not_requested".
+    "not_found", "expired", "decided", "scopes_not_requested", "scopes_not_held",
+    "self_approval".
     """
     now = time.time()
     with db.write() as session:
@@ -69,14 +101,19 @@ def decide_pairing(
             return pairing, "decided"
         if pairing.expires_at <= now:
             return pairing, "expired"
+        if held is not None and decided_by is not None and pairing.started_by == decided_by:
+            return pairing, "self_approval"
         requested = json.loads(pairing.requested_scopes)
         if approve:
             granted = requested if scopes is None else scopes
             if not set(granted) <= set(requested):
                 return pairing, "scopes_not_requested"
+            if held is not None and not set(granted) <= held:
+                return pairing, "scopes_not_held"
             pairing.granted_scopes = json.dumps(granted)
         pairing.status = "approved" if approve else "denied"
         pairing.decided_at = now
+        pairing.decided_by = decided_by
         session.add(pairing)
     return pairing, "ok"
 
@@ -128,6 +165,7 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             token_hash=codes.secret_hash(token),
             scopes=pairing.granted_scopes or "[]",
             created_at=now,
+            approved_by=pairing.decided_by,
         )
         session.add(client)
         pairing.status = "claimed"
@@ -164,14 +202,3 @@ def list_clients(db: Database, include_revoked: bool = False) -> list[Client]:
         if not include_revoked:
             query = query.where(Client.revoked_at.is_(None))  # type: ignore[union-attr]
         return list(session.execute(query).scalars())
-
-
-def revoke_client(db: Database, client_id: str) -> Client | None:
-    with db.write() as session:
-        client = session.get(Client, client_id)
-        if client is None:
-            return None
-        if client.revoked_at is None:
-            client.revoked_at = time.time()
-            session.add(client)
-        return client

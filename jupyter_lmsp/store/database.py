@@ -19,6 +19,7 @@ from sqlalchemy.pool import QueuePool
 from sqlmodel import Session, SQLModel
 
 from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from .private import private_database
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -36,7 +37,8 @@ class Database:
         self.url = url
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            # 0600 before the first connection: the WAL and shared-memory files take its mode.
+            private_database(path)
         # A small pool: a transaction checks a connection out and back in, so threads take
         # turns with connections but never share one at the same time. Keeping connections
         # open also keeps the WAL files in place between transactions, instead of SQLite

@@ -9,6 +9,8 @@ it keeps:
 - `request_cancel`, `finish`
                          — the cancellation transition is atomic: a cancelled task never
                            completes, a finished task never changes again;
+- `revoke_client`        — revoking a paired client cancels its unfinished tasks in the same
+                           transaction, so none of them runs on, or resumes after a restart;
 - `purge_expired`        — finished tasks and their events are kept for the retention period,
                            unfinished tasks are never deleted;
 - `recover_at_startup`   — the 11.3 table, applied to every task left unfinished.
@@ -40,7 +42,7 @@ from ..protocol.states import (
     TaskState,
 )
 from .database import Database
-from .tables import IdempotencyKey, Response, Task, TaskEvent
+from .tables import Client, IdempotencyKey, Response, Task, TaskEvent
 
 Event = dict[str, Any]
 EventBuilder = Callable[[Task, Response | None], list[Event]]
@@ -52,6 +54,10 @@ SERVER_RESTARTED = {
 WORKER_CRASHED = {
     "code": "worker_crashed",
     "message": "The inference worker stopped while running this task, and its policy is 'fail'.",
+}
+CLIENT_REVOKED = {
+    "code": "client_revoked",
+    "message": "The client that created this task was revoked; its unfinished tasks are cancelled.",
 }
 
 
@@ -101,11 +107,14 @@ def create_task(
     task: Task,
     response: Response | None = None,
     idempotency: IdempotencyKey | None = None,
+    admit: Callable[[sqlite3.Cursor], None] | None = None,
 ) -> Committed:
     """Insert a task (and its response) with its first event, in one transaction.
 
     The caller writes `202 Accepted` only after this returns: the task is then on disk. An
     idempotency record, when given, is stored in the same transaction as the work it started.
+    `admit`, when given, runs first in the transaction and may raise to refuse the task (a
+    quota counted over the tasks already committed, so concurrent creates cannot overshoot).
     """
     now = time.time()
     task.state = TaskState.QUEUED
@@ -121,6 +130,8 @@ def create_task(
     # Plain SQL on a sqlite3 cursor (no ORM session): this runs once per created task, on the
     # request's path to its 202, and SQLAlchemy's per-statement work would be a third of it.
     with db.write_cursor() as cursor:
+        if admit is not None:
+            admit(cursor)
         if response is not None:
             _insert(cursor, "responses", response.model_dump())
         _insert(cursor, "tasks", task.model_dump())
@@ -294,29 +305,89 @@ def _append_output(
 # 11.2: the cancellation transition is atomic
 
 
-def request_cancel(db: Database, task_id: str) -> Committed:
+def request_cancel(db: Database, task_id: str, reason: dict[str, str] | None = None) -> Committed:
     """Ask a task to stop: `queued` → `cancelled` at once, `loading`/`running` → `cancelling`.
 
     A task already finished (or already cancelling) is returned unchanged (`changed` False).
+    A `reason` (`{"code", "message"}`) is recorded as the task's and the response's `error`, so
+    its events say why it was cancelled when the service, not its client, cancelled it.
     """
     now = time.time()
     with db.write() as session:
         task, response = _load(session, task_id)
-        state = TaskState(task.state)
-        if state in TERMINAL_STATES or state == TaskState.CANCELLING:
-            return Committed(task, response, [], changed=False)
-        if state == TaskState.QUEUED:
-            built = _terminate(task, response, Outcome(TaskState.CANCELLED), now)
-            events = _append(session, task, built, now)
-        else:
-            task.state = TaskState.CANCELLING
-            built = (
-                [ev.lifecycle(ev.CANCELLING, response_object(response, task))]
-                if response is not None
-                else [{"type": "task.cancelling", "task_id": task.id}]
-            )
-            events = _append(session, task, built, now)
-    return Committed(task, response, events)
+        events = _cancel(session, task, response, reason, now)
+    return Committed(task, response, events, changed=bool(events))
+
+
+def _cancel(  # type: ignore[no-untyped-def]
+    session, task: Task, response: Response | None, reason: dict[str, str] | None, now: float
+) -> list[Event]:
+    state = TaskState(task.state)
+    if state in TERMINAL_STATES or state == TaskState.CANCELLING:
+        return []
+    if reason is not None:
+        task.error = json.dumps(reason)
+        if response is not None:
+            response.error = json.dumps(reason)
+            session.add(response)
+    if state == TaskState.QUEUED:
+        built = _terminate(task, response, Outcome(TaskState.CANCELLED, error=reason), now)
+    else:
+        task.state = TaskState.CANCELLING
+        built = (
+            [ev.lifecycle(ev.CANCELLING, response_object(response, task))]
+            if response is not None
+            else [{"type": "task.cancelling", "task_id": task.id, "error": reason}]
+        )
+    return _append(session, task, built, now)
+
+
+@dataclass
+class Revocation:
+    """What `revoke_client` changed: the clients revoked (the one asked for first), and every
+    task of theirs it cancelled (or moved to `cancelling`)."""
+
+    clients: list[Client]
+    committed: list[Committed] = field(default_factory=list)
+
+
+def revoke_client(db: Database, client_id: str) -> Revocation | None:
+    """Revoke a paired client, the clients it approved (and theirs), and cancel every unfinished
+    task they own, in one transaction. None if there is no such client.
+
+    Queued tasks end `cancelled` at once; loading and running ones become `cancelling` and end
+    `cancelled` when their generation stops (or at the next start-up, by the 11.3 table). Each
+    carries the error `client_revoked`. Revoking again cancels whatever is still unfinished.
+    """
+    now = time.time()
+    with db.write() as session:
+        client = session.get(Client, client_id)
+        if client is None:
+            return None
+        revoked: list[Client] = []
+        pending = [client]
+        while pending:
+            current = pending.pop(0)
+            if any(c.id == current.id for c in revoked):
+                continue
+            if current.revoked_at is None:
+                current.revoked_at = now
+                session.add(current)
+            revoked.append(current)
+            approved = select(Client).where(Client.approved_by == current.id)  # type: ignore[arg-type]
+            pending.extend(session.execute(approved).scalars())
+        result = Revocation(revoked)
+        owners = [c.id for c in revoked]
+        unfinished = select(Task).where(
+            Task.owner.in_(owners),  # type: ignore[attr-defined]
+            Task.state.in_(_UNFINISHED),  # type: ignore[attr-defined]
+        )
+        for task in list(session.execute(unfinished.order_by(Task.created_at)).scalars()):  # type: ignore[arg-type]
+            response = session.get(Response, task.response_id) if task.response_id else None
+            events = _cancel(session, task, response, CLIENT_REVOKED, now)
+            if events:
+                result.committed.append(Committed(task, response, events))
+    return result
 
 
 def finish(db: Database, task_id: str, outcome: Outcome) -> Committed:

@@ -27,6 +27,9 @@ class Client(SQLModel, table=True):
     created_at: float
     last_used_at: float | None = None
     revoked_at: float | None = None
+    # Who approved this client (a paired client's id, or the owner's). Revoking a client revokes
+    # the clients it approved, so a token it minted cannot outlive its own revocation.
+    approved_by: str | None = None
 
 
 class Pairing(SQLModel, table=True):
@@ -49,6 +52,10 @@ class Pairing(SQLModel, table=True):
     created_at: float
     expires_at: float
     decided_at: float | None = None
+    # Who started it (a paired client's id, the owner's, or None without credentials) and who
+    # decided it: a client may not approve a pairing it started itself.
+    started_by: str | None = None
+    decided_by: str | None = None
 
 
 class Model(SQLModel, table=True):
@@ -64,6 +71,9 @@ class Model(SQLModel, table=True):
     source: str = ""
     owned_by: str = "owner"
     created_at: float
+    # True only for a directory the service created itself (a GGUF conversion into its model
+    # folder, with a marker file naming the model). Only such a directory is ever deleted.
+    managed: bool = False
 
 
 class Response(SQLModel, table=True):

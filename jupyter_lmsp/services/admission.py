@@ -1,0 +1,166 @@
+"""Admission: what a new task may cost, checked before it is accepted (docs/security.md).
+
+- The prompt is counted with the model's own tokenizer and template (`engine.tokens`), off
+  the event loop on one thread of its own; a prompt that leaves no room in the model's
+  context window (`max_context_tokens` may narrow it) is refused with 400
+  `context_length_exceeded`, and the output limit is capped at what the window leaves.
+- A paired client may have at most `max_tasks` unfinished tasks and `max_tokens` tokens in
+  flight (prompt plus output limit, summed over its unfinished tasks); beyond either, 429
+  with `Retry-After`. The check runs inside the transaction that creates the task, so
+  concurrent requests cannot overshoot. The owner (the Jupyter user) has no quota.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..auth.scopes import Caller
+from ..engine.tokens import PromptCounter, PromptTooHard, context_window
+from ..protocol.errors import LMSPError
+from ..protocol.states import RECOVERY_TABLE
+from ..store.tables import Model
+
+# How long a client over its quota is told to wait: its tasks finish in seconds to minutes.
+RETRY_AFTER = 5
+_UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
+
+
+@dataclass
+class Plan:
+    """What a generation was granted: its prompt's token count (None if it could not be
+    counted here), its output limit, and the tokens it holds while unfinished."""
+
+    prompt_tokens: int | None
+    max_tokens: int
+    budget: int
+
+
+class Admission:
+    def __init__(
+        self,
+        *,
+        max_output_tokens_default: int = 1024,
+        max_context_tokens: int = 0,
+        max_tasks: int = 64,
+        max_tokens: int = 131072,
+    ) -> None:
+        self.max_output_tokens_default = max_output_tokens_default
+        self.max_context_tokens = max_context_tokens
+        self.max_tasks = max_tasks
+        self.max_tokens = max_tokens
+        self.counter = PromptCounter()
+        # One thread: counting is CPU work, and queued behind each other requests cannot
+        # take more than one core from the server between them.
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="lmsp-prompt-tokens"
+        )
+
+    def window(self, model: Model) -> int | None:
+        """The context window requests for `model` are held to."""
+        own = context_window(model.path)
+        if self.max_context_tokens > 0:
+            return min(own, self.max_context_tokens) if own else self.max_context_tokens
+        return own
+
+    def warm(self, model: Model) -> None:
+        """Load `model`'s tokenizer in the background, so the first request does not wait."""
+        self._executor.submit(self.counter.warm, _key(model), model.path)
+
+    async def plan(
+        self,
+        model: Model,
+        messages: list[dict[str, str]],
+        requested: int | None,
+        param: str = "input",
+    ) -> Plan:
+        window = self.window(model)
+        try:
+            prompt = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.counter.count, _key(model), model.path, messages
+            )
+        except PromptTooHard:
+            prompt = None
+        wanted = requested or self.max_output_tokens_default
+        if window is None:
+            max_tokens = wanted
+        elif prompt is None:
+            max_tokens = min(wanted, window)
+        else:
+            if prompt >= window:
+                raise LMSPError(
+                    400,
+                    "context_length_exceeded",
+                    f"The prompt has {prompt} tokens, and the model's context window is "
+                    f"{window}: at least one must be left for the answer. Shorten the input.",
+                    param=param,
+                )
+            max_tokens = min(wanted, window - prompt)
+        # Uncounted, a prompt is charged its length in UTF-8 bytes (no token is shorter).
+        charged = prompt if prompt is not None else _bytes(messages)
+        return Plan(prompt, max_tokens, charged + max_tokens)
+
+    def quota(
+        self, caller: Caller, budget: int, output_param: str = "max_output_tokens"
+    ) -> Callable[[sqlite3.Cursor], None] | None:
+        """The check `rules.create_task` runs in its transaction for a task of `caller` that
+        holds `budget` tokens; None for the owner."""
+        if caller.is_owner:
+            return None
+        if budget > self.max_tokens:
+            raise LMSPError(
+                400,
+                "quota_exceeded",
+                f"This request needs {budget} tokens (prompt and output limit), more than a "
+                f"client may have in flight ({self.max_tokens}); lower '{output_param}'.",
+                param=output_param,
+            )
+        max_tasks, max_tokens = self.max_tasks, self.max_tokens
+
+        def check(cursor: sqlite3.Cursor) -> None:
+            marks = ", ".join("?" * len(_UNFINISHED))
+            tasks, tokens = cursor.execute(
+                "SELECT COUNT(*), COALESCE(SUM(json_extract(params, '$.budget')), 0)"
+                f" FROM tasks WHERE owner = ? AND state IN ({marks})",
+                (caller.id, *_UNFINISHED),
+            ).fetchone()
+            if tasks >= max_tasks:
+                raise _too_many(
+                    "too_many_tasks",
+                    f"This client already has {tasks} unfinished tasks, its limit; wait for "
+                    "some to finish (or cancel them).",
+                )
+            if tokens + budget > max_tokens:
+                raise _too_many(
+                    "too_many_tokens_in_flight",
+                    f"This client's unfinished tasks hold {tokens} tokens; this one needs "
+                    f"{budget} more, beyond its limit of {max_tokens}.",
+                )
+
+        return check
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _too_many(code: str, message: str) -> LMSPError:
+    return LMSPError(
+        429,
+        code,
+        message,
+        type="rate_limit_error",
+        headers={"Retry-After": str(RETRY_AFTER)},
+    )
+
+
+def _key(model: Model) -> str:
+    return f"{model.path}\0{model.digest}"
+
+
+def _bytes(messages: list[dict[str, Any]]) -> int:
+    return len(json.dumps(messages, ensure_ascii=False).encode())
