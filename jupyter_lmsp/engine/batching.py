@@ -35,6 +35,14 @@ prompt chunks) and masks, and per-row results matched single-sequence runs token
 every case tried (tests/test_batching.py; SmolLM2 and the test model, prompts of different
 lengths, joined together or staggered, prefill chunks of 16 to 2048).
 
+Speculative decoding (`speculative`, `spec_batch`; on unless `speculation` says otherwise):
+the decoding half of a model's batch is `spec_batch.SpeculativeGenerationBatch`, whose steps
+may verify tokens proposed from each row's own context, so a step may bring a choice several
+tokens (`_Token.drafted` marks the proposed ones kept). They go through `_advance` one by one,
+exactly as tokens of consecutive steps would: a stop sequence or max_tokens met on one of them
+ends the choice there and the rest are dropped. The tokens are the ones decoding without
+speculation gives. Models whose cache layers are not plain `KVCache` do not speculate.
+
 A model whose cache layers cannot be merged into a batch decodes one choice at a time
 (`_SerialDecoder`): its prompt is prefilled one chunk per step (so a cancel acts within one
 chunk there too), then `mlx_lm.generate.generate_step` decodes it; the others wait their turn.

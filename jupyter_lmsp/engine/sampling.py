@@ -9,6 +9,10 @@ state it leaves after k steps is not reproduced by re-prefilling (and it is per 
 
 `distribution` is the distribution a sampler draws from, the one log-probabilities are reported
 for (see `logprobs`). The choices of a job with n > 1 draw with `choice_seed(seed, i)`.
+
+Samplers can also `draw` a given position without moving on: speculative decoding draws the
+positions of a verify step together and keeps a proposed token only if it equals the draw at
+its position, so speculating changes no token, greedy or seeded.
 """
 
 from __future__ import annotations
