@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             nonce = uuid.uuid4().hex[:6]
             for target in order:
                 for workload, make in (("grounded", grounded), ("open-ended", open_ended)):
-                    sample, text = target.streamed(make(round_, nonce), args.tokens)
+                    # The same task every round (a new nonce): the spread is the machine's.
+                    sample, text = target.streamed(make(0, nonce), args.tokens)
                     samples[workload][target.name].append({**vars(sample), "text": text})
                     log(
                         f"r{round_} {workload} {target.name}: {sample.tokens} tok, decode "

@@ -147,6 +147,15 @@ def test_step_costs_are_learned_from_the_steps_taken() -> None:
         fixed.record(1, False, seconds)
         fixed.record(4, True, seconds * 9)
     assert fixed.ratio(1, 3) == pytest.approx(prior)
+    # Every step synced (speculating all along): the pipelined step is never measured, and is
+    # estimated from its prior scaled as the measured steps compare with theirs.
+    synced = StepCosts(settings)
+    for _ in range(3):
+        synced.record(1, True, 0.113)
+        synced.record(4, True, 0.138)
+    scale = (0.113 / synced.prior(1, True) + 0.138 / synced.prior(4, True)) / 2
+    assert synced.cost(1, False) == pytest.approx(settings.step_costs[0] * scale)
+    assert synced.ratio(1, 3) == pytest.approx(0.138 / (settings.step_costs[0] * scale))
 
 
 def test_settings_are_checked() -> None:

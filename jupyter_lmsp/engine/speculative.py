@@ -292,16 +292,28 @@ class StepCosts:
             return None
         return statistics.median(samples)
 
+    def cost(self, tokens: int, synced: bool) -> float:
+        """A step's cost in seconds: measured, or the prior scaled by how the measured steps
+        compare with theirs (in prior units when nothing is measured yet)."""
+        found = self.measured(tokens, synced) if self._settings.learn_costs else None
+        if found is not None:
+            return found
+        return self.prior(tokens, synced) * self._scale()
+
+    def _scale(self) -> float:
+        if not self._settings.learn_costs:
+            return 1.0
+        scales = [
+            found / self.prior(tokens, synced)
+            for (tokens, synced) in self._samples
+            if (found := self.measured(tokens, synced)) is not None
+        ]
+        return statistics.median(scales) if scales else 1.0
+
     def ratio(self, rows: int, width: int) -> float:
         """A synced step of `rows` x (1 + `width`) tokens, in pipelined steps of `rows` tokens
         (`width` 0: an ordinary step after looking)."""
-        wide = rows * (1 + width)
-        if self._settings.learn_costs:
-            base = self.measured(rows, False)
-            found = self.measured(wide, True)
-            if base is not None and found is not None:
-                return found / base
-        return self.prior(wide, True) / self.prior(rows)
+        return self.cost(rows * (1 + width), True) / self.cost(rows, False)
 
 
 def plan(
