@@ -315,6 +315,45 @@ def test_step_costs_are_kept_from_batch_to_batch(tiny) -> None:
     assert scheduler(speculation=OFF).step_costs("m") is None
 
 
+class SlowPrefill:
+    """The model, taking `delay` seconds more for every prefill chunk of `chunk` tokens."""
+
+    def __init__(self, model: Any, chunk: int, delay: float) -> None:
+        self.model, self.chunk, self.delay = model, chunk, delay
+
+    def __call__(self, inputs: Any, cache: Any = None, **kwargs: Any) -> Any:
+        import time
+
+        if inputs.shape[1] == self.chunk:
+            time.sleep(self.delay)
+        return self.model(inputs, cache=cache, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+
+def test_steps_sharing_the_model_with_a_prefill_are_not_timed(tiny) -> None:
+    """A prompt read while rows decode (and a row joining after a wait) makes that step's
+    interval long: it must not count as what the step cost."""
+    model, tok = tiny
+    slow = SlowPrefill(model, chunk=16, delay=0.25)
+    sched = scheduler(prefill_step=16)
+    results: dict = {}
+    add(sched, slow, tok, results, [job("runner", messages=chat(QUESTIONS[2]), max_tokens=60)])
+    for step in range(200):
+        if not sched.active:
+            break
+        collect(results, sched.step())
+        if step == 10:
+            long = [{"role": "user", "content": " ".join(QUESTIONS) * 2}]
+            add(sched, slow, tok, results, [job("reader", messages=long, max_tokens=5)])
+    assert results[("reader", 0)].finish_reason == "length"
+    costs = sched.step_costs("m")
+    assert costs is not None
+    recorded = [t for samples in costs._samples.values() for t in samples]
+    assert recorded and max(recorded) < 0.25
+
+
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])
 def test_log_probabilities_are_the_same(tiny, sampling: dict) -> None:
     model, tok = tiny
