@@ -609,3 +609,26 @@ def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
     finally:
         for eng in engines.values():
             eng.client.stop()
+
+
+def test_the_token_delay_hook_stays_per_token_while_speculating(test_model_dir: Path) -> None:
+    """`token_delay` (crash tests, demos) paces every token, however many a step brings."""
+    import time
+
+    from test_engine import new_id, start_engine
+
+    from jupyter_lmsp.engine.messages import JobFinished, JobStarted
+
+    eng = start_engine(test_model_dir, token_delay=0.02, speculation=FORCED)
+    try:
+        job_id = new_id("paced")
+        eng.client.submit(eng.job(job_id, messages=chat(QUESTIONS[2]), max_tokens=60))
+        eng.recorder.wait_for(lambda m: isinstance(m, JobStarted) and m.job_id == job_id)
+        started = time.monotonic()
+        run = eng.wait_end(job_id)
+        elapsed = time.monotonic() - started
+        assert isinstance(run.end, JobFinished) and len(run.tokens) == 60
+        assert run.end.accepted_draft_tokens > 10  # steps brought several tokens
+        assert elapsed >= 60 * 0.02 * 0.9
+    finally:
+        eng.client.stop()

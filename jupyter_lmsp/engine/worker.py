@@ -398,7 +398,8 @@ class Worker:
             last_step_at = now
             self._deliver(updates, now)
             if self._token_delay > 0:
-                self._sleep(self._token_delay)
+                # Per token, not per step: a speculating step may bring a job several.
+                self._sleep(self._token_delay * _most_tokens(updates))
             else:
                 self._pump()
             # Hold tokens only while the next ones are expected inside the window.
@@ -589,6 +590,15 @@ class Worker:
             self._send(message)
 
 
+def _most_tokens(updates: list[Update]) -> int:
+    """The most tokens one choice of one job got from a step (1 when none got any)."""
+    counts: dict[tuple[str, int], int] = {}
+    for update in updates:
+        key = (update.job_id, update.choice)
+        counts[key] = counts.get(key, 0) + len(update.token_ids)
+    return max(1, *counts.values()) if counts else 1
+
+
 def _resumed_tokens(job: GenerateJob) -> int:
     """The tokens a job had generated before it came (all its choices)."""
     return sum(len(point.token_ids) for point in job.resume_points())
@@ -660,8 +670,9 @@ def worker_main(
 ) -> None:
     """Entry point of the worker process; returns when told to shut down or orphaned.
 
-    `token_delay` > 0 sleeps that long after each step (a test and demo hook that makes
-    generation slow enough to cancel or kill mid-run). `parent_pid` is the server process's
+    `token_delay` > 0 sleeps that long per token after each step (times the most tokens the
+    step brought one job's choice: a test and demo hook that makes generation slow enough to
+    cancel or kill mid-run, speculating or not). `parent_pid` is the server process's
     pid; the worker exits when its parent changes. `max_batch_size` is how many jobs decode at
     once; `prompt_cache_bytes` the budget of the prompt cache (0 turns it off). Either defaults
     to its `LMSP_*` environment variable, then to the built-in default. `speculation`: how the
