@@ -6,7 +6,7 @@ PORT ?= 8888
 DEMO_MODEL := smollm2-135m-instruct
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
-.PHONY: install serve test lint format clean chromium labextension lint-ts
+.PHONY: install serve test lint format clean chromium labextension lint-ts types
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,16 +24,20 @@ serve: install
 	$(VENV)/bin/jupyter server --no-browser --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) \
 		--LMSPExtension.default_model=$(DEMO_MODEL)
 
+# Style, the layers (import-linter contracts in pyproject.toml) and the types (mypy).
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 format: install
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
 # The browser tests drive Debian's chromium (never a browser downloaded at run time). Installed
-# once, when missing; if that is impossible here the browser tests skip and say why.
+# once, when missing; if that is impossible here the browser tests skip and say why (and fail
+# when `CI` is set: tests/prerequisites.py).
 CHROMIUM := /usr/bin/chromium
 chromium:
 	@test -x $(CHROMIUM) || { \
@@ -49,7 +53,8 @@ chromium:
 LABEXT_NAME := jupyter-lmsp-labextension
 LABEXT_SRC := $(wildcard labextension/src/*.ts labextension/src/*.tsx labextension/src/*/*.ts \
 	labextension/src/*/*.tsx labextension/style/*) \
-	labextension/package.json labextension/tsconfig.json labextension/yarn.lock
+	labextension/package.json labextension/tsconfig.json labextension/yarn.lock \
+	labextension/openapi.json
 LABEXT_OUT := jupyter_lmsp/labextension/package.json
 LABEXT_DEST := $(VENV)/share/jupyter/labextensions/$(LABEXT_NAME)
 JLPM := PATH="$(abspath $(VENV))/bin:$$PATH" $(abspath $(VENV))/bin/jlpm
@@ -67,6 +72,14 @@ $(LABEXT_OUT): $(LABEXT_SRC) labextension/node_modules/.yarn-state.yml
 
 labextension: $(LABEXT_OUT)
 
+# The sidebar's types come from the service's OpenAPI document: `make types` writes the document
+# the models and routes make (labextension/openapi.json) and runs the build step that turns it
+# into TypeScript (src/generated/lmsp.ts); commit both. tests/test_labextension_types.py fails
+# when they are stale.
+types: install labextension/node_modules/.yarn-state.yml
+	$(PY) -m jupyter_lmsp.handlers.openapi > labextension/openapi.json
+	cd labextension && $(JLPM) build:types
+
 lint-ts: labextension/node_modules/.yarn-state.yml
 	cd labextension && $(JLPM) lint
 
@@ -74,5 +87,5 @@ test: install lint labextension lint-ts chromium
 	$(VENV)/bin/pytest -ra
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
 	rm -rf labextension/node_modules labextension/lib labextension/.yarn jupyter_lmsp/labextension

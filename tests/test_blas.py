@@ -32,6 +32,8 @@ from pathlib import Path
 import pytest
 from jpserver import call, server_config
 from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from jupyter_lmsp.engine.blas import (
     CMEEL,
@@ -48,6 +50,7 @@ from jupyter_lmsp.engine.blas import (
 from jupyter_lmsp.engine.blas.candidates import AVX512_FLAGS, CMEEL_RELATIVE
 from jupyter_lmsp.engine.blas.choice import _cache_key, _pick
 from jupyter_lmsp.engine.blas.probe import ACCEPTED, REJECTED, SKIPPED, judge
+from jupyter_lmsp.handlers.routes import endpoints
 from jupyter_lmsp.protocol.openapi import openapi_document
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -396,8 +399,12 @@ async def test_the_service_reports_the_choice_and_answers_while_probing(jp_fetch
         await asyncio.sleep(0.05)
     blas = service["blas"]
     assert blas["state"] == "chosen" and service["worker"]["state"] == "ready", service
-    schema = openapi_document()["components"]["schemas"]["Service"]["properties"]["blas"]
-    errors = list(Draft202012Validator(schema).iter_errors(blas))
+    document = openapi_document(endpoints())
+    registry: Registry = Registry().with_resource(
+        "urn:lmsp", Resource.from_contents(document, default_specification=DRAFT202012)
+    )
+    schema = {"$ref": "urn:lmsp#/components/schemas/Blas"}
+    errors = list(Draft202012Validator(schema, registry=registry).iter_errors(blas))
     assert not errors, [e.message for e in errors]
     chosen = [c for c in blas["candidates"] if c["chosen"]]
     assert [c["name"] for c in chosen] == [blas["name"]]

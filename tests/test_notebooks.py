@@ -180,7 +180,6 @@ def _pairing_merged() -> bool:
     return importlib.util.find_spec("jupyter_lmsp.handlers.pairing") is not None
 
 
-@pytest.mark.skipif(not _pairing_merged(), reason="pairing endpoints not merged")
 def test_external_clients(server, kernel_dir, tmp_path, monkeypatch):
     nb = run_notebook("external-clients", server, kernel_dir, tmp_path, monkeypatch)
 

@@ -254,6 +254,115 @@ def test_create_background(client):
     assert done.usage.output_tokens <= SHORT
 
 
+# -- background and streamed at once (the SDK's background-streaming examples) ---------------
+
+
+def _first_events(stream: Any, deltas: int) -> list[Any]:
+    """Read `stream` until `deltas` text deltas arrived; leaving the `with` block that holds it
+    then drops the connection midway."""
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if sum(e.type == "response.output_text.delta" for e in seen) >= deltas:
+            break
+    return seen
+
+
+LONG_BACKGROUND: dict[str, Any] = {
+    "input": LONG_PROMPT,
+    "temperature": 0,
+    "max_output_tokens": 60,
+    "background": True,
+}
+
+
+@pytest.mark.usefixtures("lmsp_events")
+def test_background_stream_dropped_and_resumed_gets_every_event_once(slow_client):
+    """`responses.create(background=True, stream=True)`: events from sequence 0, the task
+    survives the client leaving midway, and `retrieve(stream=True, starting_after=N)` gives
+    the rest, each event exactly once."""
+    with slow_client.responses.create(model=MODEL, stream=True, **LONG_BACKGROUND) as stream:
+        first = _first_events(stream, deltas=3)
+    assert first[0].type == "response.created" and first[0].sequence_number == 0
+    response_id = response_id_of(first[0])
+    # The client is gone; the background task is not.
+    assert slow_client.responses.retrieve(response_id).status in ("queued", "in_progress")
+    cursor = first[-1].sequence_number
+    with slow_client.responses.retrieve(response_id, stream=True, starting_after=cursor) as stream:
+        rest = list(stream)
+    events = first + rest
+    check_event_order(events)
+    final = wait_finished(slow_client, response_id)
+    assert final.background is True and extra(final, "on_restart") == "resume"
+    assert final.status == "incomplete"
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == final.output_text
+
+
+@pytest.mark.usefixtures("lmsp_events")
+def test_stream_helper_background_dropped_and_resumed(slow_client):
+    """`responses.stream(..., background=True)`, left midway, then
+    `responses.stream(response_id=…, starting_after=N)`: the helper's final response is the
+    task's."""
+    # `get_final_response()` wants `response.completed`: a prompt the model ends by itself.
+    with slow_client.responses.stream(model=MODEL, background=True, **COMPLETES) as stream:
+        first = _first_events(stream, deltas=2)
+    response_id = response_id_of(first[0])
+    cursor = first[-1].sequence_number
+    with slow_client.responses.stream(response_id=response_id, starting_after=cursor) as stream:
+        rest = list(stream)
+        final = stream.get_final_response()
+    check_event_order(first + rest)
+    assert final.id == response_id and final.status == "completed"
+    assert final.output_text == wait_finished(slow_client, response_id).output_text
+
+
+def test_fields_clients_send_routinely_are_accepted(client):
+    """What the Agents SDK, pydantic-ai, LangChain and others set on every request: labels,
+    hints, and neutral values of features this service does not have."""
+    r = client.responses.create(
+        model=MODEL,
+        input="Hello there",
+        max_output_tokens=SHORT,
+        user="someone",
+        safety_identifier="user-1234",
+        prompt_cache_key="conversation-1",
+        service_tier="auto",
+        top_logprobs=0,
+        text={"format": {"type": "text"}, "verbosity": "medium"},
+        max_tool_calls=None,
+        conversation=None,
+        parallel_tool_calls=True,
+        tool_choice="auto",
+        tools=[],
+        truncation="disabled",
+        include=[],
+        reasoning=None,
+        store=True,
+    )
+    assert r.status in ("completed", "incomplete")
+
+
+def test_unsupported_fields_name_the_most_significant(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(
+            model=MODEL,
+            input="Hello",
+            tool_choice="required",
+            tools=[{"type": "function", "name": "f", "parameters": {}, "strict": False}],
+        )
+    assert e.value.code == "unsupported_parameter" and e.value.param == "tools"
+    for kwargs, param in (
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"top_logprobs": 5}, "top_logprobs"),
+        ({"conversation": "conv_123"}, "conversation"),
+        ({"service_tier": "flex"}, "service_tier"),
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input="Hello", **kwargs)
+        assert e.value.code == "unsupported_parameter" and e.value.param == param, kwargs
+
+
 # -- responses.stream and streamed retrieve -------------------------------------------------
 
 

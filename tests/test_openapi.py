@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document (`GET /lmsp/v1/openapi.json`) is kept true: it is valid OpenAPI 3.1,
 documents exactly the routes of handlers/routes.py with their methods and scopes, its request
-schemas accept exactly what the parsers accept on a table of bodies, and real answers of a
-running server (jp_fetch) validate against its response schemas."""
+schemas (generated from the same pydantic models the handlers validate with) accept exactly
+what the handlers accept on a table of bodies, and real answers of a running server (jp_fetch)
+validate against its response schemas."""
 
 from __future__ import annotations
 
@@ -21,16 +22,13 @@ from serverproc import MODEL
 from tornado import web
 from tornado.httpclient import HTTPClientError
 
-from jupyter_lmsp.handlers.fallback import FallbackHandler
-from jupyter_lmsp.handlers.routes import PREFIX, routes
-from jupyter_lmsp.protocol.chat import CHAT_FIELDS, NEUTRAL_VALUES, parse_chat_request
+from jupyter_lmsp.handlers.base import operation_of
+from jupyter_lmsp.handlers.routes import TABLE, endpoints
+from jupyter_lmsp.protocol.chat import CreateChatCompletionRequest
 from jupyter_lmsp.protocol.errors import LMSPError
-from jupyter_lmsp.protocol.openapi import OPERATION_SCOPES, openapi_document
-from jupyter_lmsp.protocol.requests import (
-    HARMLESS_DEFAULTS,
-    RESPONSE_FIELDS,
-    parse_response_request,
-)
+from jupyter_lmsp.protocol.openapi import openapi_document
+from jupyter_lmsp.protocol.responses import CreateResponseRequest
+from jupyter_lmsp.protocol.validation import parse_json, validate
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 pytestmark = pytest.mark.timeout(120)
@@ -38,7 +36,7 @@ pytestmark = pytest.mark.timeout(120)
 METHODS = ("get", "post", "put", "patch", "delete")
 DOC_URI = "urn:lmsp:openapi"
 
-DOC = openapi_document()
+DOC = openapi_document(endpoints())
 
 
 def validator(name: str) -> Draft202012Validator:
@@ -66,69 +64,52 @@ def test_document_is_valid_openapi_31():
     assert DOC["openapi"].startswith("3.1")
     ids = [op["operationId"] for item in DOC["paths"].values() for op in item.values()]
     assert len(ids) == len(set(ids))
-    assert set(OPERATION_SCOPES) <= set(ids)
 
 
-def routed_operations() -> dict[str, dict[str, Any]]:
-    """`{path template with {} for ids: {method: handler method}}` from the route table."""
-    found: dict[str, dict[str, Any]] = {}
-    for pattern, handler, _ in routes(None):  # type: ignore[arg-type]
-        assert pattern.startswith(PREFIX)
-        if handler is FallbackHandler:
-            continue  # not an endpoint: the LMSP 404 for paths nothing else matches
-        templates = [pattern[len(PREFIX) :]]
-        # `(approve|deny)`: one documented path per alternative.
-        while any(re.search(r"\(([a-z_]+(\|[a-z_]+)+)\)", t) for t in templates):
-            expanded = []
-            for t in templates:
-                m = re.search(r"\(([a-z_]+(?:\|[a-z_]+)+)\)", t)
-                if m is None:
-                    expanded.append(t)
-                    continue
-                expanded += [t[: m.start()] + alt + t[m.end() :] for alt in m.group(1).split("|")]
-            templates = expanded
-        for template in templates:
-            path = re.sub(r"\([^)]*\)", "{}", template)
-            methods = {
-                m: getattr(handler, m)
-                for m in METHODS
-                if getattr(handler, m) is not getattr(web.RequestHandler, m)
-            }
-            assert methods, f"{pattern} routes a handler with no methods"
-            found[path] = methods
-    return found
+def test_every_handler_method_is_a_documented_operation():
+    """No route method escapes the declaration (an undeclared method would be neither
+    authorized nor documented), and each documented operation says what its declaration
+    enforces."""
+    for path, handler in TABLE:
+        documented = DOC["paths"][path]
+        for name in METHODS:
+            method = getattr(handler, name)
+            if method is getattr(web.RequestHandler, name):
+                assert name not in documented, f"{name.upper()} {path}"
+                continue
+            op = operation_of(method)
+            assert op is not None, f"{name.upper()} {path} has no @operation"
+            doc = documented[name]
+            assert (doc.get("security") == []) == op.public
+            if op.scope:
+                assert {"bearer": [op.scope]} in doc["security"]
+                assert "403" in doc["responses"]
+            params = [p for p in doc.get("parameters", []) if p.get("in") == "path"]
+            assert [p["name"] for p in params] == re.findall(r"\{(\w+)\}", path)
+            assert "401" in doc["responses"] or op.public
 
 
-def test_every_route_is_documented_and_nothing_else():
-    routed = routed_operations()
-    documented = {re.sub(r"\{[^}]+\}", "{}", p): item for p, item in DOC["paths"].items()}
-    assert set(documented) == set(routed), (
-        f"undocumented: {sorted(set(routed) - set(documented))}; "
-        f"not routed: {sorted(set(documented) - set(routed))}"
+def test_every_field_of_the_openai_requests_is_known():
+    """A field the openai SDK (3.57) can send is never `unknown_parameter`: it is honoured,
+    accepted when neutral, or refused by name as `unsupported_parameter`."""
+    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+    from openai.types.responses.response_create_params import (
+        ResponseCreateParamsBase,
+        ResponseCreateParamsStreaming,
     )
-    for path, methods in routed.items():
-        item = documented[path]
-        assert set(item) == set(methods), f"{path}: documented {set(item)}, routed {set(methods)}"
-        for name, method in methods.items():
-            op = item[name]
-            public = getattr(method, "_lmsp_public", False)
-            scope = getattr(method, "_lmsp_scope", None)
-            assert (op.get("security") == []) == public, f"{name.upper()} {path}: public?"
-            assert OPERATION_SCOPES.get(op["operationId"]) == scope, (
-                f"{name.upper()} {path}: handler requires {scope}"
-            )
-            if scope:
-                assert {"bearer": [scope]} in op["security"]
-            params = [p for p in op.get("parameters", []) if p.get("in") == "path"]
-            assert len(params) == path.count("{}")
-            assert "401" in op["responses"] or public
+
+    responses = set(ResponseCreateParamsBase.__annotations__)
+    responses |= set(ResponseCreateParamsStreaming.__annotations__)
+    assert responses <= set(CreateResponseRequest.model_fields)
+    chat = set(CompletionCreateParamsBase.__annotations__) | {"stream"}
+    assert chat <= set(CreateChatCompletionRequest.model_fields)
 
 
 def test_request_schemas_name_every_accepted_field():
     responses = DOC["components"]["schemas"]["CreateResponseRequest"]["properties"]
-    assert set(responses) == RESPONSE_FIELDS | set(HARMLESS_DEFAULTS)
+    assert set(responses) == set(CreateResponseRequest.model_fields)
     chat = DOC["components"]["schemas"]["CreateChatCompletionRequest"]["properties"]
-    assert set(chat) == CHAT_FIELDS | set(NEUTRAL_VALUES)
+    assert set(chat) == set(CreateChatCompletionRequest.model_fields)
 
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -202,7 +183,15 @@ RESPONSE_BODIES: list[tuple[dict[str, Any], bool]] = [
     ({"input": "x", "tools": [{"type": "web_search"}]}, False),
     ({"input": "x", "tool_choice": "required"}, False),
     ({"input": "x", "truncation": "auto"}, False),
-    ({"input": "x", "user": "someone"}, False),
+    ({"input": "x", "user": "someone", "safety_identifier": "s", "prompt_cache_key": "k"}, True),
+    ({"input": "x", "service_tier": "auto", "top_logprobs": 0, "max_tool_calls": None}, True),
+    ({"input": "x", "text": {"verbosity": "medium"}, "conversation": None}, True),
+    ({"input": "x", "stream_options": {"include_obfuscation": False}, "stream": True}, True),
+    ({"input": "x", "background": True, "stream": True}, True),
+    ({"input": "x", "text": {"verbosity": "low"}}, False),
+    ({"input": "x", "top_logprobs": 3}, False),
+    ({"input": "x", "conversation": "conv_1"}, False),
+    ({"input": "x", "user": 3}, False),
     ({"input": "x", "seed": -5}, False),
     ({"input": "x", "colour": 1}, False),
     ({"input": "x", "max_output_tokens": 4.0}, True),
@@ -213,9 +202,9 @@ RESPONSE_BODIES: list[tuple[dict[str, Any], bool]] = [
 ]
 
 
-def accepted(parse: Any, body: dict[str, Any]) -> bool:
+def accepted(model: Any, body: dict[str, Any]) -> bool:
     try:
-        parse(body)
+        validate(model, parse_json(json.dumps(body).encode()))
     except LMSPError as e:
         assert e.status == 400
         return False
@@ -223,17 +212,16 @@ def accepted(parse: Any, body: dict[str, Any]) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("schema", "parse", "bodies"),
-    [
-        ("CreateChatCompletionRequest", parse_chat_request, CHAT_BODIES),
-        ("CreateResponseRequest", parse_response_request, RESPONSE_BODIES),
-    ],
+    ("model", "bodies"),
+    [(CreateChatCompletionRequest, CHAT_BODIES), (CreateResponseRequest, RESPONSE_BODIES)],
 )
-def test_request_schemas_agree_with_the_parsers(schema, parse, bodies):
-    check = validator(schema)
+def test_request_schemas_agree_with_validation(model, bodies):
+    """JSON Schema and pydantic read the same model; where their semantics could part
+    (integral floats, `0` against `false`, neutral values, rules across fields) they agree."""
+    check = validator(model.__name__)
     for body, expected in bodies:
         assert check.is_valid(body) is expected, f"schema on {body}"
-        assert accepted(parse, body) is expected, f"parser on {body}"
+        assert accepted(model, body) is expected, f"validation on {body}"
 
 
 # -- against a running server ---------------------------------------------------------------
@@ -263,6 +251,7 @@ async def test_served_document_and_real_answers_match(
     OpenAPIV31SpecValidator(served).validate()
     assert served["servers"] == [{"url": f"{jp_base_url.rstrip('/')}/lmsp/v1"}]
     assert served["paths"] == DOC["paths"]
+    assert served["components"] == DOC["components"]
 
     status, service, _ = await call(jp_fetch, "GET", "service")
     assert_valid("Service", service)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -318,6 +319,64 @@ def test_matrix_browser_cookie_needs_xsrf(server, matrix):
             headers={"X-XSRFToken": xsrf},
         )
         assert ok.status_code == 200, ok.text
+
+
+def _declared_body(server, method: str, path: str, headers: dict[str, str]) -> bytes:
+    """The answer to `method path` declaring a 300 MiB body it never sends."""
+    lines = [f"{method} /lmsp/v1{path} HTTP/1.1", "Host: 127.0.0.1"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    lines.append(f"Content-Length: {300 * 1024 * 1024}")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_matrix_oversized_bodies_are_413_whoever_sends_them(server, matrix):
+    """Issue 12 item 1: the size limit comes before credentials, on every endpoint (the public
+    ones too), so no one gets a body read that the service would refuse."""
+    narrow = {"Authorization": f"Bearer {matrix['narrow']['access_token']}"}
+    revoked = {"Authorization": f"Bearer {matrix['revoked']['access_token']}"}
+    owner_token = {"Authorization": f"token {TOKEN}"}
+    routes = [(m, p) for m, p, _, _ in endpoints(matrix)]
+    routes += [("POST", "/pairings"), ("POST", "/pairings/pair_x/token"), ("GET", "/openapi.json")]
+    for method, path in routes:
+        for headers in ({}, narrow, revoked, owner_token):
+            answer = _declared_body(server, method, path, headers)
+            assert answer.startswith(b"HTTP/1.1 413"), (method, path, headers, answer[:100])
+
+
+def test_public_routes_take_no_idempotency_key(server):
+    """Nothing is keyed before the caller is known: the credential-free routes refuse the key
+    instead of digesting the body under it."""
+    with httpx.Client(base_url=server.api, timeout=30) as anon:
+        r = anon.post(
+            "/pairings",
+            json={"client_name": "keyed", "scopes": ["tasks:read"]},
+            headers={"Idempotency-Key": "k"},
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "idempotency_key_not_supported"
+        r = anon.post(
+            "/pairings/pair_x/token", json={"device_code": "x"}, headers={"Idempotency-Key": "k"}
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "idempotency_key_not_supported"
+
+
+def test_matrix_service_hides_the_worker_pid_from_paired_clients(server, matrix):
+    with owner(server) as own:
+        deadline = time.monotonic() + 60
+        while own.get("/service").json()["worker"]["state"] != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert isinstance(own.get("/service").json()["worker"]["pid"], int)
+    for who in ("full", "narrow"):
+        with bearer(server, matrix[who]["access_token"]) as c:
+            worker = c.get("/service").json()["worker"]
+        assert worker["state"] == "ready" and "pid" not in worker, who
 
 
 def test_idempotency_keys_are_per_caller(server, matrix):

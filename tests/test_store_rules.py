@@ -60,6 +60,7 @@ from storehelpers import (
 )
 
 from jupyter_lmsp.protocol import events as ev
+from jupyter_lmsp.protocol.objects import usage_object
 from jupyter_lmsp.store import queries, rules
 from jupyter_lmsp.store.database import Database
 from jupyter_lmsp.store.tables import IdempotencyKey
@@ -506,7 +507,7 @@ def test_cancel_queued_task_is_cancelled_at_once(db):
 @pytest.mark.parametrize(
     "outcome",
     [
-        rules.Outcome("completed", usage={"input_tokens": 1}),
+        rules.Outcome("completed", usage=usage_object(1, 1)),
         rules.Outcome("completed", incomplete_reason="max_output_tokens"),
         rules.Outcome("failed", error={"code": "generation_error", "message": "x"}),
     ],

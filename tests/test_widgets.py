@@ -206,7 +206,11 @@ def test_follower_close_interrupts_a_blocked_stream():
     seen: list[int] = []
     thread = threading.Thread(target=lambda: seen.extend(e.sequence_number for e in follower))
     thread.start()
-    time.sleep(0.2)
+    # Close once the three events are through and the stream blocks, not after a guess.
+    deadline = time.monotonic() + 10
+    while len(seen) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     follower.close()
     thread.join(5)
     assert not thread.is_alive()

@@ -1,20 +1,13 @@
-"""Scopes and callers: who is asking, and what they may do (LMSP B3)."""
+"""Callers: who is asking, and what they may do (LMSP B3)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..protocol.errors import insufficient_scope, invalid
+from ..protocol.errors import insufficient_scope
+from ..protocol.scopes import SCOPES, Scope
 
-SCOPES = (
-    "models:read",
-    "models:write",
-    "responses:read",
-    "responses:write",
-    "tasks:read",
-    "tasks:write",
-    "clients:admin",
-)
+__all__ = ["OWNER", "OWNER_ID", "SCOPES", "Caller", "Scope"]
 
 OWNER_ID = "owner"
 
@@ -46,14 +39,3 @@ class Caller:
 
 
 OWNER = Caller(OWNER_ID, frozenset(SCOPES), "Jupyter user")
-
-
-def parse_scopes(value: object, param: str = "scopes") -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise invalid(f"'{param}' must be a list of scope names.", param=param)
-    unknown = [s for s in value if s not in SCOPES]
-    if unknown:
-        raise invalid(
-            f"Unknown scope(s): {', '.join(unknown)}. Known: {', '.join(SCOPES)}.", param=param
-        )
-    return sorted(set(value), key=SCOPES.index)

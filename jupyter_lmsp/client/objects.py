@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .display import watcher_factory
+
 if TYPE_CHECKING:
     from .api import Client
 
@@ -57,23 +59,24 @@ class _WatchableMixin:
         return self.client
 
     def watch(self, **kwargs: Any) -> Any:
-        """A live `TaskWatcher` for this object's task."""
-        from ..widgets import TaskWatcher
-
+        """A live `TaskWatcher` for this object's task (from `jupyter_lmsp.widgets`)."""
+        factory = watcher_factory()
+        if factory is None:
+            raise RuntimeError("no watcher is registered (jupyter_lmsp.widgets is not installed)")
         # The object itself, not its id: the watcher's first state message then already
         # carries what the object knows (its model), for a notebook saved right away.
-        return TaskWatcher(self, client=kwargs.pop("client", self.client), **kwargs)
+        return factory(self, client=kwargs.pop("client", self.client), **kwargs)
 
     def _repr_mimebundle_(
         self, include: Any = None, exclude: Any = None, **kwargs: Any
-    ) -> dict[str, Any] | None:
-        if not _in_kernel() or self.client is None:
+    ) -> dict[str, Any] | tuple[dict[str, Any], dict[str, Any]]:
+        if not _in_kernel() or self.client is None or watcher_factory() is None:
             return {"text/plain": repr(self)}
         bundle = self.watch()._repr_mimebundle_(include=include, exclude=exclude, **kwargs)
         if isinstance(bundle, tuple):  # (data, metadata)
             data, meta = bundle
             data = {**data, "text/plain": repr(self)}
-            return (data, meta)  # type: ignore[return-value]
+            return (data, meta)
         if isinstance(bundle, dict):
             return {**bundle, "text/plain": repr(self)}
         return {"text/plain": repr(self)}

@@ -236,9 +236,12 @@ class SandboxServer(LMSPServerProcess):
     ) -> None:
         if not models:
             raise ValueError("a sandbox needs at least one model")
-        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="lmsp-sandbox-")
+        self._tmp = None
+        if data_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="lmsp-sandbox-")
+            data_dir = self._tmp.name
         super().__init__(
-            data_dir or self._tmp.name,  # type: ignore[union-attr]
+            data_dir,
             token=secrets.token_hex(16),
             default_model=default_model or next(iter(models)),
             models=models,

@@ -625,7 +625,9 @@ class BatchScheduler:
         entry = choice.job
         if segments is None:
             segments = [(entry.prompt + choice.resumed)[len(cache_tokens) :]]
-        processors = [choice.constraint] if choice.constraint is not None else []
+        processors: list[LogitsProcessor] = (
+            [choice.constraint] if choice.constraint is not None else []
+        )
         choice.uid = entry.batch.decoder.insert(
             segments,
             cache,

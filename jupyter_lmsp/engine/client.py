@@ -36,8 +36,8 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     Shutdown,
     WorkerExited,
+    WorkerSettings,
 )
-from jupyter_lmsp.engine.speculative import SpeculationSettings
 from jupyter_lmsp.engine.worker import worker_main
 
 T = TypeVar("T")
@@ -149,8 +149,8 @@ class EngineClient:
     environment; the server's own environment is unchanged. `prepare_env`, if given, is called
     on the spawner thread before each spawn (never on the caller's thread: it may take seconds)
     and its entries are added too, e.g. the chosen BLAS's `LD_PRELOAD`.
-    `token_delay` is the worker's test hook (see `worker.worker_main`); `speculation` how it
-    speculates (`speculative.SpeculationSettings`, default on).
+    `settings` are the worker's (`messages.WorkerSettings`); `token_delay` is its test hook
+    (see `worker.worker_main`).
     """
 
     def __init__(
@@ -158,14 +158,14 @@ class EngineClient:
         on_message: Callable[[object], None],
         *,
         token_delay: float = 0.0,
-        speculation: SpeculationSettings | None = None,
+        settings: WorkerSettings | None = None,
         env: Mapping[str, str] | None = None,
         prepare_env: Callable[[], Mapping[str, str]] | None = None,
         log: logging.Logger | None = None,
     ) -> None:
         self._on_message = on_message
         self._token_delay = token_delay
-        self._speculation = speculation
+        self._settings = settings or WorkerSettings()
         self._env = dict(env) if env else {}
         self._prepare_env = prepare_env
         self._log = log or logging.getLogger(__name__)
@@ -250,8 +250,7 @@ class EngineClient:
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         process = ctx.Process(
             target=worker_main,
-            args=(child_conn, self._token_delay, os.getpid()),
-            kwargs={"speculation": self._speculation},
+            args=(child_conn, self._token_delay, os.getpid(), self._settings),
             name="lmsp-engine-worker",
             daemon=True,
         )
@@ -289,7 +288,8 @@ class EngineClient:
                     self._session = None
             return
         if not session.wait(timeout):
-            self._log.warning("engine worker %s did not stop; killing it", session.process.pid)
+            pid = session.process.pid if session.process is not None else None
+            self._log.warning("engine worker %s did not stop; killing it", pid)
             session.kill()
             session.wait(timeout)
         # stop() may be called from on_message, i.e. from the reader thread itself.

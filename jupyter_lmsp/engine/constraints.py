@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -124,7 +124,7 @@ class Constraint:
         if self._started:
             # Let the forward pass run while we wait for the last token and build the mask.
             mx.async_eval(logits)
-            self._feed(int(context[-1].item()))
+            self._feed(cast(int, context[-1].item()))  # a token id: an int32 scalar
         self._started = True
         self._fill()
         return apply_bitmask(logits, self._bitmask)

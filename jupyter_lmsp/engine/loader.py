@@ -158,7 +158,7 @@ def _load_mlx(path: Path) -> tuple[nn.Module, TokenizerWrapper]:
     import mlx.core as mx
     from mlx_lm import load
 
-    model, tokenizer = load(str(path))
+    model, tokenizer = load(str(path))[:2]
     # `load` evaluates the parameters; arrays a module keeps outside them (rotary frequency
     # tables, masks) are evaluated here too, in this thread, before the loop's thread uses them.
     arrays = [

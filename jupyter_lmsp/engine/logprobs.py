@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from jupyter_lmsp.engine.messages import TokenLogprob, TopLogprob
 from jupyter_lmsp.engine.sampling import distribution
@@ -61,29 +61,31 @@ def compute(wanted: list[Wanted], token_bytes: list[TokenBytes]) -> list[TokenLo
     """The log-probabilities of several tokens of one step, evaluated together."""
     import mlx.core as mx
 
-    graphs = []
+    graphs: list[tuple[mx.array, mx.array | None, mx.array | None]] = []
     for item in wanted:
         dist = distribution(item.logprobs, item.temperature, item.top_p).reshape(-1)
-        chosen = dist[item.token]
         if item.top > 0:
             top = min(item.top, dist.shape[0])
-            ids = mx.argpartition(-dist, kth=top - 1)[:top]
-            graphs.append((chosen, ids, dist[ids]))
+            best = mx.argpartition(-dist, kth=top - 1)[:top]
+            graphs.append((dist[item.token], best, dist[best]))
         else:
-            graphs.append((chosen, None, None))
+            graphs.append((dist[item.token], None, None))
     mx.eval([[array for array in graph if array is not None] for graph in graphs])
     results = []
     for item, names, (chosen, ids, values) in zip(wanted, token_bytes, graphs, strict=True):
         alternatives = []
         if ids is not None and values is not None:
-            ranked = sorted(
-                zip(values.tolist(), ids.tolist(), strict=True), key=lambda p: (-p[0], p[1])
+            # A 1-D array's tolist() is a list of Python numbers (mlx's stub says any nesting).
+            listed = zip(
+                cast(list[float], values.tolist()), cast(list[int], ids.tolist()), strict=True
             )
+            ranked = sorted(listed, key=lambda p: (-p[0], p[1]))
             for value, token in ranked:
                 if math.isinf(value):  # no probability: outside the nucleus or the grammar
                     continue
                 text, data = names(token)
                 alternatives.append(TopLogprob(token, text, data, value))
         text, data = names(item.token)
-        results.append(TokenLogprob(item.token, text, data, float(chosen.item()), alternatives))
+        logprob = cast(float, chosen.item())  # a float32 scalar's item() is a float
+        results.append(TokenLogprob(item.token, text, data, logprob, alternatives))
     return results

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_lmsp.engine.grammars import ResponseFormat, ToolSpec
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 
 # Bounds the worker enforces (a job outside them fails with `invalid_request`).
 MAX_STOP_SEQUENCES = 4
@@ -31,6 +32,22 @@ class ChoiceResume:
     token_ids: list[int]
     text: str
     finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How the worker runs, from the extension's configuration (`LMSPExtension` traits),
+    handed to the worker process when it starts: how many jobs decode together, the prompt
+    cache's memory, how long an idle worker gathers a burst of jobs before its first step
+    (seconds: until no job came for `gather_window`, at most `gather_limit`), and how it
+    speculates (`speculative_decoding`, `speculative_max_draft`)."""
+
+    max_batch_size: int = 8
+    prompt_cache_bytes: int = 1 << 30
+    gather_window: float = 0.02
+    gather_limit: float = 0.15
+    # Speculative decoding (`speculative`): on by default.
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
 
 
 @dataclass

@@ -43,7 +43,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -62,6 +62,11 @@ from jupyter_lmsp.engine.speculative import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _ints(array: mx.array) -> list[int]:
+    """A 1-D integer array as Python ints (its `tolist()`; mlx's stub says any nesting)."""
+    return cast(list[int], array.tolist())
 
 
 class RaggedKVCache(_BaseCache):
@@ -139,7 +144,7 @@ class RaggedKVCache(_BaseCache):
     def from_batch(cls, cache: BatchKVCache) -> RaggedKVCache:
         """The same rows as mlx-lm's left-padded `BatchKVCache`, shifted to start at 0."""
         mx.eval(cache.left_padding)
-        padding = [int(p) for p in cache.left_padding.tolist()]
+        padding = _ints(cache.left_padding)
         made = cls([cache._idx - p for p in padding])
         if cache.keys is None:
             return made
@@ -199,7 +204,7 @@ class RaggedKVCache(_BaseCache):
     @state.setter
     def state(self, v: tuple[Any, ...]) -> None:
         self.keys, self.values, self.offset = v
-        self.lengths = [int(n) for n in self.offset.tolist()]
+        self.lengths = _ints(self.offset)
 
     def is_trimmable(self) -> bool:
         return True
@@ -291,6 +296,11 @@ class SpeculativeGenerationBatch(GenerationBatch):
             stop_sequences=[],
             max_tokens=[],
         )
+        # mlx-lm allows None for these; this batch always has lists (empty, then grown by
+        # `extend`), and queues its own steps' tokens.
+        self.samplers: list[Any] = []
+        self.logits_processors: list[list[Any]] = []
+        self._current_tokens: mx.array | None = None  # type: ignore[assignment]
         self.settings = settings
         self.stop_tokens = frozenset(stop_tokens)
         self.stats = SpeculationStats()
@@ -365,7 +375,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 return responses
             # Wait for the step in flight: its tokens are what the proposals continue.
             mx.eval(self._next_tokens)
-            inputs = [int(token) for token in self._next_tokens.tolist()]
+            inputs = _ints(self._next_tokens)
             input_logprobs = list(self._next_logprobs)
             kept = [[] for _ in inputs]
         self.stats.looked += 1
@@ -440,7 +450,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         after the step was queued have their first token in `_next_tokens`."""
         flight, self._flight = self._flight, {}
         mx.eval([f.draws for f in flight.values()], self._next_tokens)
-        joined = [int(token) for token in self._next_tokens.tolist()]
+        joined = _ints(self._next_tokens)
         inputs: list[int] = []
         input_logprobs: list[mx.array] = []
         kept: list[list[tuple[int, mx.array]]] = []
@@ -452,7 +462,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 input_logprobs.append(self._next_logprobs[e])
                 kept.append([])
                 continue
-            drawn = [int(token) for token in f.draws.tolist()]
+            drawn = _ints(f.draws)
             accepted = 0
             while accepted < len(f.draft) and drawn[accepted] == f.draft[accepted]:
                 accepted += 1
@@ -593,9 +603,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
                     break
             if finish is None:
                 keep.append(e)
-        for e, response in ended:
-            response.prompt_cache = self.extract_cache(e)
-            response.all_tokens = self.tokens[e]
+        for e, last in ended:
+            last.prompt_cache = self.extract_cache(e)
+            last.all_tokens = self.tokens[e]
         if len(keep) < len(self.uids):
             self.filter(keep)
         return responses

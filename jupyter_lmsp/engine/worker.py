@@ -19,11 +19,8 @@ Layout:
   model is not in memory waits for it while the other jobs go on decoding, and a cancel of
   the last job waiting for a model stops that model's verification.
 
-Configuration: `worker_main`'s `max_batch_size` and `prompt_cache_bytes`, or, when those are not
-given, the environment variables `LMSP_MAX_BATCH_SIZE` and `LMSP_PROMPT_CACHE_BYTES` of the
-worker process (which `EngineClient(env=...)` can set); `LMSP_GATHER_WINDOW` and
-`LMSP_GATHER_LIMIT` (seconds) change how long an idle worker waits for more jobs before its
-first step.
+Configuration: the `WorkerSettings` given to `worker_main` (from the extension's traits:
+`max_batch_size`, `prompt_cache_bytes`, `gather_window`, `gather_limit`), nothing else.
 
 This module imports MLX only inside the worker process (in `worker_main` and the functions it
 calls), so the server process can import it to name the process target without loading MLX.
@@ -43,7 +40,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from jupyter_lmsp.engine.batching import (
     DEFAULT_MAX_BATCH_SIZE,
@@ -69,6 +66,7 @@ from jupyter_lmsp.engine.messages import (
     Shutdown,
     TokenLogprob,
     WorkerReady,
+    WorkerSettings,
 )
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 from jupyter_lmsp.engine.speculative import SpeculationSettings
@@ -98,8 +96,6 @@ GATHER_WINDOW = 0.02
 GATHER_LIMIT = 0.15
 
 _PR_SET_PDEATHSIG = 1
-
-_Number = TypeVar("_Number", int, float)
 
 
 class JobError(Exception):
@@ -264,8 +260,8 @@ class Worker:
         Called only between scheduler steps: a cancel removes its job from the batch at once.
         """
         try:
-            ready = multiprocessing.connection.wait([self._conn, self._loader.wake_fd], timeout)
-            if self._loader.wake_fd in ready:
+            woken = multiprocessing.connection.wait([self._conn, self._loader.wake_fd], timeout)
+            if self._loader.wake_fd in woken:
                 self._take_loads()
             ready = self._conn.poll(0)
             while ready:
@@ -663,21 +659,18 @@ def worker_main(
     conn: Connection,
     token_delay: float = 0.0,
     parent_pid: int | None = None,
-    *,
-    max_batch_size: int | None = None,
-    prompt_cache_bytes: int | None = None,
-    speculation: SpeculationSettings | None = None,
+    settings: WorkerSettings | None = None,
 ) -> None:
     """Entry point of the worker process; returns when told to shut down or orphaned.
 
     `token_delay` > 0 sleeps that long per token after each step (times the most tokens the
     step brought one job's choice: a test and demo hook that makes generation slow enough to
-    cancel or kill mid-run, speculating or not). `parent_pid` is the server process's
-    pid; the worker exits when its parent changes. `max_batch_size` is how many jobs decode at
-    once; `prompt_cache_bytes` the budget of the prompt cache (0 turns it off). Either defaults
-    to its `LMSP_*` environment variable, then to the built-in default. `speculation`: how the
-    worker speculates (`speculative.SpeculationSettings`; default on).
+    cancel or kill mid-run, speculating or not). `parent_pid` is the server process's pid;
+    the worker exits when its parent changes. `settings` say how many jobs decode at once,
+    the prompt cache's budget (0 turns it off), how long a burst is gathered and how the
+    worker speculates.
     """
+    settings = settings or WorkerSettings()
     _die_with_parent(parent_pid)
     # Ctrl+C in the server's terminal reaches the whole process group; the server decides
     # when its worker stops.
@@ -689,10 +682,6 @@ def worker_main(
     logging.basicConfig(
         level=logging.WARNING, format="[lmsp worker %(process)d] %(levelname)s %(message)s"
     )
-    if max_batch_size is None:
-        max_batch_size = _env_number("LMSP_MAX_BATCH_SIZE", DEFAULT_MAX_BATCH_SIZE)
-    if prompt_cache_bytes is None:
-        prompt_cache_bytes = _env_number("LMSP_PROMPT_CACHE_BYTES", DEFAULT_PROMPT_CACHE_BYTES)
     import mlx.core  # noqa: F401  (import before WorkerReady so the ready worker is warm)
     import mlx_lm  # noqa: F401
 
@@ -701,26 +690,14 @@ def worker_main(
             conn,
             token_delay,
             parent_pid,
-            max_batch_size=max_batch_size,
-            prompt_cache_bytes=prompt_cache_bytes,
-            gather_window=_env_number("LMSP_GATHER_WINDOW", GATHER_WINDOW),
-            gather_limit=_env_number("LMSP_GATHER_LIMIT", GATHER_LIMIT),
-            speculation=speculation,
+            max_batch_size=max(1, settings.max_batch_size),
+            prompt_cache_bytes=max(0, settings.prompt_cache_bytes),
+            gather_window=settings.gather_window,
+            gather_limit=settings.gather_limit,
+            speculation=settings.speculation,
         ).serve()
     except _ParentGone:
         pass
     finally:
         with contextlib.suppress(OSError):
             conn.close()
-
-
-def _env_number(name: str, default: _Number) -> _Number:
-    """The environment variable `name` as a number of `default`'s type, else `default`."""
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return type(default)(value)
-    except ValueError:
-        log.warning("ignoring %s=%r: not a %s", name, value, type(default).__name__)
-        return default

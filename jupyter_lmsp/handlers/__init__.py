@@ -1,5 +1,4 @@
-"""Tornado handlers for `{base_url}lmsp/v1/`: thin — parse, authorize, call a service, write."""
+"""Tornado handlers for `{base_url}lmsp/v1/`: thin — authorize, validate, call a service, write.
 
-from .routes import routes
-
-__all__ = ["routes"]
+The route table is `routes.py`; each endpoint method declares its operation (`base.operation`).
+"""

@@ -1,13 +1,23 @@
-"""The base handler: who is calling, JSON bodies within the size limit, LMSP error bodies,
-SSE writing, and the decorators every endpoint method wears.
+"""The base handler: request bodies within the size limit, who is calling, the `operation`
+decorator every endpoint method wears, LMSP error bodies, SSE writing.
 
 Two kinds of caller (LMSP B3). A paired client sends `Authorization: Bearer lmsp_…`; its
 request skips Jupyter's XSRF and origin checks (it carries no cookie to forge). Anyone else is
 authenticated by Jupyter Server itself (its token, or the browser's cookie + XSRF) and acts as
 the owner. A request neither recognises gets 401 with `WWW-Authenticate: Bearer`.
 
-Method decorators, outermost first: `@allow_unauthenticated` (Jupyter's: we authenticate
-ourselves), then `@public` or `@requires(scope)`, then `@idempotent`.
+Bodies are streamed in (`stream_request_body`): a body over `max_body_bytes` is refused with
+413 from its `Content-Length`, before anything reads it, or as soon as that many bytes of a
+chunked body arrived; Tornado would otherwise read any body (up to Jupyter's 512 MiB) into
+memory before the handler runs. A request refused for its credentials (or its path) is
+answered once its body, within the limit, has arrived and been dropped unread: an answer
+written from `prepare()` would make Tornado close the client's kept-alive connection.
+
+An endpoint method is declared once with `@operation(...)`: its access (a scope, `public`, or
+any `authenticated` caller), replies, errors and idempotency; its body and query models are the
+annotations of its `body` and `query` parameters. The same declaration enforces the access,
+parses and validates the request, honours `Idempotency-Key`, and becomes the method's entry in
+the OpenAPI document.
 """
 
 from __future__ import annotations
@@ -16,30 +26,35 @@ import asyncio
 import functools
 import inspect
 import json
-import time
+import re
+import types
+import typing
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from jupyter_server.auth.decorator import allow_unauthenticated
 from jupyter_server.base.handlers import APIHandler
+from pydantic import BaseModel
 from tornado import web
+from tornado.http1connection import HTTP1Connection
 from tornado.iostream import StreamClosedError
 
+from .. import failpoints
 from ..auth import secrets as codes
 from ..auth.scopes import OWNER as OWNER_CALLER
 from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthenticated
-from ..protocol.requests import parse_json_body
-from ..services import idempotency
+from ..protocol.operations import Access, Operation, Reply, RequestHeader
+from ..protocol.validation import parse_json, validate, validate_query, validate_value
+from ..services import idempotency, pairing
 from ..services.context import ServiceContext
 from ..services.follow import TaskEventStream
-from ..store import clients
-from ..store.tables import IdempotencyKey
 
-# How stale `last_used_at` may get before a request writes it again (one write a minute per
-# client, not one per request).
-TOUCH_INTERVAL = 60.0
+T = TypeVar("T")
+
+# What an operation with an optional body got when none was sent.
+_NO_BODY = object()
 
 _STATUS_TYPES = {
     400: ("invalid_request_error", "invalid_request"),
@@ -51,7 +66,13 @@ _STATUS_TYPES = {
     413: ("invalid_request_error", "request_too_large"),
 }
 
-__all__ = ["LMSPHandler", "allow_unauthenticated", "idempotent", "public", "requires"]
+# Query parameters whose names contain one of these may carry a credential (`?token=…`, as
+# Jupyter accepts its token): their values never reach a log (Jupyter's access log scrubs the
+# same ones, jupyter_server.log._scrub_uri).
+_SECRET_PARAMS = ("token", "auth", "key", "code", "secret", "password", "xsrf")
+_QUERY_PARAM = re.compile(r"([?&])([^=&#]*)(=?)([^&#]*)")
+
+__all__ = ["LMSPHandler", "operation", "redact_uri"]
 
 
 # A live event reaches every watcher of its task as the same dict: its frame is serialized once
@@ -79,101 +100,144 @@ def sse_frame(event: dict[str, Any]) -> str:
     return frame
 
 
-def public(method: Callable[..., Any]) -> Callable[..., Any]:
-    """An endpoint that needs no credentials (starting a pairing, polling for its token)."""
-    method._lmsp_public = True  # type: ignore[attr-defined]
-    return method
+def redact_uri(uri: str) -> str:
+    """`uri` with the values of credential parameters replaced by `[secret]`."""
+
+    def scrub(match: re.Match[str]) -> str:
+        lead, name, equals, value = match.groups()
+        if any(word in name.lower() for word in _SECRET_PARAMS):
+            value = "[secret]"
+        return f"{lead}{name}{equals}{value}"
+
+    return _QUERY_PARAM.sub(scrub, uri)
 
 
-def requires(scope: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """An endpoint that needs `scope` (the owner holds every scope)."""
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """The model a `body`/`query` annotation names, and whether it may be absent."""
+    if annotation is None:
+        return None, True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(members) == 1:
+            return _model_of(members[0])[0], True
+    raise TypeError(f"not a request model: {annotation!r}")
 
-    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(method)
-        def wrapper(self: LMSPHandler, *args: Any) -> Any:
-            self.caller.require(scope)
-            return method(self, *args)
 
-        wrapper._lmsp_scope = scope  # type: ignore[attr-defined]
-        return wrapper
+def operation(
+    operation_id: str,
+    summary: str,
+    tag: str,
+    *,
+    access: Access,
+    replies: Mapping[int, Reply],
+    errors: tuple[int, ...] = (),
+    idempotent: bool = False,
+    headers: tuple[RequestHeader, ...] = (),
+    description: str | None = None,
+) -> Callable[[Callable[..., Awaitable[None]]], Callable[..., Awaitable[None]]]:
+    """Declare an endpoint method (see the module docstring). The method receives its path
+    arguments, then `body=` and `query=` (validated models) if it declares them, and each of
+    `headers` by its name in snake case (`last_event_id=`), None when absent."""
+
+    def decorate(fn: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        hints = typing.get_type_hints(fn)
+        body, body_optional = _model_of(hints.get("body"))
+        query, _ = _model_of(hints.get("query"))
+        op = Operation(
+            operation_id=operation_id,
+            summary=summary,
+            tag=tag,
+            access=access,
+            replies=replies,
+            errors=errors,
+            body=body,
+            body_required=not body_optional,
+            query=query,
+            idempotent=idempotent,
+            headers=headers,
+            description=description,
+        )
+
+        @functools.wraps(fn)
+        async def method(self: LMSPHandler, *path_args: str) -> None:
+            await self.run_operation(op, fn, path_args)
+
+        # A function attribute marks the method, as Jupyter's own decorators do.
+        method.operation = op  # type: ignore[attr-defined]
+        # LMSP authenticates its callers itself (Jupyter's decorator: no redirect to login).
+        return allow_unauthenticated(method)
 
     return decorate
 
 
-def idempotent(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Honour `Idempotency-Key` on a POST (LMSP B8).
-
-    A replayed result is written as first written, with `Idempotent-Replayed: true`. A result
-    the method writes as JSON is recorded after it (unless the work already recorded it in its
-    own transaction); a 4xx is recorded too, a 5xx releases the key so a retry can run.
-    """
-
-    @functools.wraps(method)
-    async def wrapper(self: LMSPHandler, *args: Any) -> None:
-        key = self.request.headers.get(idempotency.HEADER)
-        if key is None:
-            await _maybe_await(method(self, *args))
-            return
-        digest = idempotency.request_digest(
-            self.request.method or "POST", self.request.path, self.request.body
-        )
-        found = idempotency.begin(self.ctx, self.caller.id, key, digest)
-        if isinstance(found, idempotency.Replay):
-            self.set_header("Idempotent-Replayed", "true")
-            for name, value in found.headers.items():
-                self.set_header(name, value)
-            self.write_json(found.body, found.status)
-            return
-        if isinstance(found, IdempotencyKey):
-            self.set_header("Idempotent-Replayed", "true")
-            await self.replay_response_result(found)
-            return
-        self.keyed = found
-        try:
-            await _maybe_await(method(self, *args))
-        except LMSPError as e:
-            # A 429 (a quota, a rate limit) says "not now": the same key may be retried later.
-            if e.status < 500 and e.status != 429:
-                idempotency.record(self.ctx, found, e.status, e.body())
-            else:
-                idempotency.release(self.ctx, found)
-            raise
-        except BaseException:
-            idempotency.release(self.ctx, found)
-            raise
-        if self.written_json is not None:
-            idempotency.record(self.ctx, found, *self.written_json)
-
-    return wrapper
+def operation_of(method: Any) -> Operation | None:
+    """The `Operation` an endpoint method was declared with."""
+    return getattr(method, "operation", None)
 
 
-async def _maybe_await(value: Any) -> Any:
-    if inspect.isawaitable(value):
-        return await value
-    return value
-
-
+@web.stream_request_body
 class LMSPHandler(APIHandler):
     ctx: ServiceContext
     keyed: idempotency.KeyedRequest | None = None
     written_json: tuple[int, Any] | None = None
-
-    def initialize(self, ctx: ServiceContext) -> None:
-        self.ctx = ctx
-
-    async def replay_response_result(self, row: IdempotencyKey) -> None:
-        """Replay a request whose result is a response (overridden where that can happen)."""
-        raise conflict(
-            "idempotency_key_in_use",
-            "A request with this 'Idempotency-Key' is still being handled; retry shortly.",
-            retry_after=1,
-        )
-
+    _deferred_error: Exception | None = None
     lmsp_caller: Caller | None = None
     bearer_client: bool = False
 
+    def initialize(self, ctx: ServiceContext) -> None:
+        self.ctx = ctx
+        self._chunks: list[bytes] = []
+        self._received = 0
+
+    # -- the request body ------------------------------------------------------------------
+
+    def _check_declared_size(self) -> None:
+        declared = self.request.headers.get("Content-Length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise invalid("'Content-Length' is not a number.", param="Content-Length") from None
+            if size > self.ctx.max_body_bytes:
+                raise too_large(self.ctx.max_body_bytes)
+        # A body that trickles in is dropped (with the connection) after this long.
+        if isinstance(self.request.connection, HTTP1Connection):
+            self.request.connection.set_body_timeout(self.ctx.body_timeout)
+
+    def data_received(self, chunk: bytes) -> None:
+        if self._finished:
+            return  # already answered (a 413): the rest is discarded with the connection
+        self._received += len(chunk)
+        if self._received > self.ctx.max_body_bytes:
+            self._chunks.clear()
+            error = too_large(self.ctx.max_body_bytes)
+            self.send_error(error.status, exc_info=(type(error), error, None))
+            return
+        if self._deferred_error is None:  # a refused request's body is counted, never kept
+            self._chunks.append(chunk)
+
+    @property
+    def raw_body(self) -> bytes:
+        return b"".join(self._chunks)
+
+    # -- who is calling --------------------------------------------------------------------
+
+    # Async, as Jupyter's own APIHandler.prepare (which overrides Tornado's the same way).
     async def prepare(self) -> None:  # type: ignore[override]
-        self._authenticate_bearer()
+        # Before anything else looks at the request: its size, then its credentials.
+        self._check_declared_size()
+        try:
+            await self._prepare_caller()
+        except (LMSPError, web.HTTPError) as e:
+            # Answered from the operation, once the body (within the limit) has arrived and
+            # been dropped unread: an answer written from prepare() makes Tornado close the
+            # connection, and the client's next request on it would meet a reset.
+            self._deferred_error = e
+
+    async def _prepare_caller(self) -> None:
+        await self._authenticate_bearer()
         await super().prepare()
         if self.lmsp_caller is None and self.current_user:
             self.lmsp_caller = OWNER_CALLER
@@ -184,22 +248,23 @@ class LMSPHandler(APIHandler):
         if not self.ctx.registrar.started:
             self.ctx.registrar.start()
 
-    def _authenticate_bearer(self) -> None:
+    async def _authenticate_bearer(self) -> None:
         scheme, _, credential = self.request.headers.get("Authorization", "").partition(" ")
         credential = credential.strip()
         if scheme.lower() != "bearer" or not credential.startswith(codes.TOKEN_PREFIX):
             return  # not ours: Jupyter's own authentication decides
-        client = clients.client_for_token(self.ctx.db, credential)
-        if client is None:
+        caller = await self.ctx.offload(pairing.authenticate, self.ctx.db, credential)
+        if caller is None:
             raise unauthenticated("The access token is unknown or was revoked.")
         self.bearer_client = True
-        self.lmsp_caller = Caller(client.id, frozenset(json.loads(client.scopes)), client.name)
-        if client.last_used_at is None or client.last_used_at < time.time() - TOUCH_INTERVAL:
-            clients.touch_client(self.ctx.db, client.id)
+        self.lmsp_caller = caller
+
+    def _operation(self) -> Operation | None:
+        return operation_of(getattr(self, (self.request.method or "get").lower(), None))
 
     def _is_public(self) -> bool:
-        method = getattr(self, (self.request.method or "get").lower(), None)
-        return bool(getattr(method, "_lmsp_public", False))
+        op = self._operation()
+        return op is not None and op.public
 
     def check_xsrf_cookie(self) -> None:
         # XSRF protects cookie-authenticated browsers. A bearer token or a credential-free
@@ -231,29 +296,134 @@ class LMSPHandler(APIHandler):
     def remote_address(self) -> str:
         return self.request.remote_ip or "unknown"
 
-    # -- input -----------------------------------------------------------------------------
+    # -- running an operation --------------------------------------------------------------
 
-    def json_body(self) -> dict[str, Any]:
-        if len(self.request.body) > self.ctx.max_body_bytes:
-            raise too_large(self.ctx.max_body_bytes)
-        return parse_json_body(self.request.body)
+    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """A service function: a coroutine function is awaited (it keeps its own database work
+        off the loop), a plain one runs on a database thread."""
+        if inspect.iscoroutinefunction(fn):
+            return await fn(*args, **kwargs)
+        return await self.ctx.offload(fn, *args, **kwargs)
 
-    def int_argument(self, name: str, default: int) -> int:
-        raw = self.get_query_argument(name, None)
-        if raw is None or raw == "":
-            return default
-        try:
-            return int(raw)
-        except ValueError:
+    async def run_operation(
+        self, op: Operation, fn: Callable[..., Awaitable[None]], path_args: tuple[str, ...]
+    ) -> None:
+        if self._finished:
+            return  # the body was refused while it arrived (413)
+        if self._deferred_error is not None:
+            raise self._deferred_error
+        failpoints.hit(f"raise_in_{op.operation_id}")
+        if op.scope is not None:
+            self.caller.require(op.scope)
+        kwargs: dict[str, Any] = {}
+        if op.query is not None:
+            kwargs["query"] = validate_query(op.query, self._query_arguments())
+        for header in op.headers:
+            raw = self.request.headers.get(header.name)
+            kwargs[header.name.lower().replace("-", "_")] = (
+                None if raw is None else validate_value(header.adapter, raw, header.name)
+            )
+        key = self.request.headers.get(idempotency.HEADER)
+        if key is not None and not op.idempotent and self.request.method == "POST":
+            # A credential-free route keys nothing before the caller is known (and starting a
+            # pairing answers a secret, which must never be stored to be replayed).
             raise invalid(
-                f"'{name}' must be an integer.", param=name, code="invalid_type"
-            ) from None
+                f"This endpoint takes no '{idempotency.HEADER}'; send the request again instead.",
+                param=idempotency.HEADER,
+                code="idempotency_key_not_supported",
+            )
+        parsed: Any = _NO_BODY
+        parse_error: LMSPError | None = None
+        if op.body is not None and (self._received or op.body_required):
+            try:
+                parsed = parse_json(self.raw_body)
+            except LMSPError as e:
+                parse_error = e
+        if key is None or not op.idempotent:
+            if parse_error is not None:
+                raise parse_error
+            await self._invoke(op, fn, path_args, parsed, kwargs)
+            return
+        await self._keyed(op, fn, path_args, key, parsed, parse_error, kwargs)
 
-    def flag_argument(self, name: str) -> bool:
-        raw = self.get_query_argument(name, "false").lower()
-        if raw not in ("true", "false", "1", "0"):
-            raise invalid(f"'{name}' must be true or false.", param=name, code="invalid_type")
-        return raw in ("true", "1")
+    async def _invoke(
+        self,
+        op: Operation,
+        fn: Callable[..., Awaitable[None]],
+        path_args: tuple[str, ...],
+        parsed: Any,
+        kwargs: dict[str, Any],
+    ) -> None:
+        if op.body is not None:
+            kwargs["body"] = None if parsed is _NO_BODY else validate(op.body, parsed)
+        await fn(self, *path_args, **kwargs)
+
+    async def _keyed(
+        self,
+        op: Operation,
+        fn: Callable[..., Awaitable[None]],
+        path_args: tuple[str, ...],
+        key: str,
+        parsed: Any,
+        parse_error: LMSPError | None,
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Honour `Idempotency-Key` (LMSP B8).
+
+        A replayed result is written as first written, with `Idempotent-Replayed: true`. A
+        result the method writes as JSON is recorded after it (unless the work already recorded
+        it in its own transaction); a 4xx is recorded too (a malformed body's included), a 5xx
+        releases the key so a retry can run.
+        """
+        idempotency.check_key(key)
+        digest = idempotency.request_digest(
+            self.request.method or "POST",
+            self.request.path,
+            self.raw_body,
+            **({} if parse_error is not None or parsed is _NO_BODY else {"parsed": parsed}),
+        )
+        found = await idempotency.begin(self.ctx, self.caller.id, key, digest)
+        if isinstance(found, idempotency.Replay):
+            self.set_header("Idempotent-Replayed", "true")
+            for name, value in found.headers.items():
+                self.set_header(name, value)
+            self.write_json(found.body, found.status)
+            return
+        if isinstance(found, idempotency.Linked):
+            self.set_header("Idempotent-Replayed", "true")
+            await self.replay_response_result(found.response_id, parsed)
+            return
+        self.keyed = found
+        try:
+            if parse_error is not None:
+                raise parse_error
+            await self._invoke(op, fn, path_args, parsed, kwargs)
+        except LMSPError as e:
+            # A 429 (a quota, a rate limit) says "not now": the same key may be retried later.
+            if e.status < 500 and e.status != 429:
+                await idempotency.record(self.ctx, found, e.status, e.body())
+            else:
+                await idempotency.release(self.ctx, found)
+            raise
+        except BaseException:
+            await idempotency.release(self.ctx, found)
+            raise
+        if self.written_json is not None:
+            await idempotency.record(self.ctx, found, *self.written_json)
+
+    async def replay_response_result(self, response_id: str, parsed: Any) -> None:
+        """Replay a request whose result is a response (overridden where that can happen)."""
+        raise conflict(
+            "idempotency_key_in_use",
+            "A request with this 'Idempotency-Key' is still being handled; retry shortly.",
+            retry_after=1,
+        )
+
+    def _query_arguments(self) -> dict[str, list[str]]:
+        return {
+            name: [self.decode_argument(v, name=name) for v in values]
+            for name, values in self.request.query_arguments.items()
+        }
 
     # -- output ----------------------------------------------------------------------------
 
@@ -264,7 +434,7 @@ class LMSPHandler(APIHandler):
         self.finish(json.dumps(obj))
 
     async def stream_sse(
-        self, frames: AsyncIterator[str], ready: Callable[[], bool] = lambda: False
+        self, frames: AsyncGenerator[str, None], ready: Callable[[], bool] = lambda: False
     ) -> bool:
         """Answer 200 with `frames` as a `text/event-stream`; False if the client went away.
 
@@ -292,7 +462,7 @@ class LMSPHandler(APIHandler):
         except StreamClosedError:
             return False
         finally:
-            await frames.aclose()  # type: ignore[attr-defined]
+            await frames.aclose()
         self.finish()
         return True
 
@@ -301,7 +471,7 @@ class LMSPHandler(APIHandler):
         idle. Every `data` carries `type` and `sequence_number`, which is all the openai SDK
         reads."""
 
-        async def frames() -> AsyncIterator[str]:
+        async def frames() -> AsyncGenerator[str, None]:
             try:
                 async for event in events:
                     yield ": keep-alive\n\n" if event is None else sse_frame(event)
@@ -343,10 +513,30 @@ class LMSPHandler(APIHandler):
             if getattr(type(self), m.lower()) is not getattr(web.RequestHandler, m.lower())
         ]
 
-    def log_exception(self, typ, value, tb) -> None:  # type: ignore[no-untyped-def,override]
+    def _request_summary(self) -> str:
+        # Tornado's access and error log lines: the URL without credentials.
+        return (
+            f"{self.request.method} {redact_uri(self.request.uri or '')} ({self.request.remote_ip})"
+        )
+
+    def log_exception(
+        self,
+        typ: type[BaseException] | None,
+        value: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
         if isinstance(value, LMSPError):
             self.log.debug(
-                "%s %s -> %s %s", self.request.method, self.request.uri, value.status, value.code
+                "%s %s -> %s %s",
+                self.request.method,
+                redact_uri(self.request.uri or ""),
+                value.status,
+                value.code,
             )
             return
-        super().log_exception(typ, value, tb)
+        if isinstance(value, web.HTTPError):
+            super().log_exception(typ, value, tb)
+            return
+        # Tornado's own line names the whole request (`repr(self.request)`, the raw URL
+        # with any `?token=`): this one names it without credentials.
+        self.log.error("Uncaught exception %s", self._request_summary(), exc_info=value)

@@ -11,34 +11,58 @@ completion (or its chunks, read back from the task's stored events) and starts n
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from typing import Any
 
-from ..protocol.chat import parse_chat_request
-from ..protocol.errors import conflict
+from ..protocol.chat import ChatCompletion, ChatCompletionChunk, CreateChatCompletionRequest
+from ..protocol.errors import Error, conflict
+from ..protocol.operations import EventStream, Reply
+from ..protocol.validation import validate
 from ..services import chat
-from ..store.tables import IdempotencyKey
-from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
+from .base import LMSPHandler, operation
+
+CHUNKS = EventStream(
+    "ChatStreamItem",
+    (ChatCompletionChunk, Error),
+    framed=False,
+    done=chat.DONE,
+    description="One `data:` line of a chat stream: a ChatCompletionChunk, an Error if the task "
+    "failed or was cancelled after the stream began, or `[DONE]` last.",
+)
 
 
 class ChatCompletionsHandler(LMSPHandler):
     run: chat.ChatRun | None = None
     done: bool = False
 
-    @allow_unauthenticated
-    @requires("responses:write")
-    @idempotent
-    async def post(self) -> None:
-        request = parse_chat_request(self.json_body())
-        self.run = await chat.start_chat_completion(self.ctx, request, self.caller, self.keyed)
-        await self._answer(request.stream)
+    @operation(
+        "createChatCompletion",
+        "Create a chat completion (the older OpenAI API), plain or streamed",
+        "chat",
+        access="responses:write",
+        replies={
+            200: Reply(
+                "The chat completion, or with `stream: true` an SSE stream of `data:` lines "
+                "(ChatCompletionChunk objects, `: keep-alive` comments, `data: [DONE]` last; "
+                "a failure after the first chunk arrives as a `data:` Error).",
+                ChatCompletion,
+                stream=CHUNKS,
+            )
+        },
+        errors=(404, 409, 429, 500),
+        idempotent=True,
+    )
+    async def post(self, body: CreateChatCompletionRequest) -> None:
+        self.run = await chat.start_chat_completion(self.ctx, body, self.caller, self.keyed)
+        await self._answer(bool(body.stream))
 
-    async def replay_response_result(self, row: IdempotencyKey) -> None:
+    async def replay_response_result(self, response_id: str, parsed: Any) -> None:
         """A repeated request whose first one is still generating, or was streamed."""
-        assert row.response_id is not None
-        request = parse_chat_request(self.json_body())
-        run = chat.existing_run(self.ctx, row.response_id, request, self.caller)
-        if not chat.is_finished(self.ctx, run):
+        request = validate(CreateChatCompletionRequest, parsed)
+        run = await chat.existing_run(self.ctx, response_id, request, self.caller)
+        if not await chat.is_finished(self.ctx, run):
             raise conflict(
                 "idempotency_key_in_use",
                 "The chat completion started with this 'Idempotency-Key' is still being generated.",
@@ -47,7 +71,7 @@ class ChatCompletionsHandler(LMSPHandler):
         # Finished: nothing to cancel if this client goes away.
         self.done = True
         self.run = run
-        await self._answer(request.stream)
+        await self._answer(bool(request.stream))
 
     async def _answer(self, stream: bool) -> None:
         assert self.run is not None
@@ -61,11 +85,13 @@ class ChatCompletionsHandler(LMSPHandler):
         finally:
             self.done = True
 
-    async def write_chat_sse(self, chunks: AsyncIterator[chat.Chunk]) -> None:
+    async def write_chat_sse(self, chunks: AsyncGenerator[chat.Chunk, None]) -> None:
         if not await self.stream_sse(self._chat_frames(chunks)):
-            self._cancel_unfinished()
+            await self._cancel_unfinished()
 
-    async def _chat_frames(self, chunks: AsyncIterator[chat.Chunk]) -> AsyncIterator[str]:
+    async def _chat_frames(
+        self, chunks: AsyncGenerator[chat.Chunk, None]
+    ) -> AsyncGenerator[str, None]:
         try:
             async for item in chunks:
                 if item is None:
@@ -76,13 +102,14 @@ class ChatCompletionsHandler(LMSPHandler):
                 else:
                     yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
 
     def on_connection_close(self) -> None:
         super().on_connection_close()
-        self._cancel_unfinished()
+        if self.run is not None and not self.done:
+            asyncio.get_running_loop().create_task(self._cancel_unfinished())
 
-    def _cancel_unfinished(self) -> None:
+    async def _cancel_unfinished(self) -> None:
         if self.run is not None and not self.done:
             self.done = True
-            chat.cancel(self.ctx, self.run)
+            await chat.cancel(self.ctx, self.run)

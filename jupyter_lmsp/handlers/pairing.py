@@ -1,35 +1,46 @@
 """`/lmsp/v1/pairings` and `/lmsp/v1/clients`: the pairing flow and the owner's client list.
 
 Starting a pairing and polling for its token need no credentials (the client has none yet);
-starting is rate-limited per remote address, polling per pairing. Deciding and managing clients
-need `clients:admin`. Starting takes no `Idempotency-Key`: its result holds the device code, a
-secret, which must never be stored to be replayed.
+starting is rate-limited per remote address, polling per pairing. Neither takes an
+`Idempotency-Key`: nothing is keyed before the caller is known, and starting's result holds the
+device code, a secret, which must never be stored to be replayed. Deciding and managing clients
+need `clients:admin`.
 """
 
 from __future__ import annotations
 
-from ..auth import pairing
-from ..protocol.errors import invalid
-from ..services import idempotency, revocation
-from .base import LMSPHandler, allow_unauthenticated, idempotent, public, requires
+from ..protocol.operations import Reply
+from ..protocol.pairing import (
+    Client,
+    ClientList,
+    Pairing,
+    PairingDecisionRequest,
+    PairingList,
+    PairingStarted,
+    PairingToken,
+    PairingTokenRequest,
+    StartPairingRequest,
+)
+from ..services import pairing, revocation
+from .base import LMSPHandler, operation
 
 
 class PairingsHandler(LMSPHandler):
-    @allow_unauthenticated
-    @public
-    def post(self) -> None:
-        if self.request.headers.get(idempotency.HEADER) is not None:
-            raise invalid(
-                "Starting a pairing takes no 'Idempotency-Key' (its result holds a secret that "
-                "is never stored); start again instead, the unused request expires.",
-                param=idempotency.HEADER,
-                code="idempotency_key_not_supported",
-            )
+    @operation(
+        "startPairing",
+        "Start pairing a client (no credentials): the device flow of RFC 8628",
+        "pairing",
+        access="public",
+        replies={201: Reply("The pairing, with the device and user codes.", PairingStarted)},
+        errors=(429,),
+    )
+    async def post(self, body: StartPairingRequest) -> None:
         self.ctx.pairing_limiter.check(self.remote_address)
         self.write_json(
-            pairing.start(
+            await self.call(
+                pairing.start,
                 self.ctx.db,
-                self.json_body(),
+                body,
                 self.ctx.pairing_ttl,
                 started_by=self.lmsp_caller,
                 max_pending=self.ctx.max_pending_pairings,
@@ -37,33 +48,64 @@ class PairingsHandler(LMSPHandler):
             201,
         )
 
-    @allow_unauthenticated
-    @requires("clients:admin")
-    def get(self) -> None:
-        self.write_json(pairing.pending(self.ctx.db))
+    @operation(
+        "listPairings",
+        "Pairings waiting for the owner's decision",
+        "pairing",
+        access="clients:admin",
+        replies={200: Reply("The pairings.", PairingList)},
+    )
+    async def get(self) -> None:
+        self.write_json(await self.call(pairing.pending, self.ctx.db))
 
 
-class PairingDecisionHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("clients:admin")
-    @idempotent
-    def post(self, pairing_id: str, decision: str) -> None:
-        body = self.json_body() if self.request.body else {}
-        approve = decision == "approve"
-        self.write_json(
-            pairing.decide(self.ctx.db, pairing_id, approve, body.get("scopes"), self.caller)
+def _decision(approve: bool) -> type[LMSPHandler]:
+    verb = "approve" if approve else "deny"
+
+    class PairingDecisionHandler(LMSPHandler):
+        @operation(
+            f"{verb}Pairing",
+            f"{verb.capitalize()} a pairing (by its id or its user code)",
+            "pairing",
+            access="clients:admin",
+            replies={200: Reply("The pairing as decided.", Pairing)},
+            errors=(400, 404),
+            idempotent=True,
+            description="A paired client grants only scopes it holds, never to a pairing it "
+            "started.",
         )
+        async def post(self, pairing_id: str, body: PairingDecisionRequest | None) -> None:
+            scopes = body.scopes if approve and body is not None else None
+            self.write_json(
+                await self.call(
+                    pairing.decide, self.ctx.db, pairing_id, approve, scopes, self.caller
+                )
+            )
+
+    PairingDecisionHandler.__name__ = f"Pairing{verb.capitalize()}Handler"
+    return PairingDecisionHandler
+
+
+PairingApproveHandler = _decision(approve=True)
+PairingDenyHandler = _decision(approve=False)
 
 
 class PairingTokenHandler(LMSPHandler):
-    @allow_unauthenticated
-    @public
-    def post(self, pairing_id: str) -> None:
+    @operation(
+        "pollPairingToken",
+        "Poll for the access token (no credentials)",
+        "pairing",
+        access="public",
+        replies={200: Reply("The access token, issued once.", PairingToken)},
+        errors=(404, 429),
+    )
+    async def post(self, pairing_id: str, body: PairingTokenRequest) -> None:
         self.write_json(
-            pairing.poll(
+            await self.call(
+                pairing.poll,
                 self.ctx.db,
                 pairing_id,
-                self.json_body(),
+                body,
                 self.ctx.poll_limiter,
                 self.remote_address,
             )
@@ -71,14 +113,25 @@ class PairingTokenHandler(LMSPHandler):
 
 
 class ClientsHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("clients:admin")
-    def get(self) -> None:
-        self.write_json(pairing.list_clients(self.ctx.db))
+    @operation(
+        "listClients",
+        "Paired clients",
+        "pairing",
+        access="clients:admin",
+        replies={200: Reply("The clients.", ClientList)},
+    )
+    async def get(self) -> None:
+        self.write_json(await self.call(pairing.list_clients, self.ctx.db))
 
 
 class ClientHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("clients:admin")
-    def delete(self, client_id: str) -> None:
-        self.write_json(revocation.revoke_client(self.ctx, client_id))
+    @operation(
+        "revokeClient",
+        "Revoke a paired client's token",
+        "pairing",
+        access="clients:admin",
+        replies={200: Reply("The client, revoked.", Client)},
+        errors=(404,),
+    )
+    async def delete(self, client_id: str) -> None:
+        self.write_json(await revocation.revoke_client(self.ctx, client_id))

@@ -1,88 +1,171 @@
-"""`/lmsp/v1/responses`: create (plain, streamed, background), retrieve, stream, cancel,
-delete, and list input items."""
+"""`/lmsp/v1/responses`: create (plain, streamed, background, background and streamed),
+retrieve, stream, cancel, delete, and list input items."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import failpoints
 from ..protocol.errors import conflict
-from ..protocol.requests import parse_response_request
+from ..protocol.events import Event
+from ..protocol.operations import EventStream, Reply, ResponseHeader
+from ..protocol.responses import (
+    CreateResponseRequest,
+    InputItemList,
+    InputItemsQuery,
+    Response,
+    ResponseDeleted,
+    RetrieveResponseQuery,
+)
 from ..services import responses
-from ..store.tables import IdempotencyKey
-from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
+from .base import LMSPHandler, operation
+
+EVENTS = EventStream(
+    "EventStreamItem",
+    (Event,),
+    description="One server-sent event of a task's log: `id` is its sequence number, `event` "
+    "its type, `data` the Event as JSON. Keep-alives are `:` comment lines.",
+)
 
 
 class ResponsesHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("responses:write")
-    @idempotent
-    async def post(self) -> None:
-        request = parse_response_request(self.json_body())
+    @operation(
+        "createResponse",
+        "Create a response (plain, streamed, or in the background)",
+        "responses",
+        access="responses:write",
+        replies={
+            200: Reply(
+                "The finished response, or with `stream: true` its task's events from sequence "
+                "0 as SSE (`id`, `event`, `data` lines; every `data` has `type` and "
+                "`sequence_number`). With `background` too, the task goes on if the client "
+                "leaves and can be followed again with `starting_after`.",
+                Response,
+                stream=EVENTS,
+            ),
+            202: Reply(
+                "With `background: true` (and no `stream`): the queued response, committed "
+                "before this answer.",
+                Response,
+                headers={"Location": ResponseHeader("The response's URL.")},
+            ),
+        },
+        errors=(404, 429),
+        idempotent=True,
+    )
+    async def post(self, body: CreateResponseRequest) -> None:
         response = await responses.create_response(
-            self.ctx, request, self.caller, self.keyed, self.api_prefix
+            self.ctx, body, self.caller, self.keyed, self.api_prefix
         )
         failpoints.hit("after_create_commit")
-        if request.background:
+        if body.stream:
+            # From sequence 0, as for any stream; a background task goes on if the client
+            # leaves, and `GET /responses/{id}?stream=true&starting_after=N` resumes it.
+            await self.write_sse(
+                await responses.response_events(self.ctx, response["id"], self.caller)
+            )
+        elif body.background:
             # create_response returned only after the task's transaction committed.
             self.set_header("Location", f"{self.api_prefix}/responses/{response['id']}")
             self.write_json(response, status=202)
-        elif request.stream:
-            await self.write_sse(responses.response_events(self.ctx, response["id"], self.caller))
         else:
-            final = await responses.wait_for_response(self.ctx, response["id"], self.caller)
-            self.write_json(final)
+            self.write_json(
+                await responses.wait_for_response(self.ctx, response["id"], self.caller)
+            )
 
-    async def replay_response_result(self, row: IdempotencyKey) -> None:
-        """A repeated plain or streamed create: the first request's response, once finished."""
-        assert row.response_id is not None
-        if not responses.is_finished(self.ctx, row.response_id, self.caller):
+    async def replay_response_result(self, response_id: str, parsed: Any) -> None:
+        """A repeated streamed or plain create: the first request's events, or its response
+        once finished."""
+        finished, streamed, background = await self.call(
+            responses.replay_state, self.ctx, response_id, self.caller
+        )
+        if streamed and (finished or background):
+            await self.write_sse(
+                await responses.response_events(self.ctx, response_id, self.caller)
+            )
+        elif finished:
+            self.write_json(
+                await self.call(responses.get_response, self.ctx, response_id, self.caller)
+            )
+        else:
             raise conflict(
                 "idempotency_key_in_use",
                 "The response started with this 'Idempotency-Key' is still being generated.",
                 retry_after=1,
             )
-        if responses.was_streamed(self.ctx, row.response_id, self.caller):
-            await self.write_sse(responses.response_events(self.ctx, row.response_id, self.caller))
-        else:
-            self.write_json(responses.get_response(self.ctx, row.response_id, self.caller))
 
 
 class ResponseHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("responses:read")
-    async def get(self, response_id: str) -> None:
-        if self.flag_argument("stream"):
-            after = self.int_argument("starting_after", -1)
+    @operation(
+        "getResponse",
+        "Retrieve a response, or stream its events",
+        "responses",
+        access="responses:read",
+        replies={
+            200: Reply(
+                "The response, or with `stream=true` its events as SSE.", Response, stream=EVENTS
+            )
+        },
+        errors=(404,),
+    )
+    async def get(self, response_id: str, query: RetrieveResponseQuery) -> None:
+        if query.stream:
             await self.write_sse(
-                responses.response_events(self.ctx, response_id, self.caller, after)
+                await responses.response_events(
+                    self.ctx, response_id, self.caller, query.starting_after
+                )
             )
         else:
-            self.write_json(responses.get_response(self.ctx, response_id, self.caller))
+            self.write_json(
+                await self.call(responses.get_response, self.ctx, response_id, self.caller)
+            )
 
-    @allow_unauthenticated
-    @requires("responses:write")
-    def delete(self, response_id: str) -> None:
-        self.write_json(responses.delete_response(self.ctx, response_id, self.caller))
+    @operation(
+        "deleteResponse",
+        "Delete a finished response with its task and events",
+        "responses",
+        access="responses:write",
+        replies={200: Reply("Deleted.", ResponseDeleted)},
+        errors=(400, 404),
+    )
+    async def delete(self, response_id: str) -> None:
+        self.write_json(
+            await self.call(responses.delete_response, self.ctx, response_id, self.caller)
+        )
 
 
 class ResponseCancelHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("responses:write")
-    @idempotent
-    def post(self, response_id: str) -> None:
-        self.write_json(responses.cancel_response(self.ctx, response_id, self.caller))
+    @operation(
+        "cancelResponse",
+        "Cancel a response's task (a finished one is returned unchanged)",
+        "responses",
+        access="responses:write",
+        replies={200: Reply("The response after the cancel request.", Response)},
+        errors=(404,),
+        idempotent=True,
+    )
+    async def post(self, response_id: str) -> None:
+        self.write_json(await responses.cancel_response(self.ctx, response_id, self.caller))
 
 
 class ResponseInputItemsHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("responses:read")
-    def get(self, response_id: str) -> None:
+    @operation(
+        "listInputItems",
+        "The input messages of a response",
+        "responses",
+        access="responses:read",
+        replies={200: Reply("A page of input items.", InputItemList)},
+        errors=(404,),
+    )
+    async def get(self, response_id: str, query: InputItemsQuery) -> None:
         self.write_json(
-            responses.list_input_items(
+            await self.call(
+                responses.list_input_items,
                 self.ctx,
                 response_id,
                 self.caller,
-                after=self.get_query_argument("after", None),
-                limit=self.int_argument("limit", 20),
-                order=self.get_query_argument("order", "desc"),
+                after=query.after,
+                limit=query.limit,
+                order=query.order,
             )
         )

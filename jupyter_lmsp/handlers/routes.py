@@ -1,17 +1,29 @@
-"""The URL table of `lmsp/v1/` (Jupyter Server prepends its base_url)."""
+"""The URL table of `lmsp/v1/` (Jupyter Server prepends its base_url).
+
+Each path is a template (`/responses/{response_id}`) with one handler; the handler's methods
+declare their operations (handlers/base.py `operation`). The Tornado routes and the OpenAPI
+document's endpoints are both made from this table.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from tornado import web
+
+from ..protocol.fields import ID_PATTERN
+from ..protocol.operations import Endpoint
 from ..services.context import ServiceContext
+from .base import LMSPHandler, operation_of
 from .chat import ChatCompletionsHandler
 from .fallback import FallbackHandler
 from .openapi import OpenAPIHandler
 from .pairing import (
     ClientHandler,
     ClientsHandler,
-    PairingDecisionHandler,
+    PairingApproveHandler,
+    PairingDenyHandler,
     PairingsHandler,
     PairingTokenHandler,
 )
@@ -25,30 +37,53 @@ from .service import ModelHandler, ModelsHandler, ServiceHandler
 from .tasks import TaskCancelHandler, TaskEventsHandler, TaskHandler, TasksHandler
 
 PREFIX = "/lmsp/v1"
-ID = r"([A-Za-z0-9_\-.]+)"
+METHODS = ("get", "post", "put", "patch", "delete")
+
+TABLE: list[tuple[str, type[LMSPHandler]]] = [
+    ("/service", ServiceHandler),
+    ("/models", ModelsHandler),
+    ("/models/{model_id}", ModelHandler),
+    ("/responses", ResponsesHandler),
+    ("/responses/{response_id}", ResponseHandler),
+    ("/responses/{response_id}/cancel", ResponseCancelHandler),
+    ("/responses/{response_id}/input_items", ResponseInputItemsHandler),
+    ("/tasks", TasksHandler),
+    ("/tasks/{task_id}", TaskHandler),
+    ("/tasks/{task_id}/cancel", TaskCancelHandler),
+    ("/tasks/{task_id}/events", TaskEventsHandler),
+    ("/pairings", PairingsHandler),
+    ("/pairings/{pairing_id}/approve", PairingApproveHandler),
+    ("/pairings/{pairing_id}/deny", PairingDenyHandler),
+    ("/pairings/{pairing_id}/token", PairingTokenHandler),
+    ("/clients", ClientsHandler),
+    ("/clients/{client_id}", ClientHandler),
+    ("/chat/completions", ChatCompletionsHandler),
+    ("/openapi.json", OpenAPIHandler),
+]
+
+# An id in a path: the characters ids have (protocol.fields.ID_PATTERN).
+_ID = "(" + ID_PATTERN.strip("^$") + ")"
+
+
+def _pattern(template: str) -> str:
+    return re.sub(r"\{\w+\}", lambda _: _ID, template)
 
 
 def routes(ctx: ServiceContext) -> list[tuple[str, Any, dict[str, Any]]]:
-    table = [
-        ("/service", ServiceHandler),
-        ("/models", ModelsHandler),
-        (f"/models/{ID}", ModelHandler),
-        ("/responses", ResponsesHandler),
-        (f"/responses/{ID}", ResponseHandler),
-        (f"/responses/{ID}/cancel", ResponseCancelHandler),
-        (f"/responses/{ID}/input_items", ResponseInputItemsHandler),
-        ("/tasks", TasksHandler),
-        (f"/tasks/{ID}", TaskHandler),
-        (f"/tasks/{ID}/cancel", TaskCancelHandler),
-        (f"/tasks/{ID}/events", TaskEventsHandler),
-        ("/pairings", PairingsHandler),
-        (f"/pairings/{ID}/(approve|deny)", PairingDecisionHandler),
-        (f"/pairings/{ID}/token", PairingTokenHandler),
-        ("/clients", ClientsHandler),
-        (f"/clients/{ID}", ClientHandler),
-        ("/chat/completions", ChatCompletionsHandler),
-        ("/openapi.json", OpenAPIHandler),
-        # Last: whatever no route above matches (an unknown path, a malformed id).
-        ("/.*", FallbackHandler),
+    table: list[tuple[str, type[web.RequestHandler]]] = [
+        (_pattern(path), handler) for path, handler in TABLE
     ]
+    # Last: whatever no route above matches (an unknown path, a malformed id).
+    table.append(("/.*", FallbackHandler))
     return [(PREFIX + path, handler, {"ctx": ctx}) for path, handler in table]
+
+
+def endpoints() -> list[Endpoint]:
+    """Every operation of the table, for the OpenAPI document."""
+    found = []
+    for path, handler in TABLE:
+        for method in METHODS:
+            op = operation_of(getattr(handler, method, None))
+            if op is not None:
+                found.append(Endpoint(path, method, op))
+    return found

@@ -2,66 +2,100 @@
 
 from __future__ import annotations
 
-from ..protocol.errors import invalid
+from ..protocol.fields import SequenceNumber
+from ..protocol.operations import Reply, RequestHeader
+from ..protocol.tasks import EventPage, ListTasksQuery, Task, TaskEventsQuery, TaskList
 from ..services import tasks
-from .base import LMSPHandler, allow_unauthenticated, idempotent, requires
+from .base import LMSPHandler, operation
+from .responses import EVENTS
+
+LAST_EVENT_ID = RequestHeader(
+    "Last-Event-ID",
+    SequenceNumber,
+    "An SSE reconnect: resume after this sequence number (wins over the query).",
+)
 
 
 class TasksHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("tasks:read")
-    def get(self) -> None:
-        states = [s for s in self.get_query_arguments("state") for s in s.split(",") if s]
+    @operation(
+        "listTasks",
+        "Tasks, newest first",
+        "tasks",
+        access="tasks:read",
+        replies={200: Reply("A page of tasks.", TaskList)},
+    )
+    async def get(self, query: ListTasksQuery) -> None:
         self.write_json(
-            tasks.list_tasks(
+            await self.call(
+                tasks.list_tasks,
                 self.ctx,
                 self.caller,
-                states=states or None,
-                kind=self.get_query_argument("kind", None),
-                after=self.get_query_argument("after", None),
-                limit=self.int_argument("limit", 20),
+                states=[s.value for s in query.state] if query.state else None,
+                kind=query.kind,
+                after=query.after,
+                limit=query.limit,
             )
         )
 
 
 class TaskHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("tasks:read")
-    def get(self, task_id: str) -> None:
-        self.write_json(tasks.get_task(self.ctx, task_id, self.caller))
+    @operation(
+        "getTask",
+        "One task",
+        "tasks",
+        access="tasks:read",
+        replies={200: Reply("The task.", Task)},
+        errors=(404,),
+    )
+    async def get(self, task_id: str) -> None:
+        self.write_json(await self.call(tasks.get_task, self.ctx, task_id, self.caller))
 
 
 class TaskCancelHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("tasks:write")
-    @idempotent
-    def post(self, task_id: str) -> None:
-        self.write_json(tasks.cancel_task(self.ctx, task_id, self.caller))
+    @operation(
+        "cancelTask",
+        "Cancel a task: `queued` ends at once, `loading`/`running` go through `cancelling`",
+        "tasks",
+        access="tasks:write",
+        replies={200: Reply("The task after the cancel request (a finished one unchanged).", Task)},
+        errors=(404,),
+        idempotent=True,
+    )
+    async def post(self, task_id: str) -> None:
+        self.write_json(await tasks.cancel_task(self.ctx, task_id, self.caller))
 
 
 class TaskEventsHandler(LMSPHandler):
-    @allow_unauthenticated
-    @requires("tasks:read")
-    async def get(self, task_id: str) -> None:
-        wants_stream = self.flag_argument(
-            "stream"
-        ) or "text/event-stream" in self.request.headers.get("Accept", "")
+    @operation(
+        "listTaskEvents",
+        "A task's event log: a JSON page, or SSE (stored events, then live ones)",
+        "tasks",
+        access="tasks:read",
+        replies={
+            200: Reply(
+                "A page of events; with `stream=true` (or `Accept: text/event-stream`) SSE "
+                "frames `id`, `event`, `data`, with `: keep-alive` comments while idle.",
+                EventPage,
+                stream=EVENTS,
+            )
+        },
+        errors=(404,),
+        headers=(LAST_EVENT_ID,),
+    )
+    async def get(self, task_id: str, query: TaskEventsQuery, last_event_id: int | None) -> None:
+        wants_stream = query.stream or "text/event-stream" in self.request.headers.get("Accept", "")
         if wants_stream:
-            after = self._resume_point()
-            await self.write_sse(tasks.task_events(self.ctx, task_id, self.caller, after))
+            # `Last-Event-ID` (an SSE reconnect) wins over `starting_after` / `after`.
+            if last_event_id is not None:
+                after = last_event_id
+            elif query.starting_after is not None:
+                after = query.starting_after
+            else:
+                after = query.after
+            await self.write_sse(await tasks.task_events(self.ctx, task_id, self.caller, after))
         else:
-            after = self.int_argument("after", -1)
-            limit = self.int_argument("limit", 100)
-            self.write_json(tasks.event_page(self.ctx, task_id, self.caller, after, limit))
-
-    def _resume_point(self) -> int:
-        """`Last-Event-ID` (an SSE reconnect) wins over `starting_after` / `after`."""
-        last_id = self.request.headers.get("Last-Event-ID")
-        if last_id is not None:
-            try:
-                return int(last_id)
-            except ValueError:
-                raise invalid(
-                    "'Last-Event-ID' must be an integer.", param="Last-Event-ID"
-                ) from None
-        return self.int_argument("starting_after", self.int_argument("after", -1))
+            self.write_json(
+                await self.call(
+                    tasks.event_page, self.ctx, task_id, self.caller, query.after, query.limit
+                )
+            )

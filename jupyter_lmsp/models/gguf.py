@@ -24,7 +24,7 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -123,7 +123,11 @@ def convert_gguf(
     report = _Reporter(progress)
 
     report("reading", 0.0)
-    tensors, metadata = mx.load(str(gguf_path), return_metadata=True)
+    # With return_metadata, mx.load answers (tensors, metadata); its stub says any load result.
+    tensors, metadata = cast(
+        tuple[dict[str, mx.array], dict[str, Any]],
+        mx.load(str(gguf_path), return_metadata=True),
+    )
     architecture = _text(metadata, "general.architecture")
     if architecture != "llama":
         raise GGUFConversionError(f"{gguf_path.name}: architecture {architecture!r} is not llama")
@@ -372,11 +376,16 @@ def _build_tokenizer(metadata: Mapping[str, Any]) -> tuple[Tokenizer, dict[str, 
         return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
     bos, eos = token_of("tokenizer.ggml.bos_token_id"), token_of("tokenizer.ggml.eos_token_id")
-    add_bos = _bool(metadata, "tokenizer.ggml.add_bos_token", False) and bos is not None
-    add_eos = _bool(metadata, "tokenizer.ggml.add_eos_token", False) and eos is not None
+    before = (
+        [bos] if bos is not None and _bool(metadata, "tokenizer.ggml.add_bos_token", False) else []
+    )
+    after = (
+        [eos] if eos is not None and _bool(metadata, "tokenizer.ggml.add_eos_token", False) else []
+    )
+    add_bos, add_eos = bool(before), bool(after)
     if add_bos or add_eos:
-        single = " ".join([*([bos] if add_bos else []), "$A", *([eos] if add_eos else [])])
-        pair = " ".join([single, *([bos] if add_bos else []), "$B", *([eos] if add_eos else [])])
+        single = " ".join([*before, "$A", *after])
+        pair = " ".join([single, *before, "$B", *after])
         specials = {t for t in (bos if add_bos else None, eos if add_eos else None) if t}
         tokenizer.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=[(t, vocab[t]) for t in specials]

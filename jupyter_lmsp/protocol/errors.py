@@ -8,6 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: str = Field(examples=["invalid_request_error", "not_found_error"])
+    code: str
+    message: str
+    param: str | None
+
+
+class Error(BaseModel):
+    """Every error the service answers with (LMSP B1)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+    error: ErrorDetail
+
 
 class LMSPError(Exception):
     def __init__(

@@ -10,11 +10,37 @@ shape as the lifecycle events of the Responses API.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from .objects import output_message, output_text_part
+from pydantic import ConfigDict, Field
 
-Event = dict[str, Any]
+from .fields import WireObject
+from .responses import Response, output_message, output_text_part
+
+EventData = dict[str, Any]
+
+
+class Event(WireObject):
+    """One event of a task's log. `sequence_number` starts at 0 and grows by exactly 1; the
+    first event is `response.created`, the last exactly one terminal event
+    (`response.completed`, `.incomplete`, `.failed`, `.cancelled`). Lifecycle events carry the
+    whole response as `response`; text arrives as `response.output_text.delta`. Registration
+    tasks' events are `task.*`."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra=lambda schema: schema.update(required=["type", "sequence_number"]),
+    )
+
+    type: str = Field(examples=["response.created", "response.output_text.delta"])
+    sequence_number: Annotated[int, Field(ge=0)]
+    response: Response | None = None
+    item_id: str | None = None
+    output_index: Annotated[int, Field(ge=0)] | None = None
+    content_index: Annotated[int, Field(ge=0)] | None = None
+    delta: str | None = None
+    text: str | None = None
+
 
 CREATED = "response.created"
 QUEUED = "response.queued"
@@ -37,16 +63,16 @@ TERMINAL_EVENT_TYPES = frozenset(
 )
 
 
-def is_terminal(event: Event) -> bool:
+def is_terminal(event: EventData) -> bool:
     """Whether `event` is the last one of its task's log."""
     return event["type"] in TERMINAL_EVENT_TYPES
 
 
-def lifecycle(type_: str, response: dict[str, Any]) -> Event:
+def lifecycle(type_: str, response: dict[str, Any]) -> EventData:
     return {"type": type_, "response": response}
 
 
-def item_opened(item_id: str, output_index: int) -> list[Event]:
+def item_opened(item_id: str, output_index: int) -> list[EventData]:
     return [
         {
             "type": ITEM_ADDED,
@@ -69,7 +95,7 @@ def item_opened(item_id: str, output_index: int) -> list[Event]:
     ]
 
 
-def text_delta(item_id: str, output_index: int, delta: str) -> Event:
+def text_delta(item_id: str, output_index: int, delta: str) -> EventData:
     return {
         "type": TEXT_DELTA,
         "item_id": item_id,
@@ -80,7 +106,7 @@ def text_delta(item_id: str, output_index: int, delta: str) -> Event:
     }
 
 
-def item_closed(item_id: str, output_index: int, text: str, status: str) -> list[Event]:
+def item_closed(item_id: str, output_index: int, text: str, status: str) -> list[EventData]:
     return [
         {
             "type": TEXT_DONE,

@@ -9,22 +9,23 @@ deltas, then the chunk with `finish_reason`, then usage when asked for).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 from ..auth.scopes import Caller
 from ..protocol import events as ev
 from ..protocol.chat import (
-    ChatRequest,
+    ChunkDelta,
+    CreateChatCompletionRequest,
     chunk_object,
     completion_object,
     finish_reason,
 )
 from ..protocol.errors import LMSPError, unauthenticated
-from ..protocol.requests import ResponseRequest
+from ..protocol.responses import CreateResponseRequest
 from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
-from ..store import queries
+from ..store import queries, rules
 from . import responses
 from .context import ServiceContext
 from .follow import TaskEventStream
@@ -51,28 +52,30 @@ class ChatRun:
 
 
 async def start_chat_completion(
-    ctx: ServiceContext, request: ChatRequest, caller: Caller, keyed: KeyedRequest | None = None
+    ctx: ServiceContext,
+    request: CreateChatCompletionRequest,
+    caller: Caller,
+    keyed: KeyedRequest | None = None,
 ) -> ChatRun:
     """Commit the chat completion's response and task (queued) and hand it to the runner.
 
     With an idempotency key, the key is linked to the response in the same transaction, so a
     repeated request can be answered from it (`existing_run`)."""
-    as_response = ResponseRequest(
-        model=request.model,
-        messages=request.messages,
-        instructions=None,
-        max_output_tokens=request.max_tokens,
-        temperature=request.temperature,
-        top_p=request.top_p,
-        seed=request.seed,
-        stream=request.stream,
-        background=False,
-        store=True,
-        previous_response_id=None,
-        metadata=request.metadata,
-        on_restart=RestartPolicy.FAIL,
+    fields = {
+        "model": request.model,
         # Stored in the Responses input form, so /responses/{id}/input_items can list it.
-        raw_input=request.messages,
+        "input": request.engine_messages(),
+        "max_output_tokens": request.token_limit,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "seed": request.seed,
+        "stream": request.stream,
+        "store": True,
+        "metadata": request.metadata,
+        "on_restart": RestartPolicy.FAIL,
+    }
+    as_response = CreateResponseRequest.model_validate(
+        {name: value for name, value in fields.items() if value is not None}
     )
     response = await responses.create_response(
         ctx, as_response, caller, keyed=keyed, input_param="messages"
@@ -80,26 +83,24 @@ async def start_chat_completion(
     return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 
-def existing_run(
-    ctx: ServiceContext, response_id: str, request: ChatRequest, caller: Caller
+async def existing_run(
+    ctx: ServiceContext, response_id: str, request: CreateChatCompletionRequest, caller: Caller
 ) -> ChatRun:
     """The chat completion an earlier request with the same idempotency key started; its
     chunks or completion are read back from the task's stored events."""
-    return ChatRun(
-        responses.get_response(ctx, response_id, caller),
-        include_usage=request.include_usage,
-        caller=caller.id,
-    )
+    response = await ctx.offload(responses.get_response, ctx, response_id, caller)
+    return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 
-def is_finished(ctx: ServiceContext, run: ChatRun) -> bool:
-    task = queries.get_task(ctx.db, run.task_id)
+async def is_finished(ctx: ServiceContext, run: ChatRun) -> bool:
+    task = await ctx.offload(queries.get_task, ctx.db, run.task_id)
     return task is not None and TaskState(task.state) in TERMINAL_STATES
 
 
-def cancel(ctx: ServiceContext, run: ChatRun) -> None:
+async def cancel(ctx: ServiceContext, run: ChatRun) -> None:
     """Stop the generation (its client went away); a finished task is left as it is."""
-    ctx.runner.cancel(run.task_id)
+    committed = await ctx.offload(rules.request_cancel, ctx.db, run.task_id)
+    ctx.runner.cancelled(committed)
 
 
 def _events(ctx: ServiceContext, run: ChatRun) -> TaskEventStream:
@@ -125,12 +126,14 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
     return completion_object(terminal["response"])
 
 
-async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncIterator[Chunk]:
+async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, None]:
     """The chat stream: chunk objects, None for a keep-alive, an error body if the task failed
     or was cancelled, and DONE last."""
     head = run.response
     usage_flag = run.include_usage
-    yield chunk_object(head, delta={"role": "assistant", "content": ""}, include_usage=usage_flag)
+    yield chunk_object(
+        head, delta=ChunkDelta(role="assistant", content=""), include_usage=usage_flag
+    )
     events = _events(ctx, run)
     try:
         async for event in events:
@@ -139,7 +142,7 @@ async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncIterator[Chunk]:
             elif event["type"] == ev.TEXT_DELTA:
                 if event["delta"]:
                     yield chunk_object(
-                        head, delta={"content": event["delta"]}, include_usage=usage_flag
+                        head, delta=ChunkDelta(content=event["delta"]), include_usage=usage_flag
                     )
             elif ev.is_terminal(event):
                 try:

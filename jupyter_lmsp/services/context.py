@@ -1,8 +1,20 @@
-"""The service context: the objects every service function needs, made once by the extension."""
+"""The service context: the objects every service function needs, made once by the extension.
+
+`offload` is how database work leaves the Tornado IOLoop: a transaction may wait up to the
+busy timeout for SQLite's write lock, and the loop must never wait with it. Service functions
+that only touch the database are plain functions (the handlers run them through `offload`);
+those that also act on the loop (publishing committed events, handing a task to the runner)
+are coroutines that offload their transactions and do the rest on the loop, after the commit.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 from ..auth.ratelimit import RateLimiter
 from ..engine.blas import BlasSelection
@@ -12,6 +24,13 @@ from .bus import EventBus
 from .catalog import ModelCatalog
 from .registration import ModelRegistrar
 from .runner import TaskRunner
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# Threads for request-path database work: enough for a few transactions waiting on the lock
+# while others read; more would only queue on SQLite's single writer.
+DB_THREADS = 4
 
 
 @dataclass
@@ -26,6 +45,7 @@ class ServiceContext:
     max_output_tokens_default: int = 1024
     keepalive_interval: float = 15.0
     max_body_bytes: int = 1024 * 1024
+    body_timeout: float = 60.0
     idempotency_ttl: float = 24 * 3600.0
     pairing_ttl: float = 600.0
     # Starting a pairing, per remote address; polling for its token, per pairing.
@@ -36,3 +56,14 @@ class ServiceContext:
     admission: Admission = field(default_factory=Admission)
     # The inference worker's BLAS: chosen by probing, reported by GET /service.
     blas: BlasSelection | None = None
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(DB_THREADS, thread_name_prefix="lmsp-db")
+    )
+
+    async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn(*args, **kwargs)` on a database thread, awaited from the loop."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)

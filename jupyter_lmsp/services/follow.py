@@ -9,7 +9,7 @@ event.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ..protocol.events import is_terminal
@@ -60,7 +60,7 @@ class TaskEventStream:
     async def aclose(self) -> None:
         await self._events.aclose()
 
-    async def _follow(self) -> AsyncIterator[Event | None]:
+    async def _follow(self) -> AsyncGenerator[Event | None, None]:
         with self.bus.subscribe(self.task_id, self.caller) as sub:
             self._sub = sub
             last = self.after

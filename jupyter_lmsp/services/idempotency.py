@@ -22,14 +22,22 @@ HEADER = "Idempotency-Key"
 _VALID_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
-def request_digest(method: str, path: str, body: bytes) -> str:
+_NOT_JSON = object()
+
+
+def request_digest(method: str, path: str, body: bytes, parsed: Any = _NOT_JSON) -> str:
     """sha256 over method, path and the body in canonical JSON (key order and spacing do not
-    make two requests different)."""
-    try:
-        canonical = json.dumps(json.loads(body), sort_keys=True, separators=(",", ":"))
-        payload = canonical.encode()
-    except (ValueError, UnicodeDecodeError):
+    make two requests different); a body that is not JSON is digested as it is. `parsed` is
+    the body's JSON value when the caller already has it."""
+    if parsed is _NOT_JSON:
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            parsed = _NOT_JSON
+    if parsed is _NOT_JSON:
         payload = body
+    else:
+        payload = json.dumps(parsed, sort_keys=True, separators=(",", ":")).encode()
     h = hashlib.sha256()
     for part in (method.upper().encode(), path.encode(), payload):
         h.update(len(part).to_bytes(8, "big"))
@@ -64,18 +72,30 @@ class Replay:
     headers: dict[str, str]
 
 
-def begin(
-    ctx: ServiceContext, caller: str, key: str, digest: str
-) -> KeyedRequest | Replay | IdempotencyKey:
-    """Claim `key`: a `KeyedRequest` to go ahead, a `Replay` of a stored result, or the row of a
-    request whose result is a response (the caller replays that response)."""
+@dataclass
+class Linked:
+    """The key's first request created a response, whose final form (or events) is its
+    result: the handler replays that response."""
+
+    response_id: str
+
+
+def check_key(key: str) -> None:
     if not _VALID_KEY.match(key):
         raise invalid(
             f"'{HEADER}' must be 1 to 255 visible ASCII characters.",
             param=HEADER,
             code="invalid_idempotency_key",
         )
-    claim = store.claim_key(ctx.db, caller, key, digest, ctx.idempotency_ttl)
+
+
+async def begin(
+    ctx: ServiceContext, caller: str, key: str, digest: str
+) -> KeyedRequest | Replay | Linked:
+    """Claim `key`: a `KeyedRequest` to go ahead, a `Replay` of a stored result, or the
+    response a request with this key created (`Linked`: the caller replays that response)."""
+    check_key(key)
+    claim = await ctx.offload(store.claim_key, ctx.db, caller, key, digest, ctx.idempotency_ttl)
     match claim.kind:
         case "new":
             return KeyedRequest(claim.row)
@@ -100,13 +120,14 @@ def begin(
                 json.loads(row.headers) if row.headers else {},
             )
         case _:  # "pending": its result is a response that may still be running
-            return claim.row
+            assert claim.row.response_id is not None
+            return Linked(claim.row.response_id)
 
 
-def record(ctx: ServiceContext, keyed: KeyedRequest, status: int, body: Any) -> None:
+async def record(ctx: ServiceContext, keyed: KeyedRequest, status: int, body: Any) -> None:
     if not keyed.recorded:
-        store.complete_key(ctx.db, keyed.result(status, body))
+        await ctx.offload(store.complete_key, ctx.db, keyed.result(status, body))
 
 
-def release(ctx: ServiceContext, keyed: KeyedRequest) -> None:
-    store.release_key(ctx.db, keyed.row.caller, keyed.row.key)
+async def release(ctx: ServiceContext, keyed: KeyedRequest) -> None:
+    await ctx.offload(store.release_key, ctx.db, keyed.row.caller, keyed.row.key)

@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from ..models.sources import MODEL_ID, Allowed, SourceError, resolve_source
 from ..protocol.errors import LMSPError, conflict, invalid
 from ..protocol.ids import new_id
 from ..protocol.objects import model_object, task_object
+from ..protocol.registry import RegisterModelRequest
 from ..protocol.states import RestartPolicy, TaskState
 from ..store import models as model_store
 from ..store import queries, rules
@@ -40,6 +42,9 @@ from .bus import EventBus
 from .catalog import ModelCatalog
 
 log = logging.getLogger(__name__)
+
+# ServiceContext.offload: runs a function on a database thread.
+Offload = Callable[..., Awaitable[Any]]
 
 # What a paired client is told when its registration failed for a reason whose details could
 # name host paths (a conversion error, a crash); the server log has the details.
@@ -85,21 +90,25 @@ class ModelRegistrar:
         for task in queries.tasks_to_run(self.db, kind="model"):
             self.submit(task.id)
 
-    def create(self, body: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        source = body.get("source")
-        if not isinstance(source, str) or not source.strip():
-            raise invalid("'source' must be a path or a Hugging Face repo id.", param="source")
-        unknown = set(body) - {"source", "id"}
-        if unknown:
-            name = sorted(unknown)[0]
-            raise invalid(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
+    async def create(
+        self, request: RegisterModelRequest, caller: Caller, offload: Offload
+    ) -> dict[str, Any]:
+        """Commit a registration task (queued) off the loop (its source is resolved on the
+        file system there too), then start it."""
+        committed = await offload(self._commit, request, caller)
+        self.bus.publish(committed.task.id, committed.events)
+        self.submit(committed.task.id)
+        return task_object(committed.task)
+
+    def _commit(self, request: RegisterModelRequest, caller: Caller) -> rules.Committed:
+        source = request.source.strip()
         restricted = not caller.is_owner
         try:
-            resolved = resolve_source(source.strip(), self.allowed() if restricted else None)
+            resolved = resolve_source(source, self.allowed() if restricted else None)
         except SourceError as e:
             raise _source_error(e) from None
-        model_id = body.get("id") or resolved.suggested_id
-        if not isinstance(model_id, str) or not MODEL_ID.match(model_id):
+        model_id = request.id or resolved.suggested_id
+        if not MODEL_ID.match(model_id):
             raise invalid("'id' must be 1-100 letters, digits, '.', '_' or '-'.", param="id")
         self._check_free(model_id, resolved.kind, resolved.path)
         now = time.time()
@@ -110,16 +119,11 @@ class ModelRegistrar:
             on_restart=RestartPolicy.RETRY,
             owner=caller.id,
             model=model_id,
-            params=json.dumps(
-                {"source": source.strip(), "model_id": model_id, "restricted": restricted}
-            ),
+            params=json.dumps({"source": source, "model_id": model_id, "restricted": restricted}),
             created_at=now,
             updated_at=now,
         )
-        committed = rules.create_task(self.db, task, admit=self.admission.quota(caller, 0))
-        self.bus.publish(task.id, committed.events)
-        self.submit(task.id)
-        return task_object(committed.task)
+        return rules.create_task(self.db, task, admit=self.admission.quota(caller, 0))
 
     def _check_free(self, model_id: str, kind: str, path: Path) -> None:
         """409 unless the id is free, a conversion's target does not exist, and the folder is

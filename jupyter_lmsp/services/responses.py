@@ -1,29 +1,54 @@
 """Responses: creating one (a task that generates it), reading it, its input items, cancelling
-and deleting it (LMSP B5)."""
+and deleting it (LMSP B5).
+
+The coroutines here are what the handlers call: their transactions run off the IOLoop
+(`ServiceContext.offload`), and what acts on the loop (publishing the committed events, handing
+the task to the runner) happens after the commit.
+"""
 
 from __future__ import annotations
 
 import json
+import secrets
+import sqlite3
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
 from ..protocol.objects import input_item, response_object
-from ..protocol.requests import ResponseRequest
+from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseDeleted
 from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
-from ..store.tables import Response, Task
+from ..store.tables import Model, Response, Task
+from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
 from .follow import TaskEventStream
 from .idempotency import KeyedRequest
 
 
+def stored_request(request: CreateResponseRequest, seed: int) -> dict[str, Any]:
+    """What the response object echoes back, and what the task needs to run again (its
+    conversation is stored beside, see `services.conversation`)."""
+    return {
+        "instructions": request.instructions,
+        "max_output_tokens": request.max_output_tokens,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "seed": seed,
+        "stream": bool(request.stream),
+        "background": bool(request.background),
+        "metadata": request.metadata or {},
+    }
+
+
 async def create_response(
     ctx: ServiceContext,
-    request: ResponseRequest,
+    request: CreateResponseRequest,
     caller: Caller,
     keyed: KeyedRequest | None = None,
     location_prefix: str = "",
@@ -38,14 +63,14 @@ async def create_response(
     (429), checked in the transaction that creates the task.
 
     With an idempotency key, its result is written in the same transaction: the 202 body for a
-    background response, otherwise a link to the response whose final form is the result.
+    background response that is not streamed, otherwise a link to the response (a repeat gets
+    its final form, or its events again).
 
     The conversation (earlier turns and this input) is stored once, in the response's
     `request`; the task's `params` hold only how to generate.
     """
-    model = ctx.catalog.resolve(request.model)
-    context = _context_before(ctx, request.previous_response_id, caller)
-    conversation = context + list(request.messages)
+    model, context = await ctx.offload(_model_and_context, ctx, request, caller)
+    conversation = context + request.messages()
     plan = await ctx.admission.plan(
         model,
         prompt_messages(request.instructions, conversation),
@@ -55,40 +80,86 @@ async def create_response(
     admit = ctx.admission.quota(
         caller, plan.budget, "max_tokens" if input_param == "messages" else "max_output_tokens"
     )
+    committed, body = await ctx.offload(
+        _commit_response,
+        ctx,
+        request,
+        caller,
+        keyed,
+        location_prefix,
+        _Admitted(model, conversation, plan, admit),
+    )
+    ctx.runner.publish(committed)
+    ctx.runner.submit(committed.task.id, caller.id)
+    return body
+
+
+@dataclass
+class _Admitted:
+    """What admission decided for a new response: its model, conversation and plan, and the
+    quota check its transaction runs."""
+
+    model: Model
+    conversation: list[dict[str, str]]
+    plan: Plan
+    admit: Callable[[sqlite3.Cursor], None] | None
+
+
+def _model_and_context(
+    ctx: ServiceContext, request: CreateResponseRequest, caller: Caller
+) -> tuple[Model, list[dict[str, str]]]:
+    return (
+        ctx.catalog.resolve(request.model),
+        _context_before(ctx, request.previous_response_id, caller),
+    )
+
+
+def _commit_response(
+    ctx: ServiceContext,
+    request: CreateResponseRequest,
+    caller: Caller,
+    keyed: KeyedRequest | None,
+    location_prefix: str,
+    admitted: _Admitted,
+) -> tuple[rules.Committed, dict[str, Any]]:
     now = time.time()
     response_id = new_id("resp")
     task_id = new_id("task")
-    stored = request.stored_request()
-    stored.pop("input", None)
-    stored["conversation"] = conversation
-    stored["input_count"] = len(request.messages)
+    # Every response has a seed, so every run (a resumed one too) is reproducible.
+    seed = request.seed if request.seed is not None else secrets.randbits(31)
+    echoed = stored_request(request, seed)
+    stored = {
+        **echoed,
+        "conversation": admitted.conversation,
+        "input_count": len(request.messages()),
+    }
     response = Response(
         id=response_id,
         task_id=task_id,
         owner=caller.id,
-        model=model.id,
+        model=admitted.model.id,
         request=json.dumps(stored),
         previous_response_id=request.previous_response_id,
-        store=request.store,
+        store=request.stored,
         created_at=now,
     )
     task = Task(
         id=task_id,
         kind="response",
         state=TaskState.QUEUED,
-        on_restart=request.on_restart,
+        on_restart=request.restart_policy,
         owner=caller.id,
-        model=model.id,
+        model=admitted.model.id,
         response_id=response_id,
         params=json.dumps(
             {
-                "max_tokens": plan.max_tokens,
-                "temperature": request.temperature,
-                "top_p": request.top_p,
-                "seed": request.seed,
-                "prompt_tokens": plan.prompt_tokens,
+                "max_tokens": admitted.plan.max_tokens,
+                "temperature": echoed["temperature"],
+                "top_p": echoed["top_p"],
+                "seed": seed,
+                "prompt_tokens": admitted.plan.prompt_tokens,
                 # What the task holds of its caller's quota while unfinished.
-                "budget": plan.budget,
+                "budget": admitted.plan.budget,
             }
         ),
         created_at=now,
@@ -96,18 +167,15 @@ async def create_response(
     )
     record = None
     if keyed is not None:
-        if request.background:
-            task.state = TaskState.QUEUED
+        if request.background and not request.stream:
             body = response_object(response, task)
             record = keyed.result(
                 202, body, {"Location": f"{location_prefix}/responses/{response_id}"}
             )
         else:
             record = keyed.result(None, response_id=response_id)
-    committed = rules.create_task(ctx.db, task, response, idempotency=record, admit=admit)
-    ctx.runner.publish(committed)
-    ctx.runner.submit(task_id, caller.id)
-    return response_object(response, committed.task)
+    committed = rules.create_task(ctx.db, task, response, idempotency=record, admit=admitted.admit)
+    return committed, response_object(response, committed.task)
 
 
 def _context_before(
@@ -148,17 +216,22 @@ def get_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[
     return response_object(*_find(ctx, response_id, caller))
 
 
-def is_finished(ctx: ServiceContext, response_id: str, caller: Caller) -> bool:
-    return TaskState(_find(ctx, response_id, caller)[1].state) in TERMINAL_STATES
+def replay_state(ctx: ServiceContext, response_id: str, caller: Caller) -> tuple[bool, bool, bool]:
+    """For a repeated keyed create: (finished, streamed, background) of the first one's
+    response."""
+    response, task = _find(ctx, response_id, caller)
+    request = json.loads(response.request)
+    return (
+        TaskState(task.state) in TERMINAL_STATES,
+        bool(request.get("stream")),
+        bool(request.get("background")),
+    )
 
 
-def was_streamed(ctx: ServiceContext, response_id: str, caller: Caller) -> bool:
-    return bool(json.loads(_find(ctx, response_id, caller)[0].request).get("stream"))
-
-
-def cancel_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
-    _, task = _find(ctx, response_id, caller)
-    committed = ctx.runner.cancel(task.id)
+async def cancel_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
+    _, task = await ctx.offload(_find, ctx, response_id, caller)
+    committed = await ctx.offload(rules.request_cancel, ctx.db, task.id)
+    ctx.runner.cancelled(committed)
     assert committed.response is not None
     return response_object(committed.response, committed.task)
 
@@ -173,7 +246,7 @@ def delete_response(ctx: ServiceContext, response_id: str, caller: Caller) -> di
             "response_not_finished",
             f"The response '{response_id}' is still {task.state}; cancel it before deleting it.",
         )
-    return {"id": response_id, "object": "response.deleted", "deleted": True}
+    return ResponseDeleted(id=response_id).wire()
 
 
 def list_input_items(
@@ -185,10 +258,6 @@ def list_input_items(
     limit: int = 20,
     order: str = "desc",
 ) -> dict[str, Any]:
-    if not 1 <= limit <= 100:
-        raise invalid("'limit' must be between 1 and 100.", param="limit")
-    if order not in ("asc", "desc"):
-        raise invalid("'order' must be 'asc' or 'desc'.", param="order")
     response, task = _find(ctx, response_id, caller)
     messages = input_messages_of(response, task)
     items = [input_item(response.id, i, m) for i, m in enumerate(messages)]
@@ -200,19 +269,20 @@ def list_input_items(
             raise invalid(f"No input item '{after}' in this response.", param="after")
         items = items[ids.index(after) + 1 :]
     page = items[:limit]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(items) > limit,
-    }
+    return InputItemList.model_validate(
+        {
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(items) > limit,
+        }
+    ).wire()
 
 
-def response_events(
+async def response_events(
     ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
 ) -> TaskEventStream:
-    _, task = _find(ctx, response_id, caller)
+    _, task = await ctx.offload(_find, ctx, response_id, caller)
     return TaskEventStream(
         ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval, caller=caller.id
     )
@@ -222,9 +292,12 @@ async def wait_for_response(
     ctx: ServiceContext, response_id: str, caller: Caller
 ) -> dict[str, Any]:
     """The finished response object, once its task reached a terminal state."""
-    events = response_events(ctx, response_id, caller)
-    async for _ in events:
-        pass
+    events = await response_events(ctx, response_id, caller)
+    try:
+        async for _ in events:
+            pass
+    finally:
+        await events.aclose()
     if events.revoked:
         raise unauthenticated("The access token was revoked.")
-    return get_response(ctx, response_id, caller)
+    return await ctx.offload(get_response, ctx, response_id, caller)

@@ -17,8 +17,8 @@ from ..store import rules
 from .context import ServiceContext
 
 
-def revoke_client(ctx: ServiceContext, client_id: str) -> dict[str, Any]:
-    revocation = rules.revoke_client(ctx.db, client_id)
+async def revoke_client(ctx: ServiceContext, client_id: str) -> dict[str, Any]:
+    revocation = await ctx.offload(rules.revoke_client, ctx.db, client_id)
     if revocation is None:
         raise not_found("client", client_id)
     for committed in revocation.committed:

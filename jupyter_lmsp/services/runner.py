@@ -147,7 +147,8 @@ class TaskRunner:
         return committed
 
     def cancelled(self, committed: rules.Committed) -> None:
-        """Publish a committed cancel and stop the work of a task now `cancelling`."""
+        """Act on a committed cancel request (`rules.request_cancel`, run off the loop by a
+        request): publish its events, and stop the generation or registration it cancels."""
         self.publish(committed)
         task_id = committed.task.id
         if committed.task.state == TaskState.CANCELLING:

@@ -9,15 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from ..auth.scopes import Caller
-from ..protocol.errors import invalid, not_found
+from ..protocol.errors import not_found
 from ..protocol.objects import task_object
-from ..protocol.states import TaskState
-from ..store import queries
+from ..protocol.tasks import TaskList
+from ..store import queries, rules
 from ..store.tables import Task
 from .context import ServiceContext
 from .follow import TaskEventStream
-
-MAX_PAGE = 100
 
 
 def list_tasks(
@@ -29,22 +27,18 @@ def list_tasks(
     after: str | None = None,
     limit: int = 20,
 ) -> dict[str, Any]:
-    for state in states or []:
-        if state not in TaskState.__members__.values():
-            raise invalid(f"Unknown task state '{state}'.", param="state")
-    if not 1 <= limit <= MAX_PAGE:
-        raise invalid(f"'limit' must be between 1 and {MAX_PAGE}.", param="limit")
     page = queries.list_tasks(
         ctx.db, states=states, kind=kind, owner=caller.owner_filter, after=after, limit=limit
     )
     data = [task_object(t) for t in page.tasks]
-    return {
-        "object": "list",
-        "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
-        "has_more": page.has_more,
-    }
+    return TaskList.model_validate(
+        {
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    ).wire()
 
 
 def _find(ctx: ServiceContext, task_id: str, caller: Caller) -> Task:
@@ -58,18 +52,20 @@ def get_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any
     return task_object(_find(ctx, task_id, caller))
 
 
-def cancel_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:
-    _find(ctx, task_id, caller)
-    return task_object(ctx.runner.cancel(task_id).task)
+async def cancel_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:
+    await ctx.offload(_find, ctx, task_id, caller)
+    committed = await ctx.offload(rules.request_cancel, ctx.db, task_id)
+    ctx.runner.cancelled(committed)
+    return task_object(committed.task)
 
 
 def event_page(
     ctx: ServiceContext, task_id: str, caller: Caller, after: int, limit: int
 ) -> dict[str, Any]:
     _find(ctx, task_id, caller)
-    if not 1 <= limit <= 1000:
-        raise invalid("'limit' must be between 1 and 1000.", param="limit")
     events = queries.list_events(ctx.db, task_id, after, limit + 1)
+    # Assembled, not re-validated: the events are as committed (tests check them against
+    # the Event schema).
     return {
         "object": "list",
         "data": events[:limit],
@@ -78,10 +74,10 @@ def event_page(
     }
 
 
-def task_events(
+async def task_events(
     ctx: ServiceContext, task_id: str, caller: Caller, after: int = -1
 ) -> TaskEventStream:
-    _find(ctx, task_id, caller)
+    await ctx.offload(_find, ctx, task_id, caller)
     return TaskEventStream(
         ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval, caller=caller.id
     )

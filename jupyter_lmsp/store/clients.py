@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlmodel import col
 
 from ..auth import secrets as codes
 from .database import Database
@@ -28,12 +29,12 @@ def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = Non
     with db.write() as session:
         if max_pending is not None:
             waiting = (
-                select(Pairing.expires_at)
+                select(col(Pairing.expires_at))
                 .where(
-                    Pairing.status == "pending",  # type: ignore[arg-type]
-                    Pairing.expires_at > pairing.created_at,  # type: ignore[arg-type,operator]
+                    col(Pairing.status) == "pending",
+                    col(Pairing.expires_at) > pairing.created_at,
                 )
-                .order_by(Pairing.expires_at)  # type: ignore[arg-type]
+                .order_by(col(Pairing.expires_at))
             )
             expiries = list(session.execute(waiting).scalars())
             if len(expiries) >= max_pending:
@@ -51,11 +52,11 @@ def list_pairings(db: Database, status: str | None = "pending") -> list[Pairing]
     """Pairing requests, oldest first (a flood of new ones never pushes an earlier one down)."""
     now = time.time()
     with db.read() as session:
-        query = select(Pairing).order_by(Pairing.created_at)  # type: ignore[arg-type]
+        query = select(Pairing).order_by(col(Pairing.created_at))
         if status is not None:
-            query = query.where(Pairing.status == status)  # type: ignore[arg-type]
+            query = query.where(col(Pairing.status) == status)
         if status == "pending":
-            query = query.where(Pairing.expires_at > now)  # type: ignore[arg-type,operator]
+            query = query.where(col(Pairing.expires_at) > now)
         return list(session.execute(query).scalars())
 
 
@@ -66,9 +67,9 @@ def find_pairing(db: Database, id_or_user_code: str) -> Pairing | None:
             return pairing
         code = codes.normalize_user_code(id_or_user_code)
         query = select(Pairing).where(
-            Pairing.user_code == code,  # type: ignore[arg-type]
-            Pairing.status == "pending",  # type: ignore[arg-type]
-            Pairing.expires_at > time.time(),  # type: ignore[arg-type,operator]
+            col(Pairing.user_code) == code,
+            col(Pairing.status) == "pending",
+            col(Pairing.expires_at) > time.time(),
         )
         return session.execute(query).scalars().first()
 
@@ -179,7 +180,7 @@ def client_for_token(db: Database, token: str) -> Client | None:
     """The live (not revoked) client whose token this is."""
     wanted = codes.secret_hash(token)
     with db.read() as session:
-        query = select(Client).where(Client.token_hash == wanted)  # type: ignore[arg-type]
+        query = select(Client).where(col(Client.token_hash) == wanted)
         client = session.execute(query).scalars().first()
     if client is None or client.revoked_at is not None:
         return None
@@ -198,7 +199,7 @@ def touch_client(db: Database, client_id: str, now: float | None = None) -> None
 
 def list_clients(db: Database, include_revoked: bool = False) -> list[Client]:
     with db.read() as session:
-        query = select(Client).order_by(Client.created_at)  # type: ignore[arg-type]
+        query = select(Client).order_by(col(Client.created_at))
         if not include_revoked:
-            query = query.where(Client.revoked_at.is_(None))  # type: ignore[union-attr]
+            query = query.where(col(Client.revoked_at).is_(None))
         return list(session.execute(query).scalars())

@@ -12,9 +12,10 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import cast
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
 from sqlmodel import Session, SQLModel
 
@@ -73,7 +74,8 @@ class Database:
         double the cost of a transaction. Rows come back as `sqlite3.Row`."""
         proxy = self.engine.raw_connection()
         try:
-            cursor = proxy.cursor()
+            # The pool's DBAPI cursor is sqlite3's (this class opens SQLite only).
+            cursor = cast(sqlite3.Cursor, proxy.cursor())
             cursor.row_factory = sqlite3.Row
             cursor.execute("BEGIN IMMEDIATE")
             try:
@@ -102,7 +104,7 @@ class Database:
         self.engine.dispose()
 
 
-def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]
+def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
     # Let SQLAlchemy's "begin" event issue BEGIN itself instead of pysqlite's implicit one.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
@@ -115,6 +117,6 @@ def _on_connect(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-d
     cursor.close()
 
 
-def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+def _on_begin(conn: Connection) -> None:
     mode = conn.get_execution_options().get("lmsp_begin", "IMMEDIATE")
     conn.exec_driver_sql(f"BEGIN {mode}")

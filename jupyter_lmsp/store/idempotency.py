@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete
+from sqlmodel import col
 
 from .database import Database
 from .tables import IdempotencyKey
@@ -83,9 +84,9 @@ def release_key(db: Database, caller: str, key: str) -> None:
     with db.write() as session:
         session.execute(
             delete(IdempotencyKey).where(
-                IdempotencyKey.caller == caller,  # type: ignore[arg-type]
-                IdempotencyKey.key == key,  # type: ignore[arg-type]
-                IdempotencyKey.status_code.is_(None),  # type: ignore[union-attr]
-                IdempotencyKey.response_id.is_(None),  # type: ignore[union-attr]
+                col(IdempotencyKey.caller) == caller,
+                col(IdempotencyKey.key) == key,
+                col(IdempotencyKey.status_code).is_(None),
+                col(IdempotencyKey.response_id).is_(None),
             )
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sqlalchemy import select
+from sqlmodel import col
 
 from .database import Database
 from .tables import Model
@@ -10,7 +11,7 @@ from .tables import Model
 
 def list_models(db: Database) -> list[Model]:
     with db.read() as session:
-        return list(session.execute(select(Model).order_by(Model.id)).scalars())  # type: ignore[arg-type]
+        return list(session.execute(select(Model).order_by(col(Model.id))).scalars())
 
 
 def get_model(db: Database, model_id: str) -> Model | None:

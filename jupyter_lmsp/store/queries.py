@@ -10,6 +10,7 @@ import secrets
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlmodel import col
 
 from ..protocol.states import TaskState
 from .database import Database
@@ -60,19 +61,19 @@ def list_tasks(
     with db.read() as session:
         query = select(Task)
         if states:
-            query = query.where(Task.state.in_(states))  # type: ignore[attr-defined]
+            query = query.where(col(Task.state).in_(states))
         if kind:
-            query = query.where(Task.kind == kind)
+            query = query.where(col(Task.kind) == kind)
         if owner:
-            query = query.where(Task.owner == owner)
+            query = query.where(col(Task.owner) == owner)
         if after:
             anchor = session.get(Task, after)
             if anchor is not None:
                 query = query.where(
-                    (Task.created_at < anchor.created_at)  # type: ignore[operator]
-                    | ((Task.created_at == anchor.created_at) & (Task.id < anchor.id))  # type: ignore[operator]
+                    (col(Task.created_at) < anchor.created_at)
+                    | ((col(Task.created_at) == anchor.created_at) & (col(Task.id) < anchor.id))
                 )
-        query = query.order_by(Task.created_at.desc(), Task.id.desc()).limit(limit + 1)  # type: ignore[attr-defined]
+        query = query.order_by(col(Task.created_at).desc(), col(Task.id).desc()).limit(limit + 1)
         rows = list(session.execute(query).scalars())
         return TaskPage(rows[:limit], len(rows) > limit)
 
@@ -83,9 +84,9 @@ def list_events(
     """The task's committed events with `sequence_number > after`, in order."""
     with db.read() as session:
         query = (
-            select(TaskEvent.data)
-            .where(TaskEvent.task_id == task_id, TaskEvent.sequence_number > after)  # type: ignore[arg-type,operator]
-            .order_by(TaskEvent.sequence_number)  # type: ignore[arg-type]
+            select(col(TaskEvent.data))
+            .where(col(TaskEvent.task_id) == task_id, col(TaskEvent.sequence_number) > after)
+            .order_by(col(TaskEvent.sequence_number))
         )
         if limit is not None:
             query = query.limit(limit)
@@ -98,10 +99,10 @@ def tasks_to_run(db: Database, kind: str = "response") -> list[Task]:
         query = (
             select(Task)
             .where(
-                Task.state.in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]),  # type: ignore[attr-defined]
-                Task.kind == kind,  # type: ignore[arg-type]
+                col(Task.state).in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]),
+                col(Task.kind) == kind,
             )
-            .order_by(Task.created_at)  # type: ignore[arg-type]
+            .order_by(col(Task.created_at))
         )
         return list(session.execute(query).scalars())
 

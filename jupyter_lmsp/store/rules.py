@@ -27,9 +27,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import CursorResult, Delete, delete, insert, select
+from sqlmodel import Session, col
 
 from ..protocol import events as ev
 from ..protocol.errors import LMSPError
@@ -120,7 +121,7 @@ def create_task(
     task.state = TaskState.QUEUED
     task.created_at = task.created_at or now
     task.updated_at = now
-    first = (
+    first: Event = (
         ev.lifecycle(ev.CREATED, response_object(response, task))
         if response is not None
         else {"type": "task.created", "task_id": task.id}
@@ -319,8 +320,12 @@ def request_cancel(db: Database, task_id: str, reason: dict[str, str] | None = N
     return Committed(task, response, events, changed=bool(events))
 
 
-def _cancel(  # type: ignore[no-untyped-def]
-    session, task: Task, response: Response | None, reason: dict[str, str] | None, now: float
+def _cancel(
+    session: Session,
+    task: Task,
+    response: Response | None,
+    reason: dict[str, str] | None,
+    now: float,
 ) -> list[Event]:
     state = TaskState(task.state)
     if state in TERMINAL_STATES or state == TaskState.CANCELLING:
@@ -374,15 +379,14 @@ def revoke_client(db: Database, client_id: str) -> Revocation | None:
                 current.revoked_at = now
                 session.add(current)
             revoked.append(current)
-            approved = select(Client).where(Client.approved_by == current.id)  # type: ignore[arg-type]
+            approved = select(Client).where(col(Client.approved_by) == current.id)
             pending.extend(session.execute(approved).scalars())
         result = Revocation(revoked)
         owners = [c.id for c in revoked]
         unfinished = select(Task).where(
-            Task.owner.in_(owners),  # type: ignore[attr-defined]
-            Task.state.in_(_UNFINISHED),  # type: ignore[attr-defined]
+            col(Task.owner).in_(owners), col(Task.state).in_(_UNFINISHED)
         )
-        for task in list(session.execute(unfinished.order_by(Task.created_at)).scalars()):  # type: ignore[arg-type]
+        for task in list(session.execute(unfinished.order_by(col(Task.created_at))).scalars()):
             response = session.get(Response, task.response_id) if task.response_id else None
             events = _cancel(session, task, response, CLIENT_REVOKED, now)
             if events:
@@ -430,28 +434,26 @@ def purge_expired(db: Database, retention_seconds: float, now: float | None = No
     terminal = [str(s) for s in TERMINAL_STATES]
     report = PurgeReport()
     with db.write() as session:
-        expired = select(Task.id).where(
-            Task.state.in_(terminal),  # type: ignore[attr-defined]
-            Task.finished_at.is_not(None),  # type: ignore[union-attr]
-            Task.finished_at < cutoff,  # type: ignore[operator]
+        expired = select(col(Task.id)).where(
+            col(Task.state).in_(terminal),
+            col(Task.finished_at).is_not(None),
+            col(Task.finished_at) < cutoff,
         )
         ids = list(session.execute(expired).scalars())
         for chunk in _chunks(ids, 500):
-            report.events += session.execute(
-                delete(TaskEvent).where(TaskEvent.task_id.in_(chunk))  # type: ignore[attr-defined]
-            ).rowcount
-            report.responses += session.execute(
-                delete(Response).where(Response.task_id.in_(chunk))  # type: ignore[attr-defined]
-            ).rowcount
-            report.tasks += session.execute(
-                delete(Task).where(
-                    Task.id.in_(chunk),  # type: ignore[attr-defined]
-                    Task.state.in_(terminal),  # type: ignore[attr-defined]
-                )
-            ).rowcount
-        report.idempotency_keys = session.execute(
-            delete(IdempotencyKey).where(IdempotencyKey.expires_at < now)  # type: ignore[arg-type]
-        ).rowcount
+            report.events += _deleted(
+                session, delete(TaskEvent).where(col(TaskEvent.task_id).in_(chunk))
+            )
+            report.responses += _deleted(
+                session, delete(Response).where(col(Response.task_id).in_(chunk))
+            )
+            report.tasks += _deleted(
+                session,
+                delete(Task).where(col(Task.id).in_(chunk), col(Task.state).in_(terminal)),
+            )
+        report.idempotency_keys = _deleted(
+            session, delete(IdempotencyKey).where(col(IdempotencyKey.expires_at) < now)
+        )
     return report
 
 
@@ -462,8 +464,8 @@ def delete_finished_task(db: Database, task_id: str) -> bool:
         task = session.get(Task, task_id)
         if task is None or TaskState(task.state) not in TERMINAL_STATES:
             return False
-        session.execute(delete(TaskEvent).where(TaskEvent.task_id == task_id))  # type: ignore[arg-type]
-        session.execute(delete(Response).where(Response.task_id == task_id))  # type: ignore[arg-type]
+        session.execute(delete(TaskEvent).where(col(TaskEvent.task_id) == task_id))
+        session.execute(delete(Response).where(col(Response.task_id) == task_id))
         session.delete(task)
     return True
 
@@ -619,7 +621,7 @@ def _record(row: sqlite3.Row) -> Any:
 # internals: every write above goes through these
 
 
-def _load(session, task_id: str) -> tuple[Task, Response | None]:  # type: ignore[no-untyped-def]
+def _load(session: Session, task_id: str) -> tuple[Task, Response | None]:
     task = session.get(Task, task_id)
     if task is None:
         raise LMSPError(
@@ -629,7 +631,7 @@ def _load(session, task_id: str) -> tuple[Task, Response | None]:  # type: ignor
     return task, response
 
 
-def _append(session, task: Task, events: list[Event], now: float) -> list[Event]:  # type: ignore[no-untyped-def]
+def _append(session: Session, task: Task, events: list[Event], now: float) -> list[Event]:
     """Number `events` from the task's next sequence number and write them with the task."""
     rows: list[dict[str, Any]] = []
     _number(task, events, now, rows)
@@ -717,6 +719,11 @@ def _insert(cursor: sqlite3.Cursor, table: str, values: dict[str, Any], tail: st
     columns = ", ".join(values)
     marks = ", ".join(f":{k}" for k in values)
     cursor.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks}){tail}", values)
+
+
+def _deleted(session: Session, statement: Delete) -> int:
+    """Run a DELETE; how many rows it removed (a DML statement's result is a cursor result)."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount
 
 
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:

@@ -159,8 +159,9 @@ class TaskBoard(ipywidgets.VBox):
         if hasattr(self, "_stopped"):
             self._stopped.set()
             self._wake.set()
-        if getattr(self, "watcher", None) is not None:
-            self.watcher.close()  # type: ignore[union-attr]
+        watcher: TaskWatcher | None = getattr(self, "watcher", None)
+        if watcher is not None:
+            watcher.close()
         if hasattr(self, "table"):
             self.table.close()
         super().close()

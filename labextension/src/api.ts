@@ -9,12 +9,15 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import type {
   IClient,
-  IList,
-  IModel,
+  IClientList,
+  IEventPage,
+  IModelList,
   IPairing,
+  IPairingList,
+  IRegisteringTask,
   IService,
   ITask,
-  ITaskEvent
+  ITaskList
 } from './types';
 
 /** An answer other than 2xx, with the message of the LMSP error body when there is one. */
@@ -95,7 +98,7 @@ export class LMSPClient {
     return this.request('GET', 'service');
   }
 
-  tasks(limit = 20): Promise<IList<ITask>> {
+  tasks(limit = 20): Promise<ITaskList> {
     return this.request('GET', `tasks?limit=${limit}`);
   }
 
@@ -108,27 +111,23 @@ export class LMSPClient {
   }
 
   /** A JSON page of a task's events after sequence number `after` (the poll fallback). */
-  events(
-    id: string,
-    after: number,
-    limit = 1000
-  ): Promise<IList<ITaskEvent> & { last_sequence_number: number }> {
+  events(id: string, after: number, limit = 1000): Promise<IEventPage> {
     return this.request(
       'GET',
       `tasks/${encodeURIComponent(id)}/events?after=${after}&limit=${limit}`
     );
   }
 
-  models(): Promise<IList<IModel>> {
+  models(): Promise<IModelList> {
     return this.request('GET', 'models');
   }
 
   /** Register a model from a local path (LMSP B4): answers `202` with the registering task. */
-  registerModel(source: string): Promise<Record<string, unknown>> {
+  registerModel(source: string): Promise<IRegisteringTask> {
     return this.request('POST', 'models', { source });
   }
 
-  pairings(): Promise<IList<IPairing>> {
+  pairings(): Promise<IPairingList> {
     return this.request('GET', 'pairings');
   }
 
@@ -144,7 +143,7 @@ export class LMSPClient {
     return this.request('POST', `pairings/${encodeURIComponent(id)}/deny`, {});
   }
 
-  clients(): Promise<IList<IClient>> {
+  clients(): Promise<IClientList> {
     return this.request('GET', 'clients');
   }
 

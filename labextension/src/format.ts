@@ -32,7 +32,7 @@ export function size(bytes: number | undefined): string {
 }
 
 /** "sha256:0123456789ab" from a full digest (12 hex digits, as container tools show). */
-export function shortDigest(digest: string | undefined): string {
+export function shortDigest(digest: string | null | undefined): string {
   if (!digest) {
     return '—';
   }

@@ -325,13 +325,7 @@ export class SidebarModel {
         this.refreshTasks(),
         this.load('models', async () => (await this.client.models()).data)
       ]);
-      const taskId =
-        typeof result.task_id === 'string'
-          ? result.task_id
-          : result.object === 'task' && typeof result.id === 'string'
-            ? result.id
-            : null;
-      return `Registering ${path}${taskId ? ` (task ${taskId.slice(-8)})` : ''}…`;
+      return `Registering ${path} (task ${result.id.slice(-8)})…`;
     });
   }
 

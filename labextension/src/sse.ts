@@ -223,7 +223,7 @@ export class TaskFollower {
       for (const event of page.data) {
         this.deliver(event);
       }
-      more = page.has_more === true && page.data.length > 0;
+      more = page.has_more && page.data.length > 0;
     }
   }
 }

@@ -16,7 +16,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 # SmolLM2-135M's shapes as `nn.Linear` applies them (x @ W.T): the tied output head for one
 # decode step of a batch of 8, and one up projection of a 512-token prefill chunk.
@@ -123,7 +123,8 @@ def main() -> None:
         ((x_decode @ w_decode.T)[:, :CHECKED], elementwise(x_decode, w_decode[:CHECKED].T)),
         ((x_prefill @ w_prefill.T)[:8], elementwise(x_prefill[:8], w_prefill.T)),
     ]
-    errors = [mx.abs(got - want).max().item() for got, want in checks]
+    # .item() of a float32 array is a Python float; mlx's stub says any scalar.
+    errors = [cast(float, mx.abs(got - want).max().item()) for got, want in checks]
     report["correct"] = all(
         mx.allclose(got, want, rtol=1e-3, atol=1e-3).item() for got, want in checks
     )

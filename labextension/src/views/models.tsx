@@ -53,7 +53,7 @@ export function ModelsView(props: { model: SidebarModel }): React.ReactElement {
                 </span>
                 {m.id === defaultModel ? <span className="jp-LMSP-tag">default</span> : null}
                 <span className="jp-LMSP-grow" />
-                <StateBadge state={m.state ?? 'available'} />
+                <StateBadge state={m.state} />
               </div>
               <div className="jp-LMSP-line jp-LMSP-sub">
                 <span className="jp-LMSP-size">{size(m.size_bytes)}</span>

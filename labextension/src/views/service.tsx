@@ -25,9 +25,10 @@ export function ServiceView(props: { model: SidebarModel }): React.ReactElement 
           <dd data-field="default_model">{service.default_model ?? '(none)'}</dd>
           <dt>worker</dt>
           <dd data-field="worker">
-            <StateBadge state={service.worker?.state ?? 'unknown'} />
-            {service.worker?.blas ? ` ${service.worker.blas}` : ''}
-            {service.worker?.pid !== undefined ? ` pid ${service.worker.pid}` : ''}
+            <StateBadge state={service.worker.state} />
+            {service.worker.blas ? ` ${service.worker.blas}` : ''}
+            {/* The owner's alone: a paired client is not told (LMSP: the worker's pid). */}
+            {service.worker.pid != null ? ` pid ${service.worker.pid}` : ''}
           </dd>
         </dl>
       ) : loaded ? null : (

@@ -64,7 +64,7 @@ function TaskRow(props: {
           {task.error ? (
             <span className="jp-LMSP-taskError" title={task.error.message}>
               {' · '}
-              {task.error.code ?? 'error'}
+              {task.error.code}
             </span>
           ) : null}
         </span>

@@ -1,5 +1,8 @@
-"""The pairing flow (LMSP B3, shaped like RFC 8628): start, decide, poll for the token; and the
-owner's view of paired clients.
+"""Pairing and paired clients (LMSP B3, shaped like RFC 8628): start, decide, poll for the
+token; the owner's view of paired clients; and who a bearer token belongs to.
+
+Every function here is database work only (the handlers run it off the IOLoop, the command
+line calls it directly).
 
 Abuse limits (docs/security.md): starting is rate-limited per remote address and capped at
 `max_pending` waiting requests (the owner's list shows the oldest first, so a flood cannot
@@ -15,19 +18,36 @@ import math
 import time
 from typing import Any
 
-from ..protocol.errors import LMSPError, invalid, not_found
+from pydantic import TypeAdapter
+
+from ..auth import secrets as codes
+from ..auth.ratelimit import RateLimiter
+from ..auth.scopes import OWNER, Caller
+from ..protocol.errors import LMSPError, not_found
 from ..protocol.ids import new_id
 from ..protocol.objects import client_object, pairing_object
+from ..protocol.pairing import (
+    ClientList,
+    PairingList,
+    PairingStarted,
+    PairingToken,
+    PairingTokenRequest,
+    Scopes,
+    StartPairingRequest,
+)
+from ..protocol.validation import validate_value
 from ..store import clients as store
 from ..store import rules
 from ..store.database import Database
 from ..store.tables import Pairing
-from . import secrets as codes
-from .ratelimit import RateLimiter
-from .scopes import OWNER, Caller, parse_scopes
 
 PAIRING_TTL = 600.0
 POLL_INTERVAL = 5
+# How stale `last_used_at` may get before a request writes it again (one write a minute per
+# client, not one per request).
+TOUCH_INTERVAL = 60.0
+
+_SCOPES = TypeAdapter(Scopes)
 
 _POLL_ERRORS = {
     "authorization_pending": "The owner has not approved this pairing yet; poll again later.",
@@ -40,32 +60,19 @@ _POLL_ERRORS = {
 
 def start(
     db: Database,
-    body: dict[str, Any],
+    request: StartPairingRequest,
     ttl: float = PAIRING_TTL,
     *,
     started_by: Caller | None = None,
     max_pending: int | None = None,
 ) -> dict[str, Any]:
     """Start a pairing. `started_by` is the caller when the request carried credentials."""
-    name = body.get("client_name")
-    if not isinstance(name, str) or not 1 <= len(name.strip()) <= 100:
-        raise invalid("'client_name' must be a string of 1 to 100 characters.", param="client_name")
-    scopes = parse_scopes(body.get("scopes", []))
-    if not scopes:
-        raise invalid("'scopes' must name at least one scope.", param="scopes")
-    unknown = set(body) - {"client_name", "scopes"}
-    if unknown:
-        raise invalid(
-            f"Unknown parameter: '{sorted(unknown)[0]}'.",
-            param=sorted(unknown)[0],
-            code="unknown_parameter",
-        )
     device_code = codes.new_device_code()
     now = time.time()
     pairing = Pairing(
         id=new_id("pair"),
-        client_name=name.strip(),
-        requested_scopes=json.dumps(scopes),
+        client_name=request.client_name,
+        requested_scopes=json.dumps(request.scopes),
         user_code=codes.new_user_code(),
         device_code_hash=codes.secret_hash(device_code),
         interval=POLL_INTERVAL,
@@ -83,22 +90,26 @@ def start(
             type="rate_limit_error",
             headers={"Retry-After": str(max(1, math.ceil(oldest_expiry - now)))},
         )
-    return {
-        "id": pairing.id,
-        "object": "pairing",
-        "device_code": device_code,
-        "user_code": pairing.user_code,
-        "expires_at": int(pairing.expires_at),
-        "interval": pairing.interval,
-        "scopes": scopes,
-    }
+    return PairingStarted(
+        id=pairing.id,
+        device_code=device_code,
+        user_code=pairing.user_code,
+        expires_at=int(pairing.expires_at),
+        interval=pairing.interval,
+        scopes=request.scopes,
+    ).wire()
+
+
+def parse_scopes(value: object) -> list[str]:
+    """Scope names given on the command line, checked as the API checks them."""
+    return list(validate_value(_SCOPES, value, "scopes"))
 
 
 def decide(
     db: Database,
     id_or_code: str,
     approve: bool,
-    scopes: object = None,
+    scopes: list[str] | None = None,
     approver: Caller = OWNER,
 ) -> dict[str, Any]:
     """Approve or deny a pairing. A paired client approving (it holds `clients:admin`) grants
@@ -106,12 +117,11 @@ def decide(
     pairing = store.find_pairing(db, id_or_code)
     if pairing is None:
         raise not_found("pairing", id_or_code)
-    granted = None if scopes is None else parse_scopes(scopes)
     updated, why = store.decide_pairing(
         db,
         pairing.id,
         approve,
-        granted,
+        scopes,
         decided_by=approver.id,
         held=None if approver.is_owner else approver.scopes,
     )
@@ -147,30 +157,25 @@ _FORBIDDEN = {
 def poll(
     db: Database,
     pairing_id: str,
-    body: dict[str, Any],
+    request: PairingTokenRequest,
     limiter: RateLimiter | None = None,
     remote_address: str = "unknown",
 ) -> dict[str, Any]:
     """Poll for the token. With a `limiter`, polls are limited per pairing; polls for a pairing
     that does not exist share one bucket per remote address."""
-    device_code = body.get("device_code")
-    if not isinstance(device_code, str) or not device_code:
-        raise invalid("'device_code' is required.", param="device_code")
     if limiter is not None:
         known = store.get_pairing(db, pairing_id) is not None
         limiter.check(f"pairing:{pairing_id}" if known else f"unknown:{remote_address}")
-    result = store.poll_pairing(db, pairing_id, device_code)
+    result = store.poll_pairing(db, pairing_id, request.device_code)
     if result.outcome == "not_found":
         raise not_found("pairing", pairing_id)
     if result.outcome == "token":
         assert result.client is not None and result.access_token is not None
-        return {
-            "object": "pairing.token",
-            "client_id": result.client.id,
-            "access_token": result.access_token,
-            "token_type": "Bearer",
-            "scopes": json.loads(result.client.scopes),
-        }
+        return PairingToken(
+            client_id=result.client.id,
+            access_token=result.access_token,
+            scopes=json.loads(result.client.scopes),
+        ).wire()
     headers = None
     if result.outcome == "slow_down" and result.pairing is not None:
         headers = {"Retry-After": str(result.pairing.interval)}
@@ -184,11 +189,15 @@ def poll(
 
 
 def pending(db: Database) -> dict[str, Any]:
-    return {"object": "list", "data": [pairing_object(p) for p in store.list_pairings(db)]}
+    return PairingList.model_validate(
+        {"data": [pairing_object(p) for p in store.list_pairings(db)]}
+    ).wire()
 
 
 def list_clients(db: Database) -> dict[str, Any]:
-    return {"object": "list", "data": [client_object(c) for c in store.list_clients(db)]}
+    return ClientList.model_validate(
+        {"data": [client_object(c) for c in store.list_clients(db)]}
+    ).wire()
 
 
 def revoke(db: Database, client_id: str) -> dict[str, Any]:
@@ -200,3 +209,14 @@ def revoke(db: Database, client_id: str) -> dict[str, Any]:
     if revocation is None:
         raise not_found("client", client_id)
     return client_object(revocation.clients[0])
+
+
+def authenticate(db: Database, token: str) -> Caller | None:
+    """The paired client whose access token this is (None: unknown or revoked); its
+    `last_used_at` is brought up to date at most once a minute."""
+    client = store.client_for_token(db, token)
+    if client is None:
+        return None
+    if client.last_used_at is None or client.last_used_at < time.time() - TOUCH_INTERVAL:
+        store.touch_client(db, client.id)
+    return Caller(client.id, frozenset(json.loads(client.scopes)), client.name)
