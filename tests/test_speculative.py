@@ -175,6 +175,27 @@ def test_settings_are_checked() -> None:
     assert SpeculationSettings().active
 
 
+def test_the_extension_traits_set_the_workers_speculation() -> None:
+    from traitlets import TraitError
+
+    from jupyter_lmsp.engine.blas import BlasSelection
+    from jupyter_lmsp.extension import LMSPExtension
+
+    def worker_settings(**traits: Any) -> WorkerSettings:
+        ext = LMSPExtension(**traits)
+        ext.blas = BlasSelection(enabled=False)  # set by initialize_settings, unused here
+        return ext._make_engine(lambda message: None)._settings
+
+    default = worker_settings().speculation
+    assert default.active and default.max_draft == SpeculationSettings().max_draft
+    chosen = worker_settings(speculative_decoding=False, speculative_max_draft=3).speculation
+    assert not chosen.active and chosen.max_draft == 3
+    assert worker_settings(speculative_max_draft=64).speculation.max_draft == 64
+    for bad in (0, 65):
+        with pytest.raises(TraitError, match="speculative_max_draft"):
+            LMSPExtension(speculative_max_draft=bad)
+
+
 # --- the ragged KV cache ----------------------------------------------------------------------
 
 
