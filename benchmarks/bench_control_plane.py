@@ -1,13 +1,17 @@
 """Control-plane benchmark (issue 3): one command, measured side by side in one run.
 
-    .venv/bin/python benchmarks/bench_control_plane.py [--quick]
+    .venv/bin/python benchmarks/bench_control_plane.py [--quick] [--baseline REF] [--rounds N]
 
 1. Background create → 202: latency p50/p99 of sequential POSTs, and the rate with 8 concurrent
    clients, against a real `jupyter server` with durable commits (synchronous=FULL). The
    worker holds one slow task, so the others stay queued: the create path is what is timed.
+   With `--baseline REF` (e.g. `main`, or a commit), the same measurement runs against that
+   checkout of the code too (a `git worktree` of REF, imported through PYTHONPATH by the
+   server), alternating with this one for `--rounds` rounds, so both meet the same machine.
 2. Event append rate: `rules.append_output` (one delta event + snapshot per transaction) against
    raw `sqlite3` doing the same transaction on the same kind of file, side by side.
-3. Start-up recovery time for 10,000 unfinished tasks (`rules.recover_at_startup`).
+3. Start-up recovery time for 10,000 unfinished tasks held by a server that died on this
+   machine (`rules.recover_at_startup`, as a restarted server runs it).
 4. Delivery lag p50/p99 to 200 concurrent SSE readers of one task (receive time − commit time).
 
 Results go to benchmarks/results/control_plane.md (and .json).
@@ -22,10 +26,12 @@ import os
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -55,13 +61,14 @@ def prepare_data_dir(base: Path) -> Path:
 
 
 # 1 -------------------------------------------------------------------------------------------
-def bench_creates(base: Path, n_seq: int, n_conc: int) -> dict:
+def bench_creates(base: Path, n_seq: int, n_conc: int, env: dict[str, str] | None = None) -> dict:
     body = {"input": "hi", "background": True, "max_output_tokens": 1, "temperature": 0}
     # One generation slot and a slow worker: the first task occupies it and the rest stay
     # queued, so this measures the create path (parse, commit, 202) rather than how fast the
     # worker then runs thousands of tasks on the same two CPUs.
     slow = {"max_batch_size": 1, "engine_token_delay": 60}
-    with ServerProcess(prepare_data_dir(base / "creates"), **slow) as server, server.client() as c:
+    data = prepare_data_dir(Path(tempfile.mkdtemp(dir=base, prefix="creates-")))
+    with ServerProcess(data, env=env, **slow) as server, server.client() as c:
         for _ in range(20):  # warm up connections and code paths
             c.post("/responses", json=body)
         latencies = []
@@ -91,6 +98,63 @@ def bench_creates(base: Path, n_seq: int, n_conc: int) -> dict:
         "p99_ms": pct(latencies, 0.99),
         "sequential_rate": n_seq / (sum(latencies) / 1000),
         "concurrent_rate": per_thread * 8 / elapsed,
+        "latencies": latencies,
+    }
+
+
+@contextmanager
+def baseline_checkout(ref: str):  # type: ignore[no-untyped-def]
+    """A `git worktree` of `ref` (detached), removed afterwards; yields (folder, commit)."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    folder = Path(tempfile.mkdtemp(prefix="lmsp-baseline-")) / "tree"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(folder), commit],
+        capture_output=True,
+        check=True,
+    )
+    try:
+        yield folder, commit
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(folder)],
+            capture_output=True,
+        )
+
+
+def bench_creates_side_by_side(
+    base: Path, n_seq: int, n_conc: int, ref: str | None, rounds: int
+) -> dict:
+    """`bench_creates` for this code and, with `ref`, for that checkout, alternating rounds
+    (this, baseline; then baseline, this; ...) so that both meet the same machine."""
+    if ref is None:
+        runs = [bench_creates(base, n_seq, n_conc) for _ in range(rounds)]
+        return {"current": _merge(runs)}
+    with baseline_checkout(ref) as (folder, commit):
+        env = {"PYTHONPATH": str(folder)}
+        current, baseline = [], []
+        for i in range(rounds):
+            order = [(current, None), (baseline, env)]
+            for into, run_env in order if i % 2 == 0 else reversed(order):
+                into.append(bench_creates(base, n_seq, n_conc, env=run_env))
+    merged = {"current": _merge(current), "baseline": _merge(baseline)}
+    merged["baseline"]["ref"] = f"{ref} ({commit[:10]})"
+    merged["p50_ratio"] = merged["current"]["p50_ms"] / merged["baseline"]["p50_ms"]
+    return merged
+
+
+def _merge(runs: list[dict]) -> dict:
+    latencies = [x for r in runs for x in r["latencies"]]
+    return {
+        "rounds": len(runs),
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": pct(latencies, 0.99),
+        "sequential_rate": statistics.median(r["sequential_rate"] for r in runs),
+        "concurrent_rate": statistics.median(r["concurrent_rate"] for r in runs),
     }
 
 
@@ -173,16 +237,32 @@ def bench_appends(base: Path, n: int) -> dict:
 def bench_recovery(base: Path, n: int) -> dict:
     from storehelpers import make_tasks
 
+    from jupyter_lmsp.store import runners
+
     db = Database(sqlite_url(base / "recovery.sqlite"))
     states = ["queued", "loading", "running", "cancelling"]
     policies = [p.value for p in RestartPolicy]
     per = n // (len(states) * len(policies))
+    ids = []
     for state in states:
         for policy in policies:
-            make_tasks(db, per, state, on_restart=policy)
+            ids += make_tasks(db, per, state, on_restart=policy)
+    # They were held by a server that died on this machine: a process that has exited.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    held_by = runners.register(db, lease_seconds=3600).id
+    conn = sqlite3.connect(base / "recovery.sqlite")
+    conn.execute("UPDATE runners SET pid = ? WHERE id = ?", (dead.pid, held_by))
+    conn.execute("UPDATE tasks SET runner_id = ?", (held_by,))
+    conn.commit()
+    conn.close()
+    db.dispose()
+    db = Database(sqlite_url(base / "recovery.sqlite"))  # the restarted server
+    me = runners.register(db, lease_seconds=30).id
     t = time.perf_counter()
-    report = rules.recover_at_startup(db)
+    report = rules.recover_at_startup(db, adopter=me)
     elapsed = time.perf_counter() - t
+    assert report.runners == [(held_by, "process_gone")], report.runners
     assert report.examined == per * len(states) * len(policies)
     db.dispose()
     return {"tasks": report.examined, "seconds": elapsed, "transitions": report.transitions}
@@ -271,12 +351,21 @@ def bench_sse(base: Path, readers: int, tokens: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
+    parser.add_argument(
+        "--baseline",
+        metavar="REF",
+        help="also measure creates with this git ref's code (e.g. main), side by side",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="create rounds per checkout")
     args = parser.parse_args()
     q = args.quick
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         print("1/4 creates…", file=sys.stderr)
-        creates = bench_creates(base, 200 if q else 1000, 400 if q else 2000)
+        side = bench_creates_side_by_side(
+            base, 200 if q else 1000, 400 if q else 2000, args.baseline, 1 if q else args.rounds
+        )
+        creates = side["current"]
         print("2/4 appends…", file=sys.stderr)
         appends = bench_appends(base, 500 if q else 3000)
         print("3/4 recovery…", file=sys.stderr)
@@ -287,16 +376,21 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "when": time.strftime("%Y-%m-%d %H:%M"),
         "creates": creates,
+        "creates_baseline": side.get("baseline"),
         "appends": appends,
         "recovery": recovery,
         "sse": sse,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "control_plane.json").write_text(json.dumps(results, indent=2))
     ok = lambda b: "yes" if b else "**no**"  # noqa: E731
+    command_args = "".join(
+        f" {flag}"
+        for flag in ("--quick" if q else "", f"--baseline {args.baseline}" if args.baseline else "")
+        if flag
+    )
     table = f"""# Control-plane benchmark
 
-{results["machine"]}, {results["when"]}. Command: `.venv/bin/python benchmarks/bench_control_plane.py`.
+{results["machine"]}, {results["when"]}. Command: `.venv/bin/python benchmarks/bench_control_plane.py{command_args}`.
 
 | measure | result | target | met |
 | --- | --- | --- | --- |
@@ -304,7 +398,7 @@ def main() -> None:
 | background create → 202, p99 | {creates["p99_ms"]:.2f} ms | | |
 | creates/s, 8 concurrent clients (durable commits) | {creates["concurrent_rate"]:.0f} /s | ≥ 500 /s | {ok(creates["concurrent_rate"] >= 500)} |
 | creates/s, one sequential client | {creates["sequential_rate"]:.0f} /s | | |
-| event appends/s, store (`append_output`) | {appends["store_rate"]:.0f} /s | | |
+{_baseline_rows(side)}| event appends/s, store (`append_output`) | {appends["store_rate"]:.0f} /s | | |
 | event appends/s, raw sqlite3, same transaction | {appends["raw_rate"]:.0f} /s | | |
 | store / raw sqlite3 | {appends["ratio"]:.2f}× | ≥ 0.5× | {ok(appends["ratio"] >= 0.5)} |
 | start-up recovery, {recovery["tasks"]} unfinished tasks | {recovery["seconds"]:.2f} s | ≤ 2 s | {ok(recovery["seconds"] <= 2)} |
@@ -312,8 +406,27 @@ def main() -> None:
 | SSE delivery lag, p99 | {sse["p99_ms"]:.1f} ms | ≤ 50 ms | {ok(sse["p99_ms"] <= 50)} |
 | every reader got every event once, in order | {sse["every_reader_got_every_event_once_in_order"]} | | |
 """
+    if q:  # a smoke run leaves the recorded results alone
+        print(table)
+        return
+    (RESULTS / "control_plane.json").write_text(json.dumps(results, indent=2))
     (RESULTS / "control_plane.md").write_text(table)
     print(table)
+
+
+def _baseline_rows(side: dict) -> str:
+    if "baseline" not in side:
+        return ""
+    b = side["baseline"]
+    ratio = side["p50_ratio"]
+    ok = "yes" if ratio <= 1.10 else "**no**"
+    return (
+        f"| background create → 202, p50, baseline {b['ref']} (same run, alternating rounds) "
+        f"| {b['p50_ms']:.2f} ms | | |\n"
+        f"| background create → 202, p99, baseline | {b['p99_ms']:.2f} ms | | |\n"
+        f"| creates/s, 8 concurrent clients, baseline | {b['concurrent_rate']:.0f} /s | | |\n"
+        f"| create → 202 p50, this / baseline | {ratio:.2f}× | ≤ 1.10× | {ok} |\n"
+    )
 
 
 if __name__ == "__main__":

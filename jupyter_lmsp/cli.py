@@ -5,6 +5,9 @@
     jupyter lmsp clients list|revoke CLIENT_ID
     jupyter lmsp models import-demo                    convert the demo model into the model store
     jupyter lmsp purge [--retention-seconds=S]         apply the retention period now
+    jupyter lmsp backup PATH                           copy the database, online and consistent
+    jupyter lmsp restore PATH [--force]                replace the database with a backup
+    jupyter lmsp doctor [--quick] [--blas]             schema, checks, runners, unfinished tasks
 
 Every command is a `JupyterApp` that reads the server's own configuration: the files
 `jupyter_config`, `jupyter_server_config` and `jupyter_jupyter_lmsp_config` (`.py`, `.json`) on
@@ -13,19 +16,22 @@ Jupyter's config path, then `--LMSPExtension.<trait>=…` on its command line (`
 `data_dir`, `db_url`, `model_dir` and `retention_seconds` are the ones the server would use.
 
 A new command is a `Command` subclass with a `run()` and an entry in its parent's
-`subcommands` (`LMSPApp` for a top-level one).
+`subcommands` (`LMSPApp` for a top-level one). The work of `backup`, `restore` and `doctor` is
+in `store.backup` and `doctor`; they never open the database as a server would (no upgrade).
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from jupyter_core.application import JupyterApp
-from traitlets import Float, Integer, List, Unicode
+from traitlets import Bool, Float, Integer, List, Unicode
 from traitlets.config import Application
 
 from ._version import __version__
@@ -69,6 +75,11 @@ class Command(JupyterApp):
     @cached_property
     def db(self) -> Database:
         return Database(self.settings.db_url)
+
+    @property
+    def database_path(self) -> Path:
+        """The database file of `db_url` (SQLite)."""
+        return Path(self.settings.db_url.removeprefix("sqlite:///"))
 
     def start(self) -> None:
         if self.subapp is not None:
@@ -246,15 +257,119 @@ class PurgeCommand(Command):
         return 0
 
 
+class BackupCommand(Command):
+    description = "Copy the database (online, consistent) to PATH: jupyter lmsp backup PATH"
+
+    def run(self) -> int:
+        from .store import backup
+
+        target = Path(self.positional("PATH"))
+        try:
+            with _progress(f"backing up {self.database_path}") as progress:
+                report = backup.backup(self.database_path, target, progress)
+        except backup.BackupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"backup written to {report.path} ({report.bytes} bytes, {report.seconds:.1f}s)")
+        return 0
+
+
+class RestoreCommand(Command):
+    description = (
+        "Replace the database with the backup at PATH (servers stopped; what it replaces is "
+        "kept beside it): jupyter lmsp restore PATH [--force]"
+    )
+    force = Bool(False, help="Restore even while a server holds a lease on the database.").tag(
+        config=True
+    )
+    flags = {"force": ({"RestoreCommand": {"force": True}}, force.help)}
+
+    def run(self) -> int:
+        from .store import backup
+
+        source = Path(self.positional("PATH"))
+        database = self.database_path
+        try:
+            described = backup.check_restorable(source, database, force=self.force)
+            if database.exists():
+                stamp = time.strftime("%Y%m%d-%H%M%S")
+                keep = database.with_name(f"{database.name}.before-restore-{stamp}")
+                with _progress(f"keeping the current database as {keep.name}") as progress:
+                    backup.backup(database, keep, progress)
+            with _progress(f"restoring {source}") as progress:
+                report = backup.restore(source, database, progress)
+        except backup.BackupError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"restored {database} from {source} ({described}, {report.seconds:.1f}s)")
+        return 0
+
+
+class DoctorCommand(Command):
+    description = (
+        "The database's schema revision, SQLite's checks, the servers (runners) and their "
+        "leases, the unfinished tasks and who holds them."
+    )
+    quick = Bool(False, help="SQLite's quick check only.").tag(config=True)
+    blas = Bool(
+        False,
+        help="Also the inference worker's BLAS choice (probes the candidates if no server has "
+        "cached a verdict).",
+    ).tag(config=True)
+    limit = Integer(20, help="How many unfinished tasks to list.").tag(config=True)
+    aliases = {**COMMON_ALIASES, "limit": "DoctorCommand.limit"}
+    flags = {
+        "quick": ({"DoctorCommand": {"quick": True}}, quick.help),
+        "blas": ({"DoctorCommand": {"blas": True}}, blas.help),
+    }
+
+    def run(self) -> int:
+        from . import doctor
+
+        database = self.database_path
+        if not database.exists():
+            print(f"no database at {database}", file=sys.stderr)
+            return 1
+        diagnosis = doctor.examine(database, quick=self.quick, limit=self.limit)
+        if self.blas:
+            diagnosis.blas = doctor.blas(self.settings._blas_threads())
+        print(doctor.render(diagnosis))
+        return 0 if diagnosis.healthy else 1
+
+
+@contextmanager
+def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar over pages copied (on stderr), as a callback for `store.backup`."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=what, unit="page", file=sys.stderr, leave=False)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
 class LMSPApp(Command):
     name = "jupyter-lmsp"
-    description = "LMSP 1.0 on this machine: tasks, pairing, paired clients, models."
+    description = (
+        "LMSP 1.0 on this machine: tasks, pairing, paired clients, models, and the database "
+        "(backup, restore, doctor)."
+    )
     subcommands = {
         "tasks": (TasksCommand, TasksCommand.description),
         "pair": (PairCommand, PairCommand.description),
         "clients": (ClientsCommand, ClientsCommand.description),
         "models": (ModelsCommand, ModelsCommand.description),
         "purge": (PurgeCommand, PurgeCommand.description),
+        "backup": (BackupCommand, BackupCommand.description),
+        "restore": (RestoreCommand, RestoreCommand.description),
+        "doctor": (DoctorCommand, DoctorCommand.description),
     }
 
     def initialize(self, argv: Any = None) -> None:

@@ -1,8 +1,12 @@
 """The Jupyter Server extension: configuration (traitlets), start-up recovery, and wiring.
 
-Start-up order matters: the database is opened and section 11.3 recovery is committed in
-`initialize_settings`, which runs before the server listens; the task runner (and with it the
-inference worker process) starts once the event loop runs.
+Start-up order matters: in `initialize_settings`, which runs before the server listens, the
+database is opened (its schema upgraded if it is older), this server registers as a runner
+with a lease, and section 11.3 recovery is committed for the runners that are gone (a server
+that ran here before and died) and the tasks nobody holds; the tasks that stay unfinished
+become this runner's. The task runner (and with it the inference worker process), its lease's
+heartbeat and sweep, and the feed of what other servers on the same database commit start
+once the event loop runs.
 """
 
 from __future__ import annotations
@@ -16,9 +20,20 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import (
+    Bool,
+    CaselessStrEnum,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 
 from ._version import __version__
+from .auth.identity import server_owner
 from .auth.ratelimit import RateLimiter
 from .engine.blas import BlasSelection
 from .engine.client import EngineClient
@@ -30,6 +45,9 @@ from .services.admission import Admission
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
 from .services.context import ServiceContext
+from .services.feed import EventFeed
+from .services.lease import RunnerLease
+from .services.loopwatch import LoopWatch
 from .services.registration import ModelRegistrar
 from .services.runner import TaskRunner
 from .store import Database, queries, rules
@@ -184,6 +202,37 @@ class LMSPExtension(ExtensionApp):
         "them under blas.candidates: ngsolve-openblas, system-openblas-pthread, "
         "cmeel-openblas, ...); empty: all found. The reference BLAS is always measured.",
     ).tag(config=True)
+    lease_seconds = Float(
+        15.0,
+        help="How long this server's lease on its tasks lasts without a heartbeat. Another "
+        "server on the same database recovers this one's tasks once it expires (at once when "
+        "it can see, on the same machine, that this server's process is gone).",
+    ).tag(config=True)
+    heartbeat_interval = Float(
+        2.0,
+        help="Seconds between heartbeats (renewing the lease), each followed by a sweep that "
+        "recovers the tasks of servers that died.",
+    ).tag(config=True)
+    event_poll_interval = Float(
+        0.02,
+        help="Seconds between looks at the database for what other servers on it committed "
+        "(events of tasks watched here, cancels of tasks run here).",
+    ).tag(config=True)
+    owner_from = CaselessStrEnum(
+        ["auto", "identity", "server"],
+        default_value="auto",
+        help="Who owns what a Jupyter-authenticated caller creates. 'identity': the Jupyter "
+        "identity's username (JupyterHub users); 'server': the user the server runs for "
+        "($JUPYTERHUB_USER, else the OS user); 'auto': 'server' with Jupyter Server's own "
+        "single-user identity providers (whose usernames are random per session), else "
+        "'identity'.",
+    ).tag(config=True)
+    loop_watch_path = Unicode(
+        "",
+        help="Append the event loop's stalls to this file once a second (JSON lines: the "
+        "longest gap and the 99th percentile of gaps between timer callbacks asked for every "
+        "5 ms); empty: not measured. For benchmarks and diagnosis.",
+    ).tag(config=True)
     freeze_startup_heap = Bool(
         True,
         help="Once the server has started, take the objects alive then out of the garbage "
@@ -206,8 +255,24 @@ class LMSPExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         # Other local users must not read the database or the models (docs/security.md).
         private_folder(self.data_dir)
-        self.db = Database(self.db_url)
-        report = rules.recover_at_startup(self.db)
+        self.db = Database(self.db_url, legacy_owner=server_owner())
+        if self.db.schema.upgraded_from is not None:
+            self.log.warning(
+                "LMSP: database upgraded from schema revision %s to %s (the copy taken before: %s)",
+                self.db.schema.upgraded_from,
+                self.db.schema.status.revision,
+                self.db.schema.backup,
+            )
+        self.lease = RunnerLease(
+            self.db,
+            lease_seconds=self.lease_seconds,
+            heartbeat_interval=self.heartbeat_interval,
+            label=f"jupyter-lmsp {__version__}",
+        )
+        runner_id = self.lease.register()
+        report = rules.recover_at_startup(self.db, adopter=runner_id)
+        for dead, why in report.runners:
+            self.log.info("LMSP recovery: tasks of %s (%s)", dead or "no runner", why)
         if report.released_claims:
             self.log.info(
                 "LMSP recovery: released %d idempotency key(s) whose requests died before "
@@ -241,6 +306,7 @@ class LMSPExtension(ExtensionApp):
             self._make_engine,
             snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
+            runner_id=runner_id,
         )
         admission = Admission(
             max_output_tokens_default=self.max_output_tokens_default,
@@ -256,8 +322,13 @@ class LMSPExtension(ExtensionApp):
             allowed_dirs=[Path(d).expanduser() for d in self.model_source_dirs],
             max_model_bytes=self.max_model_bytes,
             concurrency=self.registration_concurrency,
+            runner_id=lambda: runner.runner_id,
         )
         runner.cancel_listeners.append(registrar.kill)
+        assert self.db.path is not None
+        self.feed = EventFeed(self.db.path, bus, runner, interval=self.event_poll_interval)
+        # Whoever starts the runner (the server's start, or the first request) starts these.
+        runner.start_listeners.append(self._start_background)
         self.ctx = ServiceContext(
             db=self.db,
             bus=bus,
@@ -280,9 +351,11 @@ class LMSPExtension(ExtensionApp):
             ),
             max_pending_pairings=self.max_pending_pairings,
             admission=admission,
+            owner_from=self.owner_from,
             blas=self.blas,
         )
         self._purge_task: asyncio.Task[None] | None = None
+        self.loop_watch: LoopWatch | None = None
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(routes(self.ctx))
@@ -295,7 +368,6 @@ class LMSPExtension(ExtensionApp):
             self.ctx.admission.warm(self.ctx.catalog.resolve(None))
         if not self.ctx.registrar.started:
             self.ctx.registrar.start()
-        self._purge_task = asyncio.create_task(self._purge_periodically())
         if self.freeze_startup_heap:
             # On the loop's next turn: after the other extensions' start-up work, too.
             asyncio.get_running_loop().call_soon(self._freeze_heap)
@@ -315,12 +387,31 @@ class LMSPExtension(ExtensionApp):
         gc.freeze()
         self.log.info("LMSP: %d start-up objects frozen out of GC scans", gc.get_freeze_count())
 
+    def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.lease.start(loop, self._recovered, self.ctx.runner.lease_lost)
+        self.feed.start(loop)
+        if self.loop_watch_path:
+            self.loop_watch = LoopWatch(self.loop_watch_path)
+            self.loop_watch.start(loop)
+        self._purge_task = loop.create_task(self._purge_periodically())
+
+    def _recovered(self, report: rules.RecoveryReport) -> None:
+        """A sweep recovered a dead runner's tasks: this server runs those it adopted."""
+        self.ctx.runner.recovered(report)
+        self.ctx.registrar.pick_up()
+
     async def stop_extension(self) -> None:
         if self._purge_task is not None:
             self._purge_task.cancel()
+        if self.loop_watch is not None:
+            self.loop_watch.stop()
+        self.feed.stop()
+        self.lease.stop(unregister=False)
         self.ctx.runner.stop()
         self.ctx.admission.close()
         self.ctx.close()
+        # Last: once the lease is given up, any other server may take the unfinished tasks.
+        self.lease.stop(unregister=True)
         self.db.dispose()
 
     def _blas_threads(self) -> int:
@@ -353,7 +444,9 @@ class LMSPExtension(ExtensionApp):
 
     async def _purge_periodically(self) -> None:
         while True:
-            report = rules.purge_expired(self.db, self.retention_seconds)
+            # Off the loop: the purge is one write transaction, which may wait for another
+            # server's write lock and may delete many rows.
+            report = await asyncio.to_thread(rules.purge_expired, self.db, self.retention_seconds)
             if report.tasks or report.idempotency_keys:
                 self.log.info(
                     "LMSP retention: purged %d task(s), %d event(s), %d response(s), %d key(s)",

@@ -29,7 +29,8 @@ def with_test_model(data_dir: Path, test_model_dir: Path) -> Path:
 
 class ServerProcess(LMSPServerProcess):
     """Extra keyword arguments become `--LMSPExtension.<name>=<value>` options; `env` is added
-    to the server's environment, `options` to its command line."""
+    to the server's environment, `options` to its command line. Several servers on one data
+    folder are told apart by `name` (their logs and runtime folders)."""
 
     # A cold start (the worker imports MLX and loads the model) is slow on a loaded CI machine.
     start_timeout = 180.0
@@ -41,6 +42,7 @@ class ServerProcess(LMSPServerProcess):
         default_model: str = MODEL,
         env: dict[str, str] | None = None,
         options: list[str] | None = None,
+        name: str | None = None,
         **traits: Any,
     ) -> None:
         super().__init__(
@@ -50,6 +52,8 @@ class ServerProcess(LMSPServerProcess):
             traits=traits,
             env=env,
             options=options or (),
+            log_path=Path(data_dir) / f"server-{name}.log" if name else None,
+            runtime_dir=Path(data_dir) / f"runtime-{name}" if name else None,
         )
 
     @property

@@ -78,7 +78,9 @@ def test_a_quota_holds_under_concurrent_creates(tmp_path):
     for t in threads:
         t.join()
     assert len(created) == 5 and refused == ["too_many_tasks"] * 15
-    assert admission.quota(Caller("owner", frozenset()), 10**9) is None  # the owner: none
+    assert (
+        admission.quota(Caller("jupyter:alice", frozenset()), 10**9) is None
+    )  # a Jupyter user: none
     with pytest.raises(LMSPError) as e:
         admission.quota(client, 10**7)
     assert e.value.status == 400 and e.value.code == "quota_exceeded"

@@ -4,7 +4,8 @@ decorator every endpoint method wears, LMSP error bodies, SSE writing.
 Two kinds of caller (LMSP B3). A paired client sends `Authorization: Bearer lmsp_…`; its
 request skips Jupyter's XSRF and origin checks (it carries no cookie to forge). Anyone else is
 authenticated by Jupyter Server itself (its token, or the browser's cookie + XSRF) and acts as
-the owner. A request neither recognises gets 401 with `WWW-Authenticate: Bearer`.
+that Jupyter user (`services.callers.jupyter_caller`). A request neither recognises gets 401
+with `WWW-Authenticate: Bearer`.
 
 Bodies are streamed in (`stream_request_body`): a body over `max_body_bytes` is refused with
 413 from its `Content-Length`, before anything reads it, or as soon as that many bytes of a
@@ -42,12 +43,12 @@ from tornado.iostream import StreamClosedError
 
 from .. import failpoints
 from ..auth import secrets as codes
-from ..auth.scopes import OWNER as OWNER_CALLER
 from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthenticated
 from ..protocol.operations import Access, Operation, Reply, RequestHeader
 from ..protocol.validation import parse_json, validate, validate_query, validate_value
 from ..services import idempotency, pairing
+from ..services.callers import jupyter_caller
 from ..services.context import ServiceContext
 from ..services.follow import TaskEventStream
 
@@ -240,7 +241,9 @@ class LMSPHandler(APIHandler):
         await self._authenticate_bearer()
         await super().prepare()
         if self.lmsp_caller is None and self.current_user:
-            self.lmsp_caller = OWNER_CALLER
+            # LMSP B12: the Jupyter identity owns what it creates; its scopes are what
+            # Jupyter's authorizer (JupyterHub's, in a Hub) allows it.
+            self.lmsp_caller = await jupyter_caller(self, self.ctx.db, self.ctx.owner_from)
         if self.lmsp_caller is None and not self._is_public():
             raise unauthenticated()
         if not self.ctx.runner.started:

@@ -121,7 +121,7 @@ class ClientsHandler(LMSPHandler):
         replies={200: Reply("The clients.", ClientList)},
     )
     async def get(self) -> None:
-        self.write_json(await self.call(pairing.list_clients, self.ctx.db))
+        self.write_json(await self.call(pairing.list_clients, self.ctx.db, self.caller))
 
 
 class ClientHandler(LMSPHandler):
@@ -134,4 +134,4 @@ class ClientHandler(LMSPHandler):
         errors=(404,),
     )
     async def delete(self, client_id: str) -> None:
-        self.write_json(await revocation.revoke_client(self.ctx, client_id))
+        self.write_json(await revocation.revoke_client(self.ctx, client_id, self.caller))

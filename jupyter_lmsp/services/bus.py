@@ -1,7 +1,15 @@
-"""In-process fan-out of committed events to whoever watches a task (SSE streams, widgets).
+"""Fan-out of committed events to whoever watches a task here (SSE streams, widgets).
 
-Publishing happens on the IOLoop thread right after the transaction that wrote the events
-committed, so a watcher never sees an event the database does not have.
+Events reach the bus after the transaction that wrote them committed, on the IOLoop thread:
+from this server's own runner and services right after their commits, and from
+`services.feed`, which reads the events other servers on the same database committed. The
+same event can come both ways (a task this server watches changes hands), so the bus keeps,
+for each watched task, the highest sequence number it delivered and drops anything at or
+below it. Watchers that need every event (`services.follow`) fill a gap from the database.
+
+`publish` and `close_caller` may be called from any thread once the bus is bound to its loop
+(`bind`): from another thread they hand their work to the loop. `watched()` tells the feed
+which tasks to read and from where, from the feed's thread.
 
 A subscription may name the caller it serves; `close_caller` then ends every such subscription
 (a revoked client's streams close at once): its queue receives `CLOSED`.
@@ -10,6 +18,7 @@ A subscription may name the caller it serves; `close_caller` then ends every suc
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import defaultdict
 from typing import Any
 
@@ -39,6 +48,11 @@ class Subscription:
         except TimeoutError:
             return None
 
+    def seen(self, sequence_number: int) -> None:
+        """The watcher has read the task's log up to `sequence_number` from the database:
+        later events are the ones to deliver (the feed reads from there)."""
+        self.bus.seen(self.task_id, sequence_number)
+
     def close(self) -> None:
         self.bus.unsubscribe(self)
 
@@ -52,36 +66,92 @@ class Subscription:
 class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[str, set[Subscription]] = defaultdict(set)
+        # For each watched task: the highest sequence number delivered (or known to have been
+        # read by its watchers), None until one is.
+        self._delivered: dict[str, int | None] = {}
+        self._lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop the watchers live on (called from it)."""
+        self.loop = loop
+        self._loop_thread = threading.current_thread()
 
     def subscribe(self, task_id: str = ALL_TASKS, caller: str | None = None) -> Subscription:
         sub = Subscription(self, task_id, caller)
-        self._subscribers[task_id].add(sub)
+        with self._lock:
+            self._subscribers[task_id].add(sub)
+            if task_id != ALL_TASKS:
+                self._delivered.setdefault(task_id, None)
         return sub
 
     def close_caller(self, caller: str) -> int:
         """End every subscription held for `caller`; how many there were."""
-        closed = 0
-        for subs in list(self._subscribers.values()):
-            for sub in list(subs):
-                if sub.caller == caller:
-                    sub.queue.put_nowait((sub.task_id, CLOSED))
-                    closed += 1
-        return closed
+        with self._lock:
+            subs = [sub for group in self._subscribers.values() for sub in group]
+        closing = [sub for sub in subs if sub.caller == caller]
+        for sub in closing:
+            if self._off_loop():
+                assert self.loop is not None
+                self.loop.call_soon_threadsafe(sub.queue.put_nowait, (sub.task_id, CLOSED))
+            else:
+                sub.queue.put_nowait((sub.task_id, CLOSED))
+        return len(closing)
+
+    def _off_loop(self) -> bool:
+        return (
+            self.loop is not None
+            and self._loop_thread is not None
+            and threading.current_thread() is not self._loop_thread
+        )
 
     def unsubscribe(self, sub: Subscription) -> None:
-        subs = self._subscribers.get(sub.task_id)
-        if subs is not None:
-            subs.discard(sub)
-            if not subs:
-                del self._subscribers[sub.task_id]
+        with self._lock:
+            subs = self._subscribers.get(sub.task_id)
+            if subs is not None:
+                subs.discard(sub)
+                if not subs:
+                    del self._subscribers[sub.task_id]
+                    self._delivered.pop(sub.task_id, None)
+
+    def seen(self, task_id: str, sequence_number: int) -> None:
+        with self._lock:
+            if task_id in self._delivered:
+                known = self._delivered[task_id]
+                if known is None or sequence_number > known:
+                    self._delivered[task_id] = sequence_number
 
     def publish(self, task_id: str, events: list[Event]) -> None:
         if not events:
             return
-        targets = self._subscribers.get(task_id, set()) | self._subscribers.get(ALL_TASKS, set())
+        if self._off_loop():
+            assert self.loop is not None
+            self.loop.call_soon_threadsafe(self._deliver, task_id, events)
+            return
+        self._deliver(task_id, events)
+
+    def _deliver(self, task_id: str, events: list[Event]) -> None:
+        with self._lock:
+            if task_id in self._delivered:
+                last = self._delivered[task_id]
+                if last is not None:
+                    events = [e for e in events if e["sequence_number"] > last]
+                    if not events:
+                        return
+                self._delivered[task_id] = events[-1]["sequence_number"]
+            targets = self._subscribers.get(task_id, set()) | self._subscribers.get(
+                ALL_TASKS, set()
+            )
         for sub in targets:
             for event in events:
                 sub.queue.put_nowait((task_id, event))
+
+    def watched(self) -> dict[str, int]:
+        """The watched tasks whose watchers have read their log so far, with the last
+        sequence number delivered (any thread)."""
+        with self._lock:
+            return {t: seq for t, seq in self._delivered.items() if seq is not None}
 
     def watcher_count(self, task_id: str) -> int:
         return len(self._subscribers.get(task_id, ()))

@@ -54,6 +54,8 @@ class ServiceContext:
     max_pending_pairings: int = 20
     # Context windows, output limits and per-client quotas (services.admission).
     admission: Admission = field(default_factory=Admission)
+    # Who owns what a Jupyter-authenticated caller creates (LMSPExtension.owner_from).
+    owner_from: str = "auto"
     # The inference worker's BLAS: chosen by probing, reported by GET /service.
     blas: BlasSelection | None = None
     executor: ThreadPoolExecutor = field(

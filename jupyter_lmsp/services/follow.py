@@ -3,7 +3,8 @@
 The subscription is opened before the replay query, so an event committed between the two is
 in the queue; anything at or below the last sequence number already yielded is dropped. The
 result is every event after `after`, exactly once, in order, with no gap, until the terminal
-event.
+event. Whichever server drives the task: events another server commits reach this server's
+bus through `services.feed`, from the end of the replay on.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class TaskEventStream:
             self._sub = sub
             last = self.after
             self._replay.extend(queries.list_events(self.db, self.task_id, last))
+            # What the replay holds is read: the feed (events other servers commit) goes on
+            # from there.
+            sub.seen(self._replay[-1]["sequence_number"] if self._replay else last)
             while self._replay:
                 event = self._replay.popleft()
                 last = event["sequence_number"]

@@ -95,7 +95,15 @@ async def begin(
     """Claim `key`: a `KeyedRequest` to go ahead, a `Replay` of a stored result, or the
     response a request with this key created (`Linked`: the caller replays that response)."""
     check_key(key)
-    claim = await ctx.offload(store.claim_key, ctx.db, caller, key, digest, ctx.idempotency_ttl)
+    claim = await ctx.offload(
+        store.claim_key,
+        ctx.db,
+        caller,
+        key,
+        digest,
+        ctx.idempotency_ttl,
+        runner_id=ctx.runner.runner_id,
+    )
     match claim.kind:
         case "new":
             return KeyedRequest(claim.row)

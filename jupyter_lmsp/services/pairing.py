@@ -39,7 +39,7 @@ from ..protocol.validation import validate_value
 from ..store import clients as store
 from ..store import rules
 from ..store.database import Database
-from ..store.tables import Pairing
+from ..store.tables import Client, Pairing
 
 PAIRING_TTL = 600.0
 POLL_INTERVAL = 5
@@ -113,7 +113,8 @@ def decide(
     approver: Caller = OWNER,
 ) -> dict[str, Any]:
     """Approve or deny a pairing. A paired client approving (it holds `clients:admin`) grants
-    only scopes it holds itself, and never decides a pairing it started."""
+    only scopes it holds itself, and never decides a pairing it started. The client it becomes
+    belongs to the approving Jupyter user (or to the user of the approving client): LMSP B12."""
     pairing = store.find_pairing(db, id_or_code)
     if pairing is None:
         raise not_found("pairing", id_or_code)
@@ -194,10 +195,18 @@ def pending(db: Database) -> dict[str, Any]:
     ).wire()
 
 
-def list_clients(db: Database) -> dict[str, Any]:
-    return ClientList.model_validate(
-        {"data": [client_object(c) for c in store.list_clients(db)]}
-    ).wire()
+def list_clients(db: Database, caller: Caller | None = None) -> dict[str, Any]:
+    """The clients `caller` manages (every client when None: the command line's view)."""
+    rows = [c for c in store.list_clients(db) if caller is None or manages(caller, c)]
+    return ClientList.model_validate({"data": [client_object(c) for c in rows]}).wire()
+
+
+def manages(caller: Caller, client: Client) -> bool:
+    """Whether `caller` may see and revoke `client` (LMSP B12): a Jupyter user the clients it
+    paired (and those they approved), a paired client those it approved."""
+    if caller.is_owner:
+        return client.paired_by == caller.id
+    return client.approved_by == caller.id
 
 
 def revoke(db: Database, client_id: str) -> dict[str, Any]:

@@ -4,7 +4,9 @@ converts (GGUF), checks and hashes the files, and records the model.
 The work runs in its own process (`python -m jupyter_lmsp.models.register`), read line by line
 on the event loop: progress becomes `task.progress` events; the model row is written in the
 same transaction as the task's terminal state. Cancelling kills the process. At most
-`concurrency` registrations run at once; the others wait `queued`, oldest first.
+`concurrency` registrations run at once; the others wait `queued`, oldest first. The task is
+held by this server's runner (`runner_id`, as a generation is), and its transactions run off
+the event loop.
 
 What a caller may register (docs/security.md): the owner, any path; a paired client, only
 sources inside `allowed_dirs` (the model folder, the Hugging Face cache, and the folders the
@@ -64,6 +66,7 @@ class ModelRegistrar:
         max_model_bytes: int = DEFAULT_MAX_BYTES,
         concurrency: int = 1,
         admission: Admission | None = None,
+        runner_id: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.db = db
         self.bus = bus
@@ -75,7 +78,10 @@ class ModelRegistrar:
         self.concurrency = max(1, concurrency)
         # A paired client's registrations count against its quota of unfinished tasks.
         self.admission = admission or Admission()
+        # The runner (lease) this server drives tasks under, as it is now.
+        self.runner_id = runner_id
         self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.running: set[str] = set()
         self.started = False
         self._slots: asyncio.Semaphore | None = None
 
@@ -87,7 +93,18 @@ class ModelRegistrar:
     def start(self) -> None:
         """Pick up registrations left unfinished (after start-up recovery)."""
         self.started = True
-        for task in queries.tasks_to_run(self.db, kind="model"):
+        self.pick_up()
+
+    def pick_up(self) -> None:
+        """Run every unfinished registration this server holds and is not running yet."""
+        if self.started:
+            asyncio.get_running_loop().create_task(self._pick_up())
+
+    async def _pick_up(self) -> None:
+        tasks = await asyncio.to_thread(
+            queries.tasks_to_run, self.db, kind="model", runner_id=self.runner_id()
+        )
+        for task in tasks:
             self.submit(task.id)
 
     async def create(
@@ -122,6 +139,7 @@ class ModelRegistrar:
             params=json.dumps({"source": source, "model_id": model_id, "restricted": restricted}),
             created_at=now,
             updated_at=now,
+            runner_id=self.runner_id(),
         )
         return rules.create_task(self.db, task, admit=self.admission.quota(caller, 0))
 
@@ -146,7 +164,8 @@ class ModelRegistrar:
             )
 
     def submit(self, task_id: str) -> None:
-        if self.started:
+        if self.started and task_id not in self.running:
+            self.running.add(task_id)
             asyncio.get_running_loop().create_task(self._run(task_id))
 
     def kill(self, task_id: str) -> None:
@@ -162,33 +181,41 @@ class ModelRegistrar:
         return lambda task, _response: [{"type": type_, "task_id": task.id, **fields}]
 
     async def _run(self, task_id: str) -> None:
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.concurrency)
-        # Waiting for a slot, the task stays `queued` (and a cancel ends it at once).
-        async with self._slots:
-            await self._run_now(task_id)
+        try:
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(self.concurrency)
+            # Waiting for a slot, the task stays `queued` (and a cancel ends it at once).
+            async with self._slots:
+                await self._run_now(task_id)
+        finally:
+            self.running.discard(task_id)
 
     async def _run_now(self, task_id: str) -> None:
-        task = queries.get_task(self.db, task_id)
-        if task is None or task.kind != "model":
+        holder = self.runner_id()
+        task = await asyncio.to_thread(queries.get_task, self.db, task_id)
+        if task is None or task.kind != "model" or (holder and task.runner_id != holder):
             return
         if task.state == TaskState.QUEUED:
-            step = rules.append_events(
+            step = await asyncio.to_thread(
+                rules.append_events,
                 self.db,
                 task_id,
                 self._event("task.loading"),
                 to_state=TaskState.LOADING,
                 only_from=[TaskState.QUEUED],
+                runner_id=holder,
             )
             if not step.changed:
                 return
             self._publish(step)
-        step = rules.append_events(
+        step = await asyncio.to_thread(
+            rules.append_events,
             self.db,
             task_id,
             self._event("task.running"),
             to_state=TaskState.RUNNING,
             only_from=[TaskState.LOADING],
+            runner_id=holder,
         )
         if not step.changed:
             return  # cancelled (or finished) meanwhile
@@ -203,7 +230,9 @@ class ModelRegistrar:
             )
         if params.get("restricted") and outcome.error is not None:
             outcome.error = _for_client(outcome.error)
-        self._publish(rules.finish(self.db, task_id, outcome))
+        self._publish(
+            await asyncio.to_thread(rules.finish, self.db, task_id, outcome, runner_id=holder)
+        )
         self.catalog.forget()
 
     def _command(self, task_id: str, params: dict[str, Any]) -> list[str]:
@@ -243,11 +272,13 @@ class ModelRegistrar:
                     continue
                 if "progress" in line:
                     self._publish(
-                        rules.append_events(
+                        await asyncio.to_thread(
+                            rules.append_events,
                             self.db,
                             task_id,
                             self._event("task.progress", **line["progress"]),
                             only_from=[TaskState.RUNNING],
+                            runner_id=self.runner_id(),
                         )
                     )
                 else:

@@ -151,6 +151,8 @@ def _commit_response(
         owner=caller.id,
         model=admitted.model.id,
         response_id=response_id,
+        # Held by this server's runner from the transaction that creates it (LMSP B12).
+        runner_id=ctx.runner.runner_id,
         params=json.dumps(
             {
                 "max_tokens": admitted.plan.max_tokens,

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..auth.scopes import Caller
 from ..protocol.errors import not_found
 from ..protocol.objects import client_object
-from ..store import rules
+from ..store import clients, rules
+from . import pairing
 from .context import ServiceContext
 
 
-async def revoke_client(ctx: ServiceContext, client_id: str) -> dict[str, Any]:
+async def revoke_client(
+    ctx: ServiceContext, client_id: str, caller: Caller | None = None
+) -> dict[str, Any]:
+    """Revoke a client `caller` manages (LMSP B12: the Jupyter user who paired it); anyone
+    else's is absent (404), as a client that does not exist."""
+    if caller is not None:
+        found = await ctx.offload(clients.get_client, ctx.db, client_id)
+        if found is None or not pairing.manages(caller, found):
+            raise not_found("client", client_id)
     revocation = await ctx.offload(rules.revoke_client, ctx.db, client_id)
     if revocation is None:
         raise not_found("client", client_id)

@@ -1,8 +1,19 @@
-"""The task runner: takes queued tasks to the inference engine and commits what comes back.
+"""The task runner: takes the queued tasks it holds to the inference engine and commits what
+comes back.
 
-It lives on the IOLoop. Engine messages arrive on the engine's reader thread and are handed to
-the loop with `call_soon_threadsafe`; every state change and every batch of text then goes
-through one `store.rules` transaction, and the committed events are published on the bus.
+Its state lives on the IOLoop; its transactions do not. Engine messages arrive on the
+engine's reader thread and are handed to the loop with `call_soon_threadsafe`; every state
+change and every batch of text then goes through one `store.rules` transaction, run on the
+runner's own database thread (`Committer`) in the order the loop asked for them, and the
+committed events are published on the bus back on the loop. A transaction that waits for the
+write lock (another server on the same database committing) holds up that thread, never the
+loop.
+
+A runner holds tasks (LMSP B12): those created through this server, and those it adopted
+when it recovered a dead runner's. Its id (`runner_id`, the lease `services.lease` keeps) is
+written on each task it takes and passed to every rule it calls, which change nothing in a
+task another runner holds (the task is then dropped here). A cancel committed by another
+server is noticed by `services.feed` and reaches the engine through `notice_cancelled`.
 
 Generated tokens are coalesced for `snapshot_interval` seconds, then committed together with
 the snapshot that covers them (LMSP B7): a crash loses at most that much uncommitted work, and a
@@ -15,15 +26,20 @@ is taken and an owner holds more than its share while another waits with less, o
 running generations is paused — cancelled in the worker, its tokens committed, the task left
 `running` — and queued again: it resumes from its snapshot (LMSP B7) when its turn comes, with
 the tokens an uninterrupted run would give, and its watchers see one contiguous stream.
+
+`submit`, `publish`, `cancel` and `cancelled` may be called from any thread (request handlers
+may run their service calls off the loop); the rest runs on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +62,7 @@ from ..store.database import Database
 from ..store.tables import Response, Task
 from .bus import EventBus
 from .catalog import ModelCatalog
+from .committer import Committer, is_locked
 from .conversation import stored_messages
 from .fairqueue import FairQueue, over_share
 
@@ -60,6 +77,16 @@ class _Pending:
     text: str = ""
 
 
+@dataclass
+class _Start:
+    """What claiming a task found: the job to run, or nothing (and why)."""
+
+    task_id: str
+    job: GenerateJob | None = None
+    owner: str = ""
+    committed: list[rules.Committed] = field(default_factory=list)
+
+
 class TaskRunner:
     def __init__(
         self,
@@ -70,6 +97,7 @@ class TaskRunner:
         *,
         snapshot_interval: float = 0.05,
         max_active: int = 8,
+        runner_id: str | None = None,
     ) -> None:
         self.db = db
         self.bus = bus
@@ -77,9 +105,15 @@ class TaskRunner:
         self.engine_factory = engine_factory
         self.snapshot_interval = snapshot_interval
         self.max_active = max_active
+        # The lease this runner drives tasks under (None: it claims no ownership, for tests
+        # of the runner alone).
+        self.runner_id = runner_id
         self.engine: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: threading.Thread | None = None
+        self.committer = Committer("lmsp-runner-db")
         self.queue = FairQueue()
+        # Tasks with a slot: being claimed, or handed to the engine.
         self.active: set[str] = set()
         self.pending: dict[str, _Pending] = {}
         # One timer for all running tasks: their tokens are committed together, one
@@ -87,6 +121,8 @@ class TaskRunner:
         self.flush_handle: asyncio.Handle | None = None
         # Tasks whose text has begun (their first text is not held for an interval).
         self.producing: set[str] = set()
+        # Tasks the engine was told to cancel (so a cancel noticed twice is sent once).
+        self.cancelling: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
         # Whose each active task is, and when the running ones started (for pausing one).
         self.owner_of: dict[str, str] = {}
@@ -96,6 +132,8 @@ class TaskRunner:
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
+        # Called with the loop when the runner starts (the lease's heartbeat, the feed).
+        self.start_listeners: list[Callable[[asyncio.AbstractEventLoop], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -104,29 +142,67 @@ class TaskRunner:
         return self.loop is not None
 
     def start(self) -> None:
-        """Start the engine and pick up every unfinished task (after start-up recovery)."""
+        """Start the engine and pick up the unfinished tasks this runner holds (after start-up
+        recovery adopted them)."""
         if self.started:
             return
         self.loop = asyncio.get_running_loop()
+        self.loop_thread = threading.current_thread()
+        if self.bus.loop is None:
+            self.bus.bind(self.loop)
+        self.committer.start(self.loop)
         self.engine = self.engine_factory(self._from_engine_thread)
         self.engine.start()
         self.worker_info = {"state": "starting"}
-        for task in queries.tasks_to_run(self.db):
-            self.queue.push(task.id, task.owner)
-        self._dispatch()
+        for listener in self.start_listeners:
+            listener(self.loop)
+        self.pick_up()
 
     def stop(self) -> None:
+        """Commit the text generated so far, stop the engine and the database thread."""
+        if self.started:
+            self._flush_all()
         if self.engine is not None:
             self.engine.stop()
         self.worker_info = {"state": "stopped"}
+        self.committer.stop()
 
-    # -- requests from the services --------------------------------------------------------
+    def pick_up(self) -> None:
+        """Queue every unfinished task this runner holds that it is not running yet (at
+        start, and after a recovery adopted some)."""
+        self.committer.run(
+            queries.tasks_to_run, self.db, runner_id=self.runner_id, then=self._queue_found
+        )
+
+    def _queue_found(self, tasks: list[Task]) -> None:
+        for task in tasks:
+            if task.id not in self.active:
+                self.queue.push(task.id, task.owner)
+        self._dispatch()
+
+    def holds(self, task_id: str) -> bool:
+        """Whether this runner is running the task (any thread may ask)."""
+        return task_id in self.active
+
+    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Call `fn` on the loop: now if this is the loop's thread, else as soon as it can."""
+        if self.loop is None:
+            return
+        if threading.current_thread() is self.loop_thread:
+            fn(*args)
+        else:
+            self.loop.call_soon_threadsafe(fn, *args)
+
+    # -- requests from the services (any thread) -------------------------------------------
 
     def submit(self, task_id: str, owner: str) -> None:
-        """A task of `owner` was committed `queued`: run it when a slot is free (and it is its
-        owner's turn)."""
+        """A task of `owner` was committed `queued`, held by this runner: run it when a slot
+        is free (and it is its owner's turn)."""
         if not self.started:
             return  # start() picks it up from the database
+        self._on_loop(self._submit, task_id, owner)
+
+    def _submit(self, task_id: str, owner: str) -> None:
         self.queue.push(task_id, owner)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
@@ -142,21 +218,32 @@ class TaskRunner:
             self.bus.publish(committed.task.id, committed.events)
 
     def cancel(self, task_id: str) -> rules.Committed:
+        """Ask a task to stop (any caller, any runner's task): committed in the calling
+        thread; the engine hears of it if this runner runs the task. Another server's runner
+        notices the `cancelling` state itself (`notice_cancelled`)."""
         committed = rules.request_cancel(self.db, task_id)
         self.cancelled(committed)
         return committed
 
     def cancelled(self, committed: rules.Committed) -> None:
-        """Act on a committed cancel request (`rules.request_cancel`, run off the loop by a
-        request): publish its events, and stop the generation or registration it cancels."""
+        """Publish a committed cancel and stop the work of a task now `cancelling`."""
         self.publish(committed)
-        task_id = committed.task.id
         if committed.task.state == TaskState.CANCELLING:
+            self._on_loop(self.notice_cancelled, [committed.task.id])
+
+    def notice_cancelled(self, task_ids: Iterable[str]) -> None:
+        """These tasks were committed `cancelling` (here or by another server): stop their
+        generation. Only the tasks this runner holds matter; each is told once."""
+        for task_id in task_ids:
+            if task_id in self.cancelling:
+                continue
             if task_id not in self.active and self.queue.remove(task_id):
-                # A paused generation waiting for its turn: nothing runs, it ends now.
+                # A generation waiting for its turn (paused, or adopted to resume): nothing
+                # runs, it ends now.
                 self._finish(task_id, rules.Outcome(TaskState.CANCELLED))
-                return
-            if task_id in self.active:
+                continue
+            if task_id in self.active and self.engine is not None:
+                self.cancelling.add(task_id)
                 self.engine.cancel(task_id)
             for listener in self.cancel_listeners:
                 listener(task_id)
@@ -185,83 +272,116 @@ class TaskRunner:
         self.pausing.add(victim)
         self.engine.cancel(victim)
 
-    def _paused(self, task_id: str) -> bool:
-        """A pause took effect (the worker let the task go): queue it again, unless it was
-        cancelled meanwhile (then it ends as cancelled, as any cancel)."""
+    def _paused(self, task_id: str, output_tokens: int, task: Task | None) -> None:
+        """A pause took effect (the worker let the task go, its tokens are committed): queue
+        it again, unless it was cancelled meanwhile (then it ends as cancelled, as any
+        cancel) or is no longer this runner's."""
         self.pausing.discard(task_id)
-        task = queries.get_task(self.db, task_id)
-        if task is None or TaskState(task.state) != TaskState.RUNNING:
-            return False
+        if (
+            task is None
+            or TaskState(task.state) != TaskState.RUNNING
+            or (self.runner_id is not None and task.runner_id != self.runner_id)
+        ):
+            self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=output_tokens)
+            return
         self.active.discard(task_id)
         self.running_since.pop(task_id, None)
         owner = self.owner_of.pop(task_id, task.owner)
         self.queue.push_paused(task_id, owner)
         self._dispatch()
-        return True
 
     def _fill(self) -> None:
         while self.queue and len(self.active) < self.max_active:
             task_id = self.queue.pop()
             if task_id in self.active:
                 continue
-            try:
-                self._begin(task_id)
-            except Exception:  # a bad task must not stop the queue behind it
-                log.exception("could not start task %s", task_id)
-                self._finish(
-                    task_id,
-                    rules.Outcome(
-                        TaskState.FAILED,
-                        error={"code": "server_error", "message": "The task could not start."},
-                    ),
-                )
+            self.active.add(task_id)  # the slot is taken while the claim commits
+            self.committer.run(self._claim, task_id, then=self._begin)
 
-    def _begin(self, task_id: str) -> None:
-        found = queries.get_task_and_response(self.db, task_id)
-        if found is None:
-            return
-        task, response = found
-        state = TaskState(task.state)
-        if state == TaskState.QUEUED:
-            committed = rules.append_events(
-                self.db,
-                task_id,
-                _loading_event,
-                to_state=TaskState.LOADING,
-                only_from=[TaskState.QUEUED],
-            )
-            if not committed.changed:
-                return  # cancelled meanwhile
-            self.publish(committed)
-            task = committed.task
-        elif state != TaskState.RUNNING:
-            return  # a resumed task is `running`; anything else is not ours to start
+    def _claim(self, task_id: str) -> _Start:
+        """(database thread) Take a queued task (`queued` → `loading`), or re-enter a resumed
+        one, and prepare its job; a task that cannot start is failed here."""
+        start = _Start(task_id)
         try:
-            model = self.catalog.resolve(task.model)
-        except LMSPError as e:
-            self._finish(
-                task_id,
-                rules.Outcome(TaskState.FAILED, error={"code": e.code, "message": e.message}),
+            found = queries.get_task_and_response(self.db, task_id)
+            if found is None:
+                return start
+            task, response = found
+            if self.runner_id is not None and task.runner_id != self.runner_id:
+                return start  # not ours (any more)
+            start.owner = task.owner
+            state = TaskState(task.state)
+            if state == TaskState.QUEUED:
+                committed = rules.append_events(
+                    self.db,
+                    task_id,
+                    _loading_event,
+                    to_state=TaskState.LOADING,
+                    only_from=[TaskState.QUEUED],
+                    runner_id=self.runner_id,
+                )
+                if not committed.changed:
+                    return start  # cancelled meanwhile
+                start.committed.append(committed)
+                task = committed.task
+            elif state == TaskState.CANCELLING:
+                # Cancelled while it waited to resume: nothing runs, it ends now.
+                start.committed.append(self._end(task_id, rules.Outcome(TaskState.CANCELLED)))
+                return start
+            elif state != TaskState.RUNNING:
+                return start  # a resumed task is `running`; anything else is not to start
+            try:
+                model = self.catalog.resolve(task.model)
+            except LMSPError as e:
+                start.committed.append(
+                    self._end(
+                        task_id,
+                        rules.Outcome(
+                            TaskState.FAILED, error={"code": e.code, "message": e.message}
+                        ),
+                    )
+                )
+                return start
+            params = json.loads(task.params)
+            snap = snapshot_of(task) if state == TaskState.RUNNING else {}
+            assert response is not None  # only response tasks reach the runner
+            start.job = GenerateJob(
+                job_id=task_id,
+                model_path=str(model.path),
+                messages=stored_messages(response, task),
+                max_tokens=params["max_tokens"],
+                temperature=params["temperature"],
+                top_p=params["top_p"],
+                seed=params["seed"],
+                resume_token_ids=list(snap.get("token_ids", [])),
+                resume_text=snap.get("text", ""),
+                expected_files=json.loads(model.files) if model.files else None,
             )
+        except Exception as exc:  # a bad task must not stop the queue behind it
+            if is_locked(exc):
+                raise  # not the task's fault: the committer runs the claim again
+            log.exception("could not start task %s", task_id)
+            start.job = None
+            error = {"code": "server_error", "message": "The task could not start."}
+            try:
+                start.committed.append(self._end(task_id, rules.Outcome(TaskState.FAILED, error)))
+            except Exception:
+                log.exception("could not fail task %s", task_id)
+        return start
+
+    def _begin(self, start: _Start) -> None:
+        for committed in start.committed:
+            self.publish(committed)
+        if start.job is None:
+            self.active.discard(start.task_id)
+            self._dispatch()
             return
-        params = json.loads(task.params)
-        snap = snapshot_of(task) if state == TaskState.RUNNING else {}
-        assert response is not None  # only response tasks reach the runner
-        job = GenerateJob(
-            job_id=task_id,
-            model_path=str(model.path),
-            messages=stored_messages(response, task),
-            max_tokens=params["max_tokens"],
-            temperature=params["temperature"],
-            top_p=params["top_p"],
-            seed=params["seed"],
-            resume_token_ids=list(snap.get("token_ids", [])),
-            resume_text=snap.get("text", ""),
-            expected_files=json.loads(model.files) if model.files else None,
-        )
-        self.active.add(task_id)
-        self.owner_of[task_id] = task.owner
-        self.engine.submit(job)
+        if start.task_id not in self.active:
+            # The worker died while this claim committed: the recovery queued after it
+            # applies the restart policy and queues the task again if it should run.
+            return
+        self.owner_of[start.task_id] = start.owner
+        self.engine.submit(start.job)
 
     # -- messages from the engine ----------------------------------------------------------
 
@@ -281,8 +401,16 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
-                self.running_since[task_id] = time.monotonic()
-                self.publish(rules.start_running(self.db, task_id, n))
+                if task_id in self.active:
+                    self.running_since[task_id] = time.monotonic()
+                self.committer.run(
+                    rules.start_running,
+                    self.db,
+                    task_id,
+                    n,
+                    runner_id=self.runner_id,
+                    then=self._committed,
+                )
             case JobTokens(job_id=task_id, token_ids=ids, text=text):
                 pending = self.pending.setdefault(task_id, _Pending())
                 pending.token_ids.extend(ids)
@@ -314,24 +442,39 @@ class TaskRunner:
                 )
             case JobFailed(job_id=task_id, code=code, message=text):
                 self._flush(task_id)
-                task = queries.get_task(self.db, task_id)
-                if task is not None:
-                    text = self.catalog.without_paths(task.model, text)
-                if code == "model_digest_mismatch" and task is not None:
-                    self.catalog.mark(task.model, "corrupt")
                 self._finish(
                     task_id,
                     rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
+                    corrupt=code == "model_digest_mismatch",
                 )
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
-                if task_id in self.pausing and self._paused(task_id):
+                if task_id in self.pausing:
+                    # Paused to free its slot: its state decides (read after its tokens
+                    # committed) whether it waits for its turn or ends cancelled.
+                    self.committer.run(
+                        queries.get_task,
+                        self.db,
+                        task_id,
+                        then=functools.partial(self._paused, task_id, o),
+                    )
                     return
-                self._finish(
-                    task_id, rules.Outcome(TaskState.CANCELLED, usage=self._usage(task_id, o))
-                )
+                self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=o)
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
+
+    def _committed(self, committed: rules.Committed) -> None:
+        self.publish(committed)
+        if committed.lost:
+            self._drop(committed.task.id)
+
+    def _drop(self, task_id: str) -> None:
+        """Another runner holds this task now (this one was declared dead while it still ran):
+        stop generating it; its end changes nothing in the database."""
+        if task_id in self.active and task_id not in self.cancelling and self.engine is not None:
+            log.warning("task %s is held by another runner now; stopping its generation", task_id)
+            self.cancelling.add(task_id)
+            self.engine.cancel(task_id)
 
     def _flush(self, *task_ids: str) -> None:
         """Commit the tokens held for these tasks, in one transaction."""
@@ -341,48 +484,125 @@ class TaskRunner:
             if pending is not None and (pending.token_ids or pending.text):
                 outputs[task_id] = (pending.token_ids, pending.text)
         if outputs:
-            for committed in rules.append_outputs(self.db, outputs):
-                self.publish(committed)
+            self.committer.run(
+                rules.append_outputs,
+                self.db,
+                outputs,
+                runner_id=self.runner_id,
+                then=self._committed_outputs,
+            )
+
+    def _committed_outputs(self, committed: list[rules.Committed]) -> None:
+        for one in committed:
+            self._committed(one)
 
     def _flush_all(self) -> None:
         self.flush_handle = None
         self._flush(*self.pending)
 
-    def _finish(self, task_id: str, outcome: rules.Outcome) -> None:
-        self.publish(rules.finish(self.db, task_id, outcome))
+    def _finish(
+        self,
+        task_id: str,
+        outcome: rules.Outcome,
+        *,
+        output_tokens: int | None = None,
+        corrupt: bool = False,
+    ) -> None:
+        self.committer.run(
+            self._end,
+            task_id,
+            outcome,
+            output_tokens=output_tokens,
+            corrupt=corrupt,
+            then=self._finished,
+        )
+
+    def _end(
+        self,
+        task_id: str,
+        outcome: rules.Outcome,
+        *,
+        output_tokens: int | None = None,
+        corrupt: bool = False,
+    ) -> rules.Committed:
+        """(database thread) A task's terminal transaction, with what it needs read first."""
+        if corrupt or output_tokens is not None or outcome.error is not None:
+            task = queries.get_task(self.db, task_id)
+            if task is not None and outcome.error is not None and "message" in outcome.error:
+                # An engine error may name the model's folder; a paired client may read it.
+                outcome.error["message"] = self.catalog.without_paths(
+                    task.model, outcome.error["message"]
+                )
+            if task is not None and corrupt:
+                self.catalog.mark(task.model, "corrupt")
+            if task is not None and output_tokens is not None:
+                input_tokens = snapshot_of(task).get("input_tokens", 0)
+                outcome.usage = usage_object(input_tokens, output_tokens)
+        return rules.finish(self.db, task_id, outcome, runner_id=self.runner_id)
+
+    def _finished(self, committed: rules.Committed) -> None:
+        task_id = committed.task.id
+        self.publish(committed)
         self.active.discard(task_id)
         self.producing.discard(task_id)
+        self.cancelling.discard(task_id)
         self.cached_tokens.pop(task_id, None)
         self.owner_of.pop(task_id, None)
         self.running_since.pop(task_id, None)
         self.pausing.discard(task_id)
         self._dispatch()
 
-    def _usage(self, task_id: str, output_tokens: int) -> dict[str, Any] | None:
-        task = queries.get_task(self.db, task_id)
-        if task is None:
-            return None
-        return usage_object(snapshot_of(task).get("input_tokens", 0), output_tokens)
-
     def _on_worker_exit(self, job_ids: list[str], exitcode: int | None) -> None:
         log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
         self.worker_info = {"state": "restarting", "last_exit_code": exitcode}
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
-        self.active.clear()
+        self.active.difference_update(held)
+        self.producing.difference_update(held)
+        self.cancelling.difference_update(held)
         self.owner_of.clear()
         self.running_since.clear()
         self.pausing.clear()
-        self.producing.difference_update(held)
-        report = rules.recover_after_worker_exit(self.db, held)
+        self.committer.run(
+            rules.recover_after_worker_exit,
+            self.db,
+            held,
+            runner_id=self.runner_id,
+            then=self._after_worker_exit,
+        )
+        self.engine.restart()
+
+    def _after_worker_exit(self, report: rules.RecoveryReport) -> None:
         for committed in report.committed:
             self.publish(committed)
-        self.engine.restart()
-        for task_id in reversed(held):
-            task = queries.get_task(self.db, task_id)
-            if task is not None and task.state in (TaskState.QUEUED, TaskState.RUNNING):
-                self.queue.push_front(task_id, task.owner)
+        for task_id in reversed(report.adopted):
+            if task_id not in self.active:
+                self.queue.push_front(task_id, report.owners[task_id])
         self._dispatch()
+
+    # -- recoveries and a lost lease (from services.lease) ----------------------------------
+
+    def recovered(self, report: rules.RecoveryReport) -> None:
+        """A recovery (this server's sweep) committed: publish what it wrote, and run the
+        tasks it adopted."""
+        for committed in report.committed:
+            self.publish(committed)
+        if report.adopted:
+            self.pick_up()
+
+    def lease_lost(self, new_runner_id: str) -> None:
+        """Another server found this runner's lease expired and took its tasks: stop every
+        generation (their commits would be refused anyway) and go on under a new lease."""
+        log.error(
+            "LMSP: this server's lease (runner %s) expired and its tasks were recovered by "
+            "another server; continuing as runner %s",
+            self.runner_id,
+            new_runner_id,
+        )
+        self.runner_id = new_runner_id
+        self.queue = FairQueue()
+        for task_id in list(self.active):
+            self._drop(task_id)
 
 
 def _loading_event(task: Task, response: Response | None) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ def list_tasks(
     limit: int = 20,
 ) -> dict[str, Any]:
     page = queries.list_tasks(
-        ctx.db, states=states, kind=kind, owner=caller.owner_filter, after=after, limit=limit
+        ctx.db, states=states, kind=kind, owners=caller.owner_filter, after=after, limit=limit
     )
     data = [task_object(t) for t in page.tasks]
     return TaskList.model_validate(

@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlmodel import col
+from sqlmodel import Session, col
 
 from ..auth import secrets as codes
+from ..auth.identity import is_jupyter_owner
 from .database import Database
 from .tables import Client, Pairing
 
@@ -85,7 +86,8 @@ def decide_pairing(
 ) -> tuple[Pairing | None, str]:
     """Approve (with `scopes`, a subset of those requested) or deny a pending pairing.
 
-    `decided_by` is the deciding caller's id, `held` the scopes it holds when it is a paired
+    `decided_by` is the deciding caller's id (the client it becomes belongs to that Jupyter
+    user, or to the user of the deciding client: LMSP B12), `held` the scopes it holds when it is a paired
     client (None: the owner, who holds all). A client grants only scopes it holds and decides
     no pairing it started itself.
 
@@ -167,6 +169,7 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             scopes=pairing.granted_scopes or "[]",
             created_at=now,
             approved_by=pairing.decided_by,
+            paired_by=_jupyter_user_of(session, pairing.decided_by),
         )
         session.add(client)
         pairing.status = "claimed"
@@ -197,9 +200,36 @@ def touch_client(db: Database, client_id: str, now: float | None = None) -> None
             session.add(client)
 
 
-def list_clients(db: Database, include_revoked: bool = False) -> list[Client]:
+def list_clients(
+    db: Database, include_revoked: bool = False, paired_by: str | None = None
+) -> list[Client]:
+    """Paired clients (only those `paired_by` approved, when given), oldest first."""
     with db.read() as session:
         query = select(Client).order_by(col(Client.created_at))
         if not include_revoked:
             query = query.where(col(Client.revoked_at).is_(None))
+        if paired_by is not None:
+            query = query.where(col(Client.paired_by) == paired_by)
         return list(session.execute(query).scalars())
+
+
+def clients_paired_by(db: Database, owner: str) -> frozenset[str]:
+    """The ids of every client (revoked too) whose pairing `owner` approved: their tasks and
+    responses are `owner`'s to see (LMSP B12)."""
+    with db.read() as session:
+        query = select(col(Client.id)).where(col(Client.paired_by) == owner)
+        return frozenset(session.execute(query).scalars())
+
+
+def get_client(db: Database, client_id: str) -> Client | None:
+    with db.read() as session:
+        return session.get(Client, client_id)
+
+
+def _jupyter_user_of(session: Session, approver: str | None) -> str | None:
+    """The Jupyter user a client approved by `approver` belongs to: the approver itself, or
+    the user of the approving client."""
+    if approver is None or is_jupyter_owner(approver):
+        return approver
+    client = session.get(Client, approver)
+    return client.paired_by if client is not None else None

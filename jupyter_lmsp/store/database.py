@@ -3,6 +3,9 @@
 Every write transaction starts with `BEGIN IMMEDIATE`, so a transaction that reads a task's
 state and then changes it holds the write lock the whole time; two such transactions (a cancel
 and a completion, say) run one after the other, never interleaved. Reads use plain `BEGIN`.
+
+Opening a database brings its schema to the current revision (`schema.prepare`: created when
+empty, upgraded after a backup when older, refused when newer).
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from typing import cast
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
-from sqlmodel import Session, SQLModel
+from sqlmodel import Session
 
-from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from . import (
+    schema,
+    tables,  # noqa: F401  (registers the tables on SQLModel.metadata)
+)
 from .private import private_database
 
 BUSY_TIMEOUT_MS = 10_000
@@ -32,12 +38,16 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
 class Database:
     """One SQLite database file, with the connection settings the section 11 rules rely on."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, upgrade: bool = True, legacy_owner: str | None = None) -> None:
+        """Open the database at `url`, creating or upgrading its schema (see `schema.prepare`;
+        with `upgrade` False an older schema is left as it is, for `jupyter lmsp doctor`)."""
         if not url.startswith("sqlite:"):
             raise ValueError(f"only SQLite databases are supported, not {url!r}")
         self.url = url
         path = url.removeprefix("sqlite:///")
+        self.path: Path | None = None
         if path and path != ":memory:":
+            self.path = Path(path)
             # 0600 before the first connection: the WAL and shared-memory files take its mode.
             private_database(path)
         # A small pool: a transaction checks a connection out and back in, so threads take
@@ -53,7 +63,9 @@ class Database:
         )
         event.listen(self.engine, "connect", _on_connect)
         event.listen(self.engine, "begin", _on_begin)
-        SQLModel.metadata.create_all(self.engine)
+        self.schema = schema.prepare(
+            self.engine, self.path, upgrade=upgrade, legacy_owner=legacy_owner
+        )
 
     @contextmanager
     def write(self) -> Iterator[Session]:
@@ -80,10 +92,13 @@ class Database:
             cursor.execute("BEGIN IMMEDIATE")
             try:
                 yield cursor
+                # A deferred foreign key is checked here: a COMMIT that fails leaves the
+                # transaction open, to be rolled back below.
+                cursor.execute("COMMIT")
             except BaseException:
-                cursor.execute("ROLLBACK")
+                if proxy.dbapi_connection.in_transaction:  # type: ignore[union-attr]
+                    cursor.execute("ROLLBACK")
                 raise
-            cursor.execute("COMMIT")
         finally:
             proxy.close()
 

@@ -4,7 +4,8 @@ A key is claimed (a row with no result yet) in its own short transaction before 
 starts, so a concurrent duplicate finds it and gets 409. The result is then written in the same
 transaction as the work it started (`rules.create_task` takes the finished row), or by
 `complete_key` for work that starts no task. A row left without a result by a crash started no
-work (the work would have committed the result with it): start-up recovery deletes such rows.
+work (the work would have committed the result with it): the recovery of the runner that
+handled it (`runner_id`) deletes such rows. A row with a result belongs to no runner.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ class Claim:
     row: IdempotencyKey
 
 
-def claim_key(db: Database, caller: str, key: str, digest: str, ttl: float) -> Claim:
+def claim_key(
+    db: Database, caller: str, key: str, digest: str, ttl: float, runner_id: str | None = None
+) -> Claim:
+    """Claim `key` for the request being handled by the runner `runner_id` (the claim dies
+    with that runner: its recovery releases it)."""
     now = time.time()
     with db.write() as session:
         row = session.get(IdempotencyKey, (caller, key))
@@ -40,7 +45,12 @@ def claim_key(db: Database, caller: str, key: str, digest: str, ttl: float) -> C
             row = None
         if row is None:
             row = IdempotencyKey(
-                caller=caller, key=key, request_digest=digest, created_at=now, expires_at=now + ttl
+                caller=caller,
+                key=key,
+                request_digest=digest,
+                created_at=now,
+                expires_at=now + ttl,
+                runner_id=runner_id,
             )
             session.add(row)
             return Claim("new", row)

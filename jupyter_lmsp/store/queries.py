@@ -53,19 +53,20 @@ def list_tasks(
     *,
     states: list[str] | None = None,
     kind: str | None = None,
-    owner: str | None = None,
+    owners: list[str] | None = None,
     after: str | None = None,
     limit: int = 20,
 ) -> TaskPage:
-    """Tasks newest first; `after` is the id of the last task of the previous page."""
+    """Tasks newest first (of `owners`, when given); `after` is the id of the last task of
+    the previous page."""
     with db.read() as session:
         query = select(Task)
         if states:
             query = query.where(col(Task.state).in_(states))
         if kind:
             query = query.where(col(Task.kind) == kind)
-        if owner:
-            query = query.where(col(Task.owner) == owner)
+        if owners is not None:
+            query = query.where(col(Task.owner).in_(owners))
         if after:
             anchor = session.get(Task, after)
             if anchor is not None:
@@ -93,8 +94,9 @@ def list_events(
         return [json.loads(data) for data in session.execute(query).scalars()]
 
 
-def tasks_to_run(db: Database, kind: str = "response") -> list[Task]:
-    """Unfinished tasks of `kind` to pick up after start-up, oldest first."""
+def tasks_to_run(db: Database, kind: str = "response", runner_id: str | None = None) -> list[Task]:
+    """Unfinished tasks of `kind` to pick up, oldest first: those `runner_id` holds (after
+    start-up recovery, or a recovery that adopted them), or every one when None."""
     with db.read() as session:
         query = (
             select(Task)
@@ -104,6 +106,8 @@ def tasks_to_run(db: Database, kind: str = "response") -> list[Task]:
             )
             .order_by(col(Task.created_at))
         )
+        if runner_id is not None:
+            query = query.where(Task.runner_id == runner_id)  # type: ignore[arg-type]
         return list(session.execute(query).scalars())
 
 

@@ -13,7 +13,16 @@ it keeps:
                            transaction, so none of them runs on, or resumes after a restart;
 - `purge_expired`        — finished tasks and their events are kept for the retention period,
                            unfinished tasks are never deleted;
-- `recover_at_startup`   — the 11.3 table, applied to every task left unfinished.
+- `recover_at_startup`   — the 11.3 table, applied to the tasks left unfinished by runners that
+                           are gone (and to tasks no runner holds), one runner per transaction;
+                           `recover_runner` does one of them.
+
+Who drives a task (LMSP B12): an unfinished task names its runner (`tasks.runner_id`, set by
+the transaction that creates or adopts it, cleared by the one that ends it). The functions a
+runner calls to drive a task take its `runner_id` and change nothing in a task another runner
+holds (the result says `lost`): a runner declared dead while it still ran can never write
+over the runner that adopted its tasks. Anyone may cancel any task (`request_cancel`); the
+runner holding it sees the `cancelling` state and stops the generation.
 
 The functions return plain values (rows detached from their session, committed event dicts),
 so callers publish exactly what was committed.
@@ -42,6 +51,7 @@ from ..protocol.states import (
     RestartPolicy,
     TaskState,
 )
+from . import runners
 from .database import Database
 from .tables import Client, IdempotencyKey, Response, Task, TaskEvent
 
@@ -75,6 +85,9 @@ class Committed:
     response: Response | None
     events: list[Event] = field(default_factory=list)
     changed: bool = True
+    # The runner that asked no longer holds the task: another runner adopted it (this one was
+    # declared dead), or it ended. The caller stops driving it.
+    lost: bool = False
 
 
 @dataclass
@@ -97,6 +110,22 @@ class RecoveryReport:
     released_claims: int = 0
     transitions: dict[str, int] = field(default_factory=dict)
     committed: list[Committed] = field(default_factory=list)
+    # The runners whose tasks were recovered (None: tasks no runner held), with why.
+    runners: list[tuple[str | None, str]] = field(default_factory=list)
+    # Unfinished tasks the recovering runner now holds (queued again, or `running` to resume),
+    # and whose each of them is.
+    adopted: list[str] = field(default_factory=list)
+    owners: dict[str, str] = field(default_factory=dict)
+
+    def add(self, other: RecoveryReport) -> None:
+        self.examined += other.examined
+        self.released_claims += other.released_claims
+        for key, n in other.transitions.items():
+            self.transitions[key] = self.transitions.get(key, 0) + n
+        self.committed.extend(other.committed)
+        self.runners.extend(other.runners)
+        self.adopted.extend(other.adopted)
+        self.owners.update(other.owners)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,6 +199,7 @@ def append_events(
     *,
     to_state: TaskState | None = None,
     only_from: Sequence[TaskState] | None = None,
+    runner_id: str | None = None,
 ) -> Committed:
     """Move a task to `to_state` (if given) and append the events `build` returns, atomically.
 
@@ -177,12 +207,15 @@ def append_events(
     the new status. With `only_from`, nothing happens unless the task is in one of those states
     (`changed` is then False): the check and the write share the transaction. A `cancelling`
     task is never moved to another state here: once a cancel is accepted, only `finish` ends
-    it, and always as `cancelled` (11.2).
+    it, and always as `cancelled` (11.2). With `runner_id`, nothing happens unless that runner
+    holds the task (`lost` otherwise).
     """
     now = time.time()
     with db.write() as session:
         task, response = _load(session, task_id)
         state = TaskState(task.state)
+        if _not_held(task, runner_id):
+            return Committed(task, response, [], changed=False, lost=True)
         if (
             state in TERMINAL_STATES
             or (only_from is not None and state not in only_from)
@@ -195,7 +228,9 @@ def append_events(
     return Committed(task, response, events)
 
 
-def start_running(db: Database, task_id: str, input_tokens: int) -> Committed:
+def start_running(
+    db: Database, task_id: str, input_tokens: int, runner_id: str | None = None
+) -> Committed:
     """`loading` → `running`, opening the output message (or re-entering it when resuming).
 
     A resumed task is already `running` with its message open: nothing is appended then, so the
@@ -204,6 +239,8 @@ def start_running(db: Database, task_id: str, input_tokens: int) -> Committed:
     now = time.time()
     with db.write() as session:
         task, response = _load(session, task_id)
+        if _not_held(task, runner_id):
+            return Committed(task, response, [], changed=False, lost=True)
         state = TaskState(task.state)
         snap = snapshot_of(task)
         if state == TaskState.RUNNING and snap.get("open"):
@@ -234,9 +271,17 @@ def start_running(db: Database, task_id: str, input_tokens: int) -> Committed:
     return Committed(task, response, events)
 
 
-def append_output(db: Database, task_id: str, token_ids: Sequence[int], text: str) -> Committed:
+def append_output(
+    db: Database,
+    task_id: str,
+    token_ids: Sequence[int],
+    text: str,
+    runner_id: str | None = None,
+) -> Committed:
     """Append generated text as one delta event, with the snapshot that covers it (LMSP B7)."""
-    (committed,) = append_outputs(db, {task_id: (token_ids, text)}, missing_ok=False)
+    (committed,) = append_outputs(
+        db, {task_id: (token_ids, text)}, missing_ok=False, runner_id=runner_id
+    )
     return committed
 
 
@@ -245,6 +290,7 @@ def append_outputs(
     outputs: Mapping[str, tuple[Sequence[int], str]],
     *,
     missing_ok: bool = True,
+    runner_id: str | None = None,
 ) -> list[Committed]:
     """`append_output` for several running tasks (task id → token ids, text) in one
     transaction: the tokens every running task produced since the last snapshot, one commit.
@@ -264,7 +310,11 @@ def append_outputs(
                 raise LMSPError(
                     404, "not_found", f"No task with id '{task_id}' found.", type="not_found_error"
                 )
-            committed.append(_append_output(cursor, _record(row), token_ids, text, now))
+            task = _record(row)
+            if _not_held(task, runner_id):
+                committed.append(Committed(task, None, [], changed=False, lost=True))
+                continue
+            committed.append(_append_output(cursor, task, token_ids, text, now))
     return committed
 
 
@@ -394,7 +444,7 @@ def revoke_client(db: Database, client_id: str) -> Revocation | None:
     return result
 
 
-def finish(db: Database, task_id: str, outcome: Outcome) -> Committed:
+def finish(db: Database, task_id: str, outcome: Outcome, runner_id: str | None = None) -> Committed:
     """Write a task's terminal state and its one terminal event.
 
     Once a cancel was accepted (`cancelling`), the task ends `cancelled` whatever the generation
@@ -406,6 +456,8 @@ def finish(db: Database, task_id: str, outcome: Outcome) -> Committed:
         state = TaskState(task.state)
         if state in TERMINAL_STATES:
             return Committed(task, response, [], changed=False)
+        if _not_held(task, runner_id):
+            return Committed(task, response, [], changed=False, lost=True)
         if state == TaskState.CANCELLING:
             outcome = Outcome(TaskState.CANCELLED, usage=outcome.usage)
         if outcome.also is not None:
@@ -474,128 +526,211 @@ def delete_finished_task(db: Database, task_id: str) -> bool:
 # 11.2 / 11.3: recovery at start-up
 
 
-def recover_at_startup(db: Database) -> RecoveryReport:
-    """Apply the 11.3 table to every task left `queued`, `loading`, `running` or `cancelling`.
+def recover_at_startup(
+    db: Database, adopter: str | None = None, now: float | None = None
+) -> RecoveryReport:
+    """Apply the 11.3 table to the tasks left `queued`, `loading`, `running` or `cancelling` by
+    runners that are gone, and to unfinished tasks no runner holds.
 
-    All of it is one transaction: each task's new state and its event are committed together,
-    and before the service accepts a request. `running` tasks with policy `resume` stay
-    `running`; the runner continues them from their snapshot. Idempotency keys claimed by
-    requests that died before committing any work are released in the same transaction.
+    A runner is gone when its process provably is (on this machine: no process with its id and
+    start time runs) or, elsewhere, when its lease expired (`store.runners`): a restarted
+    server recovers its dead predecessor at once, and never touches the tasks of a server that
+    still runs. Tasks no runner holds are those of release 0.1.0, or of a runner that stopped
+    cleanly. Each runner's tasks are recovered in one transaction (`recover_runner`), committed
+    before the service accepts a request; tasks that stay unfinished (queued again, or
+    `running` to continue from their snapshot) are adopted by `adopter`, which runs them.
+
+    Every live server also calls this periodically (its sweep), for runners that died since.
     """
-    return _recover(db, None, SERVER_RESTARTED, release_stale_claims=True)
+    report = RecoveryReport()
+    if _anything_unheld(db):
+        report.add(recover_runner(db, None, adopter))
+    for runner, _reason in runners.gone_runners(db, now):
+        if runner.id != adopter:
+            report.add(recover_runner(db, runner.id, adopter, now=now))
+    return report
 
 
-def recover_after_worker_exit(db: Database, task_ids: Sequence[str]) -> RecoveryReport:
+def recover_runner(
+    db: Database,
+    runner_id: str | None,
+    adopter: str | None = None,
+    *,
+    now: float | None = None,
+    error: dict[str, str] = SERVER_RESTARTED,
+) -> RecoveryReport:
+    """The 11.3 table for the unfinished tasks of the runner `runner_id` (None: of no runner),
+    in one transaction, provided it is still gone when the transaction holds the write lock
+    (a lease renewed meanwhile, or another server's recovery of it, leave nothing to do).
+
+    The same transaction releases idempotency keys the runner's requests had claimed without
+    committing any work, hands the surviving tasks to `adopter` and deletes the runner.
+
+    Plain SQL on one sqlite3 cursor, with the changes written by `executemany`: start-up may
+    find ten thousand unfinished tasks, and the ORM's unit of work (one UPDATE per object,
+    attribute tracking on every change) would take seconds the service is not yet answering in.
+    """
+    now = time.time() if now is None else now
+    report = RecoveryReport()
+    with db.write_cursor() as cursor:
+        reason = "unheld"
+        if runner_id is not None:
+            row = cursor.execute("SELECT * FROM runners WHERE id = ?", (runner_id,)).fetchone()
+            found = runners.gone_reason(_record(row), now) if row is not None else None
+            if found is None:
+                return report  # alive after all, or already recovered by someone else
+            reason = found
+        report.runners.append((runner_id, reason))
+        holder = "runner_id IS NULL" if runner_id is None else "runner_id = ?"
+        held = () if runner_id is None else (runner_id,)
+        report.released_claims = cursor.execute(
+            "DELETE FROM idempotency_keys WHERE status_code IS NULL AND response_id IS NULL"
+            f" AND {holder}",
+            held,
+        ).rowcount
+        states = ", ".join("?" * len(_UNFINISHED))
+        rows = cursor.execute(
+            f"SELECT * FROM tasks WHERE {holder} AND state IN ({states}) ORDER BY created_at",
+            (*held, *_UNFINISHED),
+        ).fetchall()
+        _apply_table(cursor, [_record(r) for r in rows], error, now, report, adopter=adopter)
+        if runner_id is not None:
+            cursor.execute("DELETE FROM runners WHERE id = ?", (runner_id,))
+    return report
+
+
+def recover_after_worker_exit(
+    db: Database, task_ids: Sequence[str], runner_id: str | None = None
+) -> RecoveryReport:
     """The same table for the tasks an inference worker held when it died: the service did
-    not restart, but their generation did, so each follows its restart policy."""
+    not restart, but their generation did, so each follows its restart policy. With
+    `runner_id`, only the tasks that runner holds; survivors stay its own."""
     if not task_ids:
         return RecoveryReport()
-    return _recover(db, list(task_ids), WORKER_CRASHED)
+    now = time.time()
+    report = RecoveryReport()
+    with db.write_cursor() as cursor:
+        tasks = _unfinished_tasks(cursor, list(task_ids))
+        tasks = [t for t in tasks if not _not_held(t, runner_id)]
+        _apply_table(cursor, tasks, WORKER_CRASHED, now, report, adopter=runner_id)
+    return report
 
 
 _UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
 
 
-def _recover(
-    db: Database,
-    task_ids: list[str] | None,
-    error: dict[str, str],
-    release_stale_claims: bool = False,
-) -> RecoveryReport:
-    """The 11.3 table for the unfinished tasks among `task_ids` (all of them when None).
-
-    Plain SQL on one sqlite3 cursor, with the changes written by three `executemany` calls:
-    start-up may find ten thousand unfinished tasks, and the ORM's unit of work (one UPDATE per
-    object, attribute tracking on every change) would take seconds the service is not yet
-    answering in.
-    """
-    now = time.time()
-    report = RecoveryReport()
-    with db.write_cursor() as cursor:
-        if release_stale_claims:
-            report.released_claims = cursor.execute(
-                "DELETE FROM idempotency_keys WHERE status_code IS NULL AND response_id IS NULL"
-            ).rowcount
-        tasks = _unfinished_tasks(cursor, task_ids)
-        responses = _responses_of(cursor, [t.response_id for t in tasks if t.response_id])
-        event_rows: list[dict[str, Any]] = []
-        changed_responses: list[Response] = []
-        changed_tasks: list[Task] = []
-        for task in tasks:
-            report.examined += 1
-            found_state = TaskState(task.state)
-            target = RECOVERY_TABLE[found_state][RestartPolicy(task.on_restart)]
-            key = f"{found_state}->{target}"
-            report.transitions[key] = report.transitions.get(key, 0) + 1
-            response = responses.get(task.response_id) if task.response_id else None
-            if target == found_state:
-                continue
-            if target in (TaskState.FAILED, TaskState.CANCELLED):
-                outcome = Outcome(target, error=dict(error) if target == TaskState.FAILED else None)
-                built = _terminate(task, response, outcome, now)
-                if response is not None:
-                    changed_responses.append(response)
-            else:  # back to queued (loading → queued, or running → queued under `retry`)
-                built = _close_open_item(task, "incomplete")
-                task.state = TaskState.QUEUED
-                built.append(
-                    ev.lifecycle(ev.QUEUED, response_object(response, task))
-                    if response is not None
-                    else {"type": "task.queued", "task_id": task.id}
-                )
-            events = _number(task, built, now, event_rows)
-            changed_tasks.append(task)
-            report.committed.append(Committed(task, response, events))
-        cursor.executemany(
-            "UPDATE tasks SET state = ?, snapshot = ?, error = ?, next_sequence = ?,"
-            " updated_at = ?, finished_at = ? WHERE id = ?",
-            [
-                (
-                    str(t.state),
-                    t.snapshot,
-                    t.error,
-                    t.next_sequence,
-                    t.updated_at,
-                    t.finished_at,
-                    t.id,
-                )
-                for t in changed_tasks
-            ],
-        )
-        cursor.executemany(
-            "UPDATE responses SET output = ?, usage = ?, error = ?, incomplete_reason = ?,"
-            " completed_at = ? WHERE id = ?",
-            [
-                (r.output, r.usage, r.error, r.incomplete_reason, r.completed_at, r.id)
-                for r in changed_responses
-            ],
-        )
-        # The events last: should one of them fail (a constraint), the state updates above
-        # go back with it, and no task is left in a new state without its event.
-        cursor.executemany(
-            "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
-            " VALUES (:task_id, :sequence_number, :type, :data, :created_at)",
-            event_rows,
-        )
-    return report
-
-
-def _unfinished_tasks(cursor: sqlite3.Cursor, task_ids: list[str] | None) -> list[Task]:
-    """Unfinished tasks (of `task_ids`, or all), oldest first, as objects outside any session."""
+def _anything_unheld(db: Database) -> bool:
+    """Whether some unfinished task, or some claimed idempotency key, has no runner (a cheap
+    read, so the periodic sweep takes no write lock when there is nothing to do)."""
     states = ", ".join("?" * len(_UNFINISHED))
-    if task_ids is None:
-        rows = cursor.execute(
-            f"SELECT * FROM tasks WHERE state IN ({states}) ORDER BY created_at", _UNFINISHED
+    with db.read() as session:
+        conn = session.connection()
+        return (
+            conn.exec_driver_sql(
+                f"SELECT 1 FROM tasks WHERE runner_id IS NULL AND state IN ({states}) LIMIT 1",
+                _UNFINISHED,
+            ).first()
+            is not None
+            or conn.exec_driver_sql(
+                "SELECT 1 FROM idempotency_keys WHERE runner_id IS NULL"
+                " AND status_code IS NULL AND response_id IS NULL LIMIT 1"
+            ).first()
+            is not None
+        )
+
+
+def _apply_table(
+    cursor: sqlite3.Cursor,
+    tasks: list[Any],
+    error: dict[str, str],
+    now: float,
+    report: RecoveryReport,
+    *,
+    adopter: str | None,
+) -> None:
+    """The 11.3 table for `tasks` (unfinished, oldest first), written with three
+    `executemany` calls on `cursor`; surviving tasks are given to `adopter`."""
+    responses = _responses_of(cursor, [t.response_id for t in tasks if t.response_id])
+    event_rows: list[dict[str, Any]] = []
+    changed_responses: list[Response] = []
+    changed_tasks: list[Any] = []
+    for task in tasks:
+        report.examined += 1
+        found_state = TaskState(task.state)
+        target = RECOVERY_TABLE[found_state][RestartPolicy(task.on_restart)]
+        key = f"{found_state}->{target}"
+        report.transitions[key] = report.transitions.get(key, 0) + 1
+        response = responses.get(task.response_id) if task.response_id else None
+        if target in (TaskState.QUEUED, TaskState.RUNNING):
+            report.adopted.append(task.id)
+            report.owners[task.id] = task.owner
+            if task.runner_id != adopter:
+                task.runner_id = adopter
+                changed_tasks.append(task)
+        if target == found_state:
+            continue
+        if target in (TaskState.FAILED, TaskState.CANCELLED):
+            outcome = Outcome(target, error=dict(error) if target == TaskState.FAILED else None)
+            built = _terminate(task, response, outcome, now)
+            if response is not None:
+                changed_responses.append(response)
+        else:  # back to queued (loading → queued, or running → queued under `retry`)
+            built = _close_open_item(task, "incomplete")
+            task.state = TaskState.QUEUED
+            built.append(
+                ev.lifecycle(ev.QUEUED, response_object(response, task))
+                if response is not None
+                else {"type": "task.queued", "task_id": task.id}
+            )
+        events = _number(task, built, now, event_rows)
+        if not changed_tasks or changed_tasks[-1] is not task:
+            changed_tasks.append(task)
+        report.committed.append(Committed(task, response, events))
+    cursor.executemany(
+        "UPDATE tasks SET state = ?, snapshot = ?, error = ?, next_sequence = ?,"
+        " updated_at = ?, finished_at = ?, runner_id = ? WHERE id = ?",
+        [
+            (
+                str(t.state),
+                t.snapshot,
+                t.error,
+                t.next_sequence,
+                t.updated_at,
+                t.finished_at,
+                t.runner_id,
+                t.id,
+            )
+            for t in changed_tasks
+        ],
+    )
+    cursor.executemany(
+        "UPDATE responses SET output = ?, usage = ?, error = ?, incomplete_reason = ?,"
+        " completed_at = ? WHERE id = ?",
+        [
+            (r.output, r.usage, r.error, r.incomplete_reason, r.completed_at, r.id)
+            for r in changed_responses
+        ],
+    )
+    # The events last: should one of them fail (a constraint), the state updates above go
+    # back with it, and no task is left in a new state without its event.
+    cursor.executemany(
+        "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
+        " VALUES (:task_id, :sequence_number, :type, :data, :created_at)",
+        event_rows,
+    )
+
+
+def _unfinished_tasks(cursor: sqlite3.Cursor, task_ids: list[str]) -> list[Any]:
+    """Unfinished tasks of `task_ids`, oldest first, as objects outside any session."""
+    states = ", ".join("?" * len(_UNFINISHED))
+    rows = []
+    for chunk in _chunks(task_ids, 500):
+        ids = ", ".join("?" * len(chunk))
+        rows += cursor.execute(
+            f"SELECT * FROM tasks WHERE id IN ({ids}) AND state IN ({states})",
+            (*chunk, *_UNFINISHED),
         ).fetchall()
-    else:
-        rows = []
-        for chunk in _chunks(task_ids, 500):
-            ids = ", ".join("?" * len(chunk))
-            rows += cursor.execute(
-                f"SELECT * FROM tasks WHERE id IN ({ids}) AND state IN ({states})",
-                (*chunk, *_UNFINISHED),
-            ).fetchall()
-        rows.sort(key=lambda r: r["created_at"])
+    rows.sort(key=lambda r: r["created_at"])
     return [_record(row) for row in rows]
 
 
@@ -619,6 +754,11 @@ def _record(row: sqlite3.Row) -> Any:
 
 # ---------------------------------------------------------------------------------------------
 # internals: every write above goes through these
+
+
+def _not_held(task: Any, runner_id: str | None) -> bool:
+    """Whether a runner that asks (`runner_id` given) does not hold `task`."""
+    return runner_id is not None and task.runner_id != runner_id
 
 
 def _load(session: Session, task_id: str) -> tuple[Task, Response | None]:
@@ -688,6 +828,7 @@ def _terminate(task: Task, response: Response | None, outcome: Outcome, now: flo
     events = _close_open_item(task, item_status)
     task.state = outcome.state
     task.finished_at = now
+    task.runner_id = None  # a finished task is nobody's to drive
     if outcome.error is not None:
         task.error = json.dumps(outcome.error)
     if response is not None:

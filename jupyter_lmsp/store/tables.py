@@ -1,13 +1,34 @@
-"""The seven tables of LMSP section 11.1, as SQLModel classes.
+"""The tables of LMSP section 11.1 (and `pairings`, `runners`), as SQLModel classes.
 
 JSON-shaped columns hold JSON text; the store decodes them. Model files never enter the
 database: `models` holds paths, sizes and sha256 digests only.
+
+These classes are the schema's single description: a new database is created from them, and
+`store/migrations/` carries every older database to them (tests/test_migrations.py checks
+that the migrations, applied in order, give exactly this schema). A change here needs a
+migration.
+
+Foreign keys are real (SQLite enforces them: `PRAGMA foreign_keys=ON` on every connection).
+A task and its response point at each other, so those two are checked at commit
+(`DEFERRABLE INITIALLY DEFERRED`): a response is inserted before its task, and a purge deletes
+both in one transaction in any order. Not every id is a row reference: `owner` is a caller (a
+paired client's id or a Jupyter user), `tasks.model` a model's name that outlives the model,
+`previous_response_id` a response retention may already have deleted, and an idempotency
+key's `response_id` a result that may have been deleted since.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text, UniqueConstraint
+from typing import Any
+
+from sqlalchemy import Column, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
+
+# Foreign keys get names (SQLite keeps them in the table's SQL), so a migration can name the
+# one it adds or drops. Only `fk`: the other constraints keep the names they always had.
+_naming: dict[str, Any] = dict(SQLModel.metadata.naming_convention)
+_naming["fk"] = "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s"
+SQLModel.metadata.naming_convention = _naming
 
 
 class ServiceConfig(SQLModel, table=True):
@@ -27,8 +48,11 @@ class Client(SQLModel, table=True):
     created_at: float
     last_used_at: float | None = None
     revoked_at: float | None = None
-    # Who approved this client (a paired client's id, or the owner's). Revoking a client revokes
-    # the clients it approved, so a token it minted cannot outlive its own revocation.
+    # The Jupyter user it belongs to (LMSP B12: that user sees this client's tasks): who
+    # approved it, or the user of the client that approved it.
+    paired_by: str | None = Field(default=None, index=True)
+    # Who approved this client (a paired client's id, or a Jupyter user's). Revoking a client
+    # revokes the clients it approved, so a token it minted cannot outlive its own revocation.
     approved_by: str | None = None
 
 
@@ -48,14 +72,14 @@ class Pairing(SQLModel, table=True):
     interval: int = 5
     failed_attempts: int = 0
     last_polled_at: float | None = None
-    client_id: str | None = None
+    client_id: str | None = Field(default=None, foreign_key="clients.id", ondelete="SET NULL")
     created_at: float
     expires_at: float
     decided_at: float | None = None
-    # Who started it (a paired client's id, the owner's, or None without credentials) and who
-    # decided it: a client may not approve a pairing it started itself.
-    started_by: str | None = None
+    # Who decided it, and who started it (a paired client's id, a Jupyter user's, or None
+    # without credentials): a client may not approve a pairing it started itself.
     decided_by: str | None = None
+    started_by: str | None = None
 
 
 class Model(SQLModel, table=True):
@@ -80,7 +104,14 @@ class Response(SQLModel, table=True):
     __tablename__ = "responses"
 
     id: str = Field(primary_key=True)
-    task_id: str = Field(index=True)
+    task_id: str = Field(
+        sa_column=Column(
+            String,
+            ForeignKey("tasks.id", deferrable=True, initially="DEFERRED", use_alter=True),
+            index=True,
+            nullable=False,
+        )
+    )
     owner: str = Field(index=True)
     model: str
     request: str = Field(sa_column=Column(Text, nullable=False))
@@ -96,7 +127,10 @@ class Response(SQLModel, table=True):
 
 class Task(SQLModel, table=True):
     __tablename__ = "tasks"
-    __table_args__ = (Index("ix_tasks_state_created", "state", "created_at"),)
+    __table_args__ = (
+        Index("ix_tasks_state_created", "state", "created_at"),
+        Index("ix_tasks_runner_state", "runner_id", "state"),
+    )
 
     id: str = Field(primary_key=True)
     kind: str
@@ -104,7 +138,14 @@ class Task(SQLModel, table=True):
     on_restart: str
     owner: str = Field(index=True)
     model: str
-    response_id: str | None = Field(default=None, index=True)
+    response_id: str | None = Field(
+        default=None,
+        sa_column=Column(
+            String,
+            ForeignKey("responses.id", deferrable=True, initially="DEFERRED"),
+            index=True,
+        ),
+    )
     params: str = Field(default="{}", sa_column=Column(Text, nullable=False))
     # What resuming needs: generated token ids and the text already emitted for them. Written in
     # the same transaction as the events it covers (LMSP B7).
@@ -115,6 +156,10 @@ class Task(SQLModel, table=True):
     created_at: float
     updated_at: float
     finished_at: float | None = Field(default=None, index=True)
+    # The process that drives this unfinished task (LMSP B12): set by the transaction that
+    # takes it (its creation, or a recovery that adopts it), cleared by the one that ends it.
+    # Only that runner's commits to the task count.
+    runner_id: str | None = Field(default=None, foreign_key="runners.id", ondelete="SET NULL")
 
 
 class TaskEvent(SQLModel, table=True):
@@ -122,7 +167,7 @@ class TaskEvent(SQLModel, table=True):
     __table_args__ = (UniqueConstraint("task_id", "sequence_number"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    task_id: str
+    task_id: str = Field(foreign_key="tasks.id", ondelete="CASCADE")
     sequence_number: int
     type: str
     data: str = Field(sa_column=Column(Text, nullable=False))
@@ -143,3 +188,29 @@ class IdempotencyKey(SQLModel, table=True):
     headers: str | None = Field(default=None, sa_column=Column(Text))
     created_at: float
     expires_at: float = Field(index=True)
+    # The process handling the request while the key is claimed and has no result yet; such a
+    # claim dies with its process (recovery releases it). Cleared once a result is written.
+    runner_id: str | None = Field(default=None, foreign_key="runners.id", ondelete="SET NULL")
+
+
+class Runner(SQLModel, table=True):
+    """A process that drives tasks (LMSP B12): today a Jupyter server's task runner.
+
+    It holds a lease it renews (`heartbeat_at`, `lease_expires_at`). A runner whose lease
+    expired, or whose process is provably gone (same `host` and `boot_id`, and no process
+    `pid` started at `process_started_at`), is dead: the 11.3 table is applied to its tasks
+    and its row deleted, in one transaction.
+    """
+
+    __tablename__ = "runners"
+
+    id: str = Field(primary_key=True)
+    kind: str  # "server"
+    host: str
+    boot_id: str
+    pid: int
+    process_started_at: float
+    label: str = ""
+    started_at: float
+    heartbeat_at: float
+    lease_expires_at: float

@@ -1,0 +1,161 @@
+"""A thread that runs a task runner's transactions, in order, off the event loop.
+
+A transaction can wait for the database's write lock — up to the busy timeout while another
+server on the same file commits — and the event loop must never wait with it. So the runner
+hands each of its transactions (claiming a task, committing generated text, ending a task,
+recovering) to this one thread, which runs them in the order they were asked for and gives
+each result back to the loop with `call_soon_threadsafe`, in the same order: events are
+published after their commit, in commit order.
+
+A job that finds the database locked past the busy timeout (another process held the write
+lock for that long) is run again, after a pause, before any later job: each is one
+transaction that either committed or changed nothing, and the order must hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+# Pauses between attempts of a job that found the database locked, seconds.
+RETRY_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def is_locked(exc: BaseException) -> bool:
+    """SQLite's "database is locked" / "busy", raised directly or wrapped by SQLAlchemy."""
+    for error in (exc, getattr(exc, "orig", None)):
+        if isinstance(error, sqlite3.OperationalError) and (
+            "locked" in str(error) or "busy" in str(error)
+        ):
+            return True
+    return False
+
+
+class Committer:
+    def __init__(self, name: str = "lmsp-db") -> None:
+        self.name = name
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        then: Callable[[Any], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Run `fn(*args, **kwargs)` on the thread, after every job asked for before it; then
+        `then(result)` on the event loop. An exception is logged (the job's own code decides
+        what a failure means for its task; `then` is not called)."""
+        with self._idle:
+            self._pending += 1
+        self._jobs.put((fn, args, kwargs, then, None))
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Run `fn` on the thread, in order with the other jobs; a future of its result (or
+        its exception) on the event loop."""
+        assert self.loop is not None
+        future: asyncio.Future[Any] = self.loop.create_future()
+        with self._idle:
+            self._pending += 1
+        self._jobs.put((fn, args, kwargs, None, future))
+        return future
+
+    def drain(self, timeout: float = 10.0) -> bool:
+        """Wait (on the calling thread) until every job asked for so far has run."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Run what is queued, then end the thread."""
+        if self._thread is None:
+            return
+        self._jobs.put(_STOP)
+        self._thread.join(timeout)
+        self._thread = None
+
+    @property
+    def on_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            fn, args, kwargs, then, future = job
+            try:
+                result = self._attempt(fn, args, kwargs)
+            except BaseException as exc:
+                if future is not None:
+                    self._resolve(future, exc=exc)
+                else:
+                    log.exception("%s: %s failed", self.name, getattr(fn, "__name__", fn))
+            else:
+                if future is not None:
+                    self._resolve(future, result=result)
+                elif then is not None:
+                    self._to_loop(then, result)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._idle.notify_all()
+
+    def _attempt(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+        attempt = 0
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:
+                if not is_locked(exc):
+                    raise
+                pause = RETRY_PAUSES[min(attempt, len(RETRY_PAUSES) - 1)]
+                if attempt % 10 == 0:
+                    log.warning(
+                        "%s: the database stayed locked (%s); trying %s again",
+                        self.name,
+                        exc,
+                        getattr(fn, "__name__", fn),
+                    )
+                attempt += 1
+                time.sleep(pause)
+
+    def _to_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (shutdown)
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _resolve(
+        self, future: asyncio.Future[Any], result: Any = None, exc: BaseException | None = None
+    ) -> None:
+        def settle() -> None:
+            if future.done():
+                return
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        self._to_loop(settle)

@@ -1,0 +1,69 @@
+"""The runner's database thread (`services.committer`): jobs run in the order asked for, off
+the event loop, their results come back on the loop in the same order, and a job that finds
+the database locked runs again before any later job."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+
+from jupyter_lmsp.services.committer import Committer
+
+
+def test_jobs_run_in_order_off_the_loop_and_results_come_back_in_order():
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        committer = Committer("test-db")
+        committer.start(loop)
+        ran: list[tuple[int, str]] = []
+        back: list[int] = []
+        done = asyncio.Event()
+
+        def job(i: int) -> int:
+            ran.append((i, threading.current_thread().name))
+            return i
+
+        def then(i: int) -> None:
+            assert threading.current_thread() is threading.main_thread()
+            back.append(i)
+            if i == 99:
+                done.set()
+
+        for i in range(100):
+            committer.run(job, i, then=then)
+        await asyncio.wait_for(done.wait(), 10)
+        assert [i for i, _ in ran] == list(range(100)) == back
+        assert {name for _, name in ran} == {"test-db"}
+        assert await committer.call(lambda: "direct") == "direct"
+        committer.stop()
+
+    asyncio.run(run())
+
+
+def test_a_job_that_finds_the_database_locked_runs_again_before_the_next(caplog):
+    async def run() -> None:
+        committer = Committer("test-db")
+        committer.start(asyncio.get_running_loop())
+        order: list[str] = []
+        tries = {"n": 0}
+
+        def flaky() -> str:
+            tries["n"] += 1
+            if tries["n"] < 3:
+                raise sqlite3.OperationalError("database is locked")
+            order.append("flaky")
+            return "ok"
+
+        def broken() -> None:
+            raise ValueError("not a lock")
+
+        committer.run(flaky)
+        committer.run(broken)  # logged, and the queue goes on
+        committer.run(order.append, "next")
+        assert await committer.call(lambda: "end") == "end"
+        assert order == ["flaky", "next"] and tries["n"] == 3
+        committer.stop()
+
+    asyncio.run(run())
+    assert "stayed locked" in caplog.text and "not a lock" in caplog.text
