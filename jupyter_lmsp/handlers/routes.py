@@ -18,6 +18,7 @@ from ..services.context import ServiceContext
 from .base import LMSPHandler, operation_of
 from .chat import ChatCompletionsHandler
 from .fallback import FallbackHandler
+from .metrics import MetricsHandler
 from .openapi import OpenAPIHandler
 from .pairing import (
     ClientHandler,
@@ -59,6 +60,7 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/clients/{client_id}", ClientHandler),
     ("/chat/completions", ChatCompletionsHandler),
     ("/openapi.json", OpenAPIHandler),
+    ("/metrics", MetricsHandler),
 ]
 
 # An id in a path: the characters ids have (protocol.fields.ID_PATTERN).

@@ -24,6 +24,7 @@ from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseD
 from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.tables import Model, Response, Task
+from . import metrics
 from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
@@ -89,6 +90,7 @@ async def create_response(
         location_prefix,
         _Admitted(model, conversation, plan, admit),
     )
+    metrics.task_created("response", committed.task.model)
     ctx.runner.publish(committed)
     ctx.runner.submit(committed.task.id, caller.id)
     return body

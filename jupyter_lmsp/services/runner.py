@@ -60,6 +60,7 @@ from ..protocol.states import TaskState
 from ..store import queries, rules
 from ..store.database import Database
 from ..store.tables import Response, Task
+from . import metrics
 from .bus import EventBus
 from .catalog import ModelCatalog
 from .committer import Committer, is_locked
@@ -75,6 +76,8 @@ class _Pending:
 
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    # When the oldest of them arrived (monotonic), for the snapshot commit lag.
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -84,6 +87,7 @@ class _Start:
     task_id: str
     job: GenerateJob | None = None
     owner: str = ""
+    model: str = ""
     committed: list[rules.Committed] = field(default_factory=list)
 
 
@@ -130,6 +134,8 @@ class TaskRunner:
         # Tasks whose generation is being paused to free a slot for another owner.
         self.pausing: set[str] = set()
         self.worker_info: dict[str, Any] = {"state": "stopped"}
+        # Queue waits, token latencies, durations and the worker's figures (services.metrics).
+        self.clock = metrics.RunnerClock()
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
         # Called with the loop when the runner starts (the lease's heartbeat, the feed).
@@ -178,6 +184,7 @@ class TaskRunner:
         for task in tasks:
             if task.id not in self.active:
                 self.queue.push(task.id, task.owner)
+                self.clock.queued(task.id)
         self._dispatch()
 
     def holds(self, task_id: str) -> bool:
@@ -204,6 +211,7 @@ class TaskRunner:
 
     def _submit(self, task_id: str, owner: str) -> None:
         self.queue.push(task_id, owner)
+        self.clock.submitted(task_id)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
             # jobs waits for it instead of starting without it.
@@ -253,6 +261,7 @@ class TaskRunner:
     def _dispatch(self) -> None:
         self._fill()
         self._rebalance()
+        self.clock.slots(len(self.queue), len(self.active))
 
     def _rebalance(self) -> None:
         """Pause one generation of an owner holding more than its share of the slots while
@@ -288,6 +297,7 @@ class TaskRunner:
         self.running_since.pop(task_id, None)
         owner = self.owner_of.pop(task_id, task.owner)
         self.queue.push_paused(task_id, owner)
+        self.clock.queued(task_id)
         self._dispatch()
 
     def _fill(self) -> None:
@@ -310,6 +320,7 @@ class TaskRunner:
             if self.runner_id is not None and task.runner_id != self.runner_id:
                 return start  # not ours (any more)
             start.owner = task.owner
+            start.model = task.model
             state = TaskState(task.state)
             if state == TaskState.QUEUED:
                 committed = rules.append_events(
@@ -372,6 +383,8 @@ class TaskRunner:
     def _begin(self, start: _Start) -> None:
         for committed in start.committed:
             self.publish(committed)
+            # A task that could not start ended in its claim.
+            self.clock.ended(committed.task.id, committed.task.model, str(committed.task.state))
         if start.job is None:
             self.active.discard(start.task_id)
             self._dispatch()
@@ -381,6 +394,11 @@ class TaskRunner:
             # applies the restart policy and queues the task again if it should run.
             return
         self.owner_of[start.task_id] = start.owner
+        self.clock.handed(
+            start.task_id,
+            start.model,
+            sum(len(point.token_ids) for point in start.job.resume_points()),
+        )
         self.engine.submit(start.job)
 
     # -- messages from the engine ----------------------------------------------------------
@@ -401,6 +419,7 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
+                self.clock.started(task_id, n, cached, message.cache_bytes, message.load_seconds)
                 if task_id in self.active:
                     self.running_since[task_id] = time.monotonic()
                 self.committer.run(
@@ -412,6 +431,7 @@ class TaskRunner:
                     then=self._committed,
                 )
             case JobTokens(job_id=task_id, token_ids=ids, text=text):
+                self.clock.tokens(task_id, len(ids), message.batch_sizes)
                 pending = self.pending.setdefault(task_id, _Pending())
                 pending.token_ids.extend(ids)
                 pending.text += text
@@ -459,7 +479,12 @@ class TaskRunner:
                         then=functools.partial(self._paused, task_id, o),
                     )
                     return
-                self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=o)
+                self._finish(
+                    task_id,
+                    rules.Outcome(TaskState.CANCELLED),
+                    output_tokens=o,
+                    cached_tokens=self.cached_tokens.get(task_id, 0),
+                )
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
 
@@ -479,20 +504,23 @@ class TaskRunner:
     def _flush(self, *task_ids: str) -> None:
         """Commit the tokens held for these tasks, in one transaction."""
         outputs = {}
+        oldest = float("inf")
         for task_id in task_ids:
             pending = self.pending.pop(task_id, None)
             if pending is not None and (pending.token_ids or pending.text):
                 outputs[task_id] = (pending.token_ids, pending.text)
+                oldest = min(oldest, pending.since)
         if outputs:
             self.committer.run(
                 rules.append_outputs,
                 self.db,
                 outputs,
                 runner_id=self.runner_id,
-                then=self._committed_outputs,
+                then=functools.partial(self._committed_outputs, oldest),
             )
 
-    def _committed_outputs(self, committed: list[rules.Committed]) -> None:
+    def _committed_outputs(self, oldest: float, committed: list[rules.Committed]) -> None:
+        self.clock.committed_snapshot(oldest)
         for one in committed:
             self._committed(one)
 
@@ -507,12 +535,14 @@ class TaskRunner:
         *,
         output_tokens: int | None = None,
         corrupt: bool = False,
+        cached_tokens: int = 0,
     ) -> None:
         self.committer.run(
             self._end,
             task_id,
             outcome,
             output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
             corrupt=corrupt,
             then=self._finished,
         )
@@ -524,6 +554,7 @@ class TaskRunner:
         *,
         output_tokens: int | None = None,
         corrupt: bool = False,
+        cached_tokens: int = 0,
     ) -> rules.Committed:
         """(database thread) A task's terminal transaction, with what it needs read first."""
         if corrupt or output_tokens is not None or outcome.error is not None:
@@ -537,12 +568,13 @@ class TaskRunner:
                 self.catalog.mark(task.model, "corrupt")
             if task is not None and output_tokens is not None:
                 input_tokens = snapshot_of(task).get("input_tokens", 0)
-                outcome.usage = usage_object(input_tokens, output_tokens)
+                outcome.usage = usage_object(input_tokens, output_tokens, cached_tokens)
         return rules.finish(self.db, task_id, outcome, runner_id=self.runner_id)
 
     def _finished(self, committed: rules.Committed) -> None:
         task_id = committed.task.id
         self.publish(committed)
+        self.clock.ended(task_id, committed.task.model, str(committed.task.state))
         self.active.discard(task_id)
         self.producing.discard(task_id)
         self.cancelling.discard(task_id)
@@ -555,6 +587,7 @@ class TaskRunner:
     def _on_worker_exit(self, job_ids: list[str], exitcode: int | None) -> None:
         log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
         self.worker_info = {"state": "restarting", "last_exit_code": exitcode}
+        self.clock.worker_restarted()
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.difference_update(held)
@@ -573,11 +606,13 @@ class TaskRunner:
         self.engine.restart()
 
     def _after_worker_exit(self, report: rules.RecoveryReport) -> None:
+        metrics.recovered("worker_exit", report.by_policy)
         for committed in report.committed:
             self.publish(committed)
         for task_id in reversed(report.adopted):
             if task_id not in self.active:
                 self.queue.push_front(task_id, report.owners[task_id])
+                self.clock.queued(task_id)
         self._dispatch()
 
     # -- recoveries and a lost lease (from services.lease) ----------------------------------
@@ -585,6 +620,7 @@ class TaskRunner:
     def recovered(self, report: rules.RecoveryReport) -> None:
         """A recovery (this server's sweep) committed: publish what it wrote, and run the
         tasks it adopted."""
+        metrics.recovered("sweep", report.by_policy)
         for committed in report.committed:
             self.publish(committed)
         if report.adopted:

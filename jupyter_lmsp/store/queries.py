@@ -123,3 +123,15 @@ def service_identity(db: Database) -> str:
             row = ServiceConfig(key="service_id", value=json.dumps(f"svc_{secrets.token_hex(16)}"))
             session.add(row)
         return json.loads(row.value)
+
+
+TASK_STATES: tuple[str, ...] = tuple(str(s) for s in TaskState)
+
+
+def count_tasks_by_state(db: Database) -> dict[str, int]:
+    """How many tasks the database holds in each state (every server's)."""
+    with db.read() as session:
+        rows = session.connection().exec_driver_sql(
+            "SELECT state, COUNT(*) FROM tasks GROUP BY state"
+        )
+        return {str(state): int(n) for state, n in rows}

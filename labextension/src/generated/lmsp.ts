@@ -388,6 +388,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The service's Prometheus metrics
+         * @description Requires the `metrics:read` scope. The gauges read from the database (`lmsp_tasks`) are read for this answer; every other metric counts what this server did since it started.
+         */
+        get: operations["getMetrics"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -632,7 +652,7 @@ export interface components {
              */
             object: "client";
             name: string;
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
             created_at: number;
             last_used_at: number | null;
             revoked_at: number | null;
@@ -1210,8 +1230,8 @@ export interface components {
              */
             object: "pairing";
             client_name: string;
-            requested_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
-            granted_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[] | null;
+            requested_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
+            granted_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[] | null;
             user_code: string;
             /**
              * @example pending
@@ -1230,7 +1250,7 @@ export interface components {
              * @description Approve only these (a subset of the requested scopes).
              * @default null
              */
-            scopes?: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[] | null;
+            scopes?: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[] | null;
         };
         /** PairingList */
         PairingList: {
@@ -1259,7 +1279,7 @@ export interface components {
             expires_at: number;
             /** @description Seconds between polls. */
             interval: number;
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
         };
         /**
          * PairingToken
@@ -1278,7 +1298,7 @@ export interface components {
              * @constant
              */
             token_type: "Bearer";
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
         };
         /** PairingTokenRequest */
         PairingTokenRequest: {
@@ -1404,7 +1424,7 @@ export interface components {
             /** @description Shown to the owner when they approve or deny the pairing. */
             client_name: string;
             /** @description The scopes the client asks for. */
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
         };
         /** StreamOptions */
         StreamOptions: {
@@ -2304,6 +2324,28 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
+        };
+    };
+    getMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every LMSP metric (docs/metrics.md), in the Prometheus text format 0.0.4. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
         };
     };
 }
