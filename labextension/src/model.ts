@@ -12,6 +12,8 @@ import { Signal } from '@lumino/signaling';
 import type { ISignal } from '@lumino/signaling';
 
 import { LMSPClient } from './api';
+import { parseExposition, pointsOf, scrapeOf, startupRecovery } from './metrics';
+import type { IPoint, IRecovered, IScrape } from './metrics';
 import { TaskFollower } from './sse';
 import type { FollowMode } from './sse';
 import { isTerminal, stateAfterEvent } from './taskstate';
@@ -21,6 +23,16 @@ export const MAX_STREAMS = 4;
 const REFRESH_MS = 2500;
 const PAIRING_POLL_MS = 3000;
 const TASK_PAGE = 20;
+/** How far back the activity sparklines reach. */
+export const ACTIVITY_WINDOW_MS = 5 * 60 * 1000;
+
+/** The activity view: figures over the last minutes, from the service's metrics. */
+export interface IActivity {
+  points: IPoint[];
+  queueDepth: number;
+  active: number;
+  recovered: IRecovered[];
+}
 
 /** A task as the sidebar shows it. */
 export interface ITaskView {
@@ -64,6 +76,7 @@ export class SidebarModel {
   models: ISection<IModel[]> = section([]);
   pairings: ISection<IPairing[]> = section([]);
   clients: ISection<IClient[]> = section([]);
+  activity: ISection<IActivity | null> = section(null);
   /** The last outcome of a user action (register, cancel, approve, …). */
   message: IMessage | null = null;
   /** Keys of actions in flight (e.g. `cancel:task_…`), to disable their buttons. */
@@ -71,6 +84,7 @@ export class SidebarModel {
 
   private readonly followers = new Map<string, TaskFollower>();
   private readonly views = new Map<string, ITaskView>();
+  private scrapes: IScrape[] = [];
   private readonly seenPairings = new Set<string>();
   private active = false;
   private pairingFailures = 0;
@@ -171,8 +185,23 @@ export class SidebarModel {
       this.refreshTasks(),
       this.load('models', async () => (await this.client.models()).data),
       this.refreshPairings(),
-      this.load('clients', async () => (await this.client.clients()).data)
+      this.load('clients', async () => (await this.client.clients()).data),
+      this.load('activity', () => this.scrapeMetrics())
     ]);
+  }
+
+  /** Read the metrics once more: the sparklines gain the interval since the last read. */
+  private async scrapeMetrics(): Promise<IActivity> {
+    const samples = parseExposition(await this.client.metrics());
+    const now = Date.now();
+    const scrape = scrapeOf(samples, now);
+    this.scrapes = [...this.scrapes.filter(s => now - s.at <= ACTIVITY_WINDOW_MS), scrape];
+    return {
+      points: pointsOf(this.scrapes),
+      queueDepth: scrape.queueDepth,
+      active: scrape.active,
+      recovered: startupRecovery(samples)
+    };
   }
 
   // -- tasks -------------------------------------------------------------------------------
@@ -390,7 +419,9 @@ export class SidebarModel {
 
   // -- plumbing ----------------------------------------------------------------------------
 
-  private async load<K extends 'service' | 'tasks' | 'models' | 'pairings' | 'clients'>(
+  private async load<
+    K extends 'service' | 'tasks' | 'models' | 'pairings' | 'clients' | 'activity'
+  >(
     key: K,
     get: () => Promise<this[K]['data']>
   ): Promise<boolean> {

@@ -6,6 +6,7 @@ import * as React from 'react';
 
 import type { SidebarModel } from './model';
 import type { IClient } from './types';
+import { ActivityView } from './views/activity';
 import { ClientsView } from './views/clients';
 import { ErrorLine } from './views/common';
 import { ModelsView } from './views/models';
@@ -57,6 +58,7 @@ function Sidebar(props: ISidebarOptions): React.ReactElement {
       ) : null}
       <PairingsView model={model} />
       <ServiceView model={model} />
+      <ActivityView model={model} />
       <TasksView model={model} openLog={props.openLog} />
       <ModelsView model={model} />
       <ClientsView model={model} confirmRevoke={props.confirmRevoke} />
