@@ -35,7 +35,13 @@ from .responses import (
     ResponsesHandler,
 )
 from .service import ModelHandler, ModelsHandler, ServiceHandler
-from .tasks import TaskCancelHandler, TaskEventsHandler, TaskHandler, TasksHandler
+from .tasks import (
+    LifecycleHandler,
+    TaskCancelHandler,
+    TaskEventsHandler,
+    TaskHandler,
+    TasksHandler,
+)
 
 PREFIX = "/lmsp/v1"
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -52,6 +58,7 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/tasks/{task_id}", TaskHandler),
     ("/tasks/{task_id}/cancel", TaskCancelHandler),
     ("/tasks/{task_id}/events", TaskEventsHandler),
+    ("/lifecycle", LifecycleHandler),
     ("/pairings", PairingsHandler),
     ("/pairings/{pairing_id}/approve", PairingApproveHandler),
     ("/pairings/{pairing_id}/deny", PairingDenyHandler),

@@ -135,3 +135,40 @@ def count_tasks_by_state(db: Database) -> dict[str, int]:
             "SELECT state, COUNT(*) FROM tasks GROUP BY state"
         )
         return {str(state): int(n) for state, n in rows}
+
+
+@dataclass
+class LifecycleRow:
+    """A lifecycle event of some task, with what the caller-wide stream tells of its task."""
+
+    id: int
+    task_id: str
+    sequence_number: int
+    type: str
+    created_at: float
+    owner: str
+    kind: str
+    model: str | None
+    response_id: str | None
+
+
+def last_event_id(db: Database) -> int:
+    """The row id of the newest event (every task's), -1 when there is none."""
+    with db.read() as session:
+        found = session.connection().exec_driver_sql("SELECT MAX(id) FROM task_events").scalar()
+        return -1 if found is None else int(found)
+
+
+def lifecycle_events(
+    db: Database, after: int, types: tuple[str, ...], limit: int = 500
+) -> list[LifecycleRow]:
+    """Events of these `types` (every task's) with a row id above `after`, oldest first."""
+    marks = ", ".join("?" * len(types))
+    with db.read() as session:
+        rows = session.connection().exec_driver_sql(
+            "SELECT e.id, e.task_id, e.sequence_number, e.type, e.created_at, t.owner, t.kind,"
+            " t.model, t.response_id FROM task_events e JOIN tasks t ON t.id = e.task_id"
+            f" WHERE e.id > ? AND e.type IN ({marks}) ORDER BY e.id LIMIT ?",
+            (after, *types, limit),
+        )
+        return [LifecycleRow(*row) for row in rows]

@@ -233,6 +233,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/lifecycle": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every task of the caller created, changing state and ending, as SSE
+         * @description Requires the `tasks:read` scope. A board of tasks lists `/tasks` once, then follows this stream instead of polling; a reconnect with `Last-Event-ID` misses and repeats nothing.
+         */
+        get: operations["followLifecycle"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/pairings": {
         parameters: {
             query?: never;
@@ -1128,6 +1148,34 @@ export interface components {
         InputTokensDetails: {
             cached_tokens: number;
             cache_write_tokens: number;
+        };
+        /**
+         * LifecycleEvent
+         * @description One transition of one of the caller's tasks (`GET /lifecycle`): created, changing state,
+         *     ending. `sequence_number` orders every task's transitions together (it is the SSE `id`,
+         *     for `Last-Event-ID`); `type` is the task log's own event type.
+         */
+        LifecycleEvent: {
+            /**
+             * @example response.created
+             * @example response.completed
+             * @example task.completed
+             */
+            type: string;
+            sequence_number: number;
+            task_id: string;
+            task_sequence_number: number;
+            state: components["schemas"]["TaskState"];
+            kind: string;
+            model: string | null;
+            response_id: string | null;
+            created_at: number;
+        };
+        /** @description One transition of one of the caller's tasks: `id` is its sequence number (across all tasks), `event` its type, `data` the LifecycleEvent as JSON. Keep-alives are `:` comment lines. */
+        LifecycleStreamItem: {
+            id?: string;
+            event?: string;
+            data: string;
         };
         /** Limits */
         Limits: {
@@ -2065,6 +2113,35 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+        };
+    };
+    followLifecycle: {
+        parameters: {
+            query?: {
+                /** @description Transitions after this sequence number (an earlier `sequence_number`); absent: only those from now on. `Last-Event-ID` wins over it. */
+                after?: number | null;
+            };
+            header?: {
+                /** @description An SSE reconnect: resume after this sequence number (wins over the query). */
+                "Last-Event-ID"?: number;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description SSE frames `id`, `event`, `data` (a LifecycleEvent), in commit order, until the client goes away; `: keep-alive` comments while idle. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["LifecycleStreamItem"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
         };
     };
     listPairings: {
