@@ -221,6 +221,34 @@ def test_activity_sparklines_from_the_metrics(lab: LabServer, page: Any):
     shot(page, "activity")
 
 
+def test_new_tasks_arrive_through_the_lifecycle_stream_without_polling(lab: LabServer, page: Any):
+    """While the panel is shown, the task list is listed once and then follows GET /lifecycle:
+    a task created elsewhere appears and reaches its end with no request to list /tasks."""
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    expect(page.locator(".jp-LMSP-sidebar")).to_have_attribute(
+        "data-task-list", "lifecycle", timeout=20_000
+    )
+    listed: list[str] = []
+
+    def on_request(request: Any) -> None:
+        if "/lmsp/v1/tasks?" in request.url:
+            listed.append(request.url)
+
+    page.on("request", on_request)
+    try:
+        response = start_background(lab, "Arrive by lifecycle.", 20)
+        row = task_row(page, response["task_id"])
+        expect(row).to_have_attribute("data-state", "completed", timeout=60_000)
+        # Several refresh periods (2.5 s) passed while it ran: the other sections were
+        # refreshed, the task list was not.
+        time.sleep(3.0)
+    finally:
+        page.remove_listener("request", on_request)
+    assert listed == [], listed
+
+
 def test_cancel_from_the_panel(lab: LabServer, page: Any):
     from playwright.sync_api import expect
 

@@ -147,6 +147,7 @@ class LifecycleHandler(LMSPHandler):
             last_event_id if last_event_id is not None else query.after,
             idle=self.ctx.keepalive_interval,
         )
+        await stream.start()
 
         async def frames() -> AsyncGenerator[str, None]:
             try:

@@ -48,6 +48,8 @@ class LifecycleStream:
         self.db, self.bus, self.caller, self.offload = db, bus, caller, offload
         self.after, self.idle, self.poll = after, idle, poll
         self._ready: deque[dict[str, Any]] = deque()
+        self._sub: Subscription | None = None
+        self._replay = False
         self._events = self._follow()
 
     @property
@@ -62,14 +64,26 @@ class LifecycleStream:
 
     async def aclose(self) -> None:
         await self._events.aclose()
+        if self._sub is not None:
+            self._sub.close()  # also when the stream ended before its first read
+
+    async def start(self) -> None:
+        """Subscribe and fix the starting point before the stream's answer begins: a client
+        that lists `/tasks` once the answer's headers arrived misses no transition between
+        the two."""
+        self._sub = self.bus.subscribe(ALL_TASKS, self.caller.id)
+        self._replay = self.after is not None
+        if self.after is None:
+            self.after = await self.offload(queries.last_event_id, self.db)
 
     async def _follow(self) -> AsyncGenerator[dict[str, Any] | None, None]:
+        if self._sub is None:
+            await self.start()
+        assert self._sub is not None and self.after is not None
         # Subscribed before the first read: nothing committed in between is missed.
-        with self.bus.subscribe(ALL_TASKS, self.caller.id) as sub:
+        with self._sub as sub:
             cursor = self.after
-            if cursor is None:
-                cursor = await self.offload(queries.last_event_id, self.db)
-            replay = self.after is not None
+            replay = self._replay
             quiet = 0.0
             while True:
                 rows = await self.offload(queries.lifecycle_events, self.db, cursor, TYPES, PAGE)

@@ -14,10 +14,18 @@ import type { ISignal } from '@lumino/signaling';
 import { LMSPClient } from './api';
 import { parseExposition, pointsOf, scrapeOf, startupRecovery } from './metrics';
 import type { IPoint, IRecovered, IScrape } from './metrics';
-import { TaskFollower } from './sse';
+import { LifecycleFollower, TaskFollower } from './sse';
 import type { FollowMode } from './sse';
 import { isTerminal, stateAfterEvent } from './taskstate';
-import type { IClient, IModel, IPairing, IService, ITask, ITaskEvent } from './types';
+import type {
+  IClient,
+  ILifecycleEvent,
+  IModel,
+  IPairing,
+  IService,
+  ITask,
+  ITaskEvent
+} from './types';
 
 export const MAX_STREAMS = 4;
 const REFRESH_MS = 2500;
@@ -85,6 +93,10 @@ export class SidebarModel {
   private readonly followers = new Map<string, TaskFollower>();
   private readonly views = new Map<string, ITaskView>();
   private scrapes: IScrape[] = [];
+  /** The caller-wide lifecycle stream, while the panel is shown: the task list is not polled
+   * while it is connected. */
+  private lifecycle: LifecycleFollower | null = null;
+  private lifecycleConnected = false;
   private readonly seenPairings = new Set<string>();
   private active = false;
   private pairingFailures = 0;
@@ -151,10 +163,21 @@ export class SidebarModel {
     }
     this.active = active;
     if (active) {
-      void this.refresh();
+      // The list of tasks comes once the lifecycle stream is open (`onOpen`), then from it.
+      void this.refresh(false);
+      this.lifecycle = new LifecycleFollower({
+        client: this.client,
+        onOpen: () => void this.refreshTasks(),
+        onEvent: event => this.onLifecycle(event),
+        onConnected: connected => {
+          this.lifecycleConnected = connected;
+          this.emit();
+        }
+      }).start();
       this.refreshTimer = setInterval(() => {
         if (document.visibilityState !== 'hidden') {
-          void this.refresh();
+          // Tasks are polled only while the lifecycle stream is down.
+          void this.refresh(!this.lifecycleConnected);
         }
       }, REFRESH_MS);
       this.tickTimer = setInterval(() => this.emit(), 1000);
@@ -165,6 +188,9 @@ export class SidebarModel {
         }
       }
       this.refreshTimer = this.tickTimer = null;
+      this.lifecycle?.stop();
+      this.lifecycle = null;
+      this.lifecycleConnected = false;
       this.stopFollowers();
     }
   }
@@ -179,10 +205,15 @@ export class SidebarModel {
     Signal.clearData(this);
   }
 
-  async refresh(): Promise<void> {
+  /** Whether the task list follows the lifecycle stream (else it is polled). */
+  get tasksLive(): boolean {
+    return this.lifecycleConnected;
+  }
+
+  async refresh(tasks = true): Promise<void> {
     await Promise.all([
       this.load('service', () => this.client.service()),
-      this.refreshTasks(),
+      tasks ? this.refreshTasks() : Promise.resolve(),
       this.load('models', async () => (await this.client.models()).data),
       this.refreshPairings(),
       this.load('clients', async () => (await this.client.clients()).data),
@@ -212,6 +243,52 @@ export class SidebarModel {
       return page.data.map(task => this.merge(task));
     });
     this.follow();
+  }
+
+  /** A transition of one of the caller's tasks (the lifecycle stream). */
+  private onLifecycle(event: ILifecycleEvent): void {
+    const view = this.views.get(event.task_id);
+    const listed = view !== undefined && this.tasks.data.includes(view);
+    if (!view || !listed) {
+      // A task the list does not show yet (new, or older than the page): its object.
+      void this.client
+        .task(event.task_id)
+        .then(task => {
+          const fresh = this.merge(task);
+          if (!this.tasks.data.includes(fresh)) {
+            this.tasks.data = [fresh, ...this.tasks.data]
+              .sort((a, b) => b.task.created_at - a.task.created_at)
+              .slice(0, TASK_PAGE);
+          }
+          this.follow();
+          this.emit();
+        })
+        .catch(() => undefined); // gone already (deleted): nothing to show
+      return;
+    }
+    if (event.task_sequence_number > view.task.last_sequence_number) {
+      view.task = {
+        ...view.task,
+        state: event.state,
+        last_sequence_number: event.task_sequence_number,
+        updated_at: Date.now() / 1000
+      };
+    }
+    if (isTerminal(event.state) && !this.followers.has(event.task_id)) {
+      // Its object, for finished_at, usage and error (a followed task gets it on its end).
+      void this.client
+        .task(event.task_id)
+        .then(task => {
+          this.merge(task);
+          this.emit();
+        })
+        .catch(() => undefined);
+      if (view.task.kind === 'model') {
+        void this.load('models', async () => (await this.client.models()).data);
+      }
+    }
+    this.follow();
+    this.emit();
   }
 
   /** The view of a task with a (possibly stale) task object from a list or a POST. */

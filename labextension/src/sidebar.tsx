@@ -23,7 +23,10 @@ export interface ISidebarOptions {
 function Sidebar(props: ISidebarOptions): React.ReactElement {
   const { model } = props;
   return (
-    <div className="jp-LMSP-sidebar">
+    <div
+      className="jp-LMSP-sidebar"
+      data-task-list={model.tasksLive ? 'lifecycle' : 'poll'}
+    >
       <header className="jp-LMSP-header">
         <span className="jp-LMSP-title">Language models</span>
         <button
