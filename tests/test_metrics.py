@@ -335,3 +335,14 @@ def test_worker_restart_is_counted(lmsp_data):
         )
         == 1
     )
+
+
+def test_metrics_off_records_nothing(lmsp_data):
+    """`LMSPExtension.metrics = False` (the benchmark's baseline): the endpoint still answers,
+    every LMSP metric stays at zero."""
+    with ServerProcess(lmsp_data, metrics=False) as server, server.client() as c:
+        r = c.post("/responses", json={"input": "Off.", **BASE})
+        assert r.status_code == 200
+        m = lmsp_metrics(server)
+    recorded = {k: v for k, v in m.items() if v and not k[0].endswith("_created")}
+    assert recorded == {}
