@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from securityhelpers import bearer, pair, wait_task
-from serverproc import ServerProcess
+from serverproc import TOKEN, ServerProcess
 
 from jupyter_lmsp.protocol.tasks import LIFECYCLE_STATES
 
@@ -139,3 +139,43 @@ def test_a_paired_client_sees_its_own_tasks_and_is_cut_off_when_revoked(lmsp_dat
         time.sleep(0.5)
         assert own.delete(f"/clients/{client['client_id']}").status_code == 200
         assert closed.wait(10), "the revoked client's lifecycle stream stayed open"
+
+
+def test_the_task_board_follows_the_lifecycle_stream(lmsp_data):
+    """The notebook TaskBoard lists the tasks once, then places each transition as it comes:
+    with a poll interval of a minute, new tasks still show at once and reach their end."""
+    from jupyter_lmsp.client import Client
+    from jupyter_lmsp.widgets import TaskBoard
+
+    with ServerProcess(lmsp_data) as server, server.client() as c:
+        early = c.post("/responses", json={"input": "before", "max_output_tokens": 2}).json()
+        client = Client(server.url, TOKEN)
+        board = TaskBoard(client, interval=60.0)
+        try:
+            deadline = time.monotonic() + 30
+            while board.mode != "lifecycle" or not board.table.rows:
+                assert time.monotonic() < deadline, board
+                time.sleep(0.05)
+            assert [r["id"] for r in board.table.rows] == [early["task_id"]]
+            made = [
+                c.post(
+                    "/responses",
+                    json={"input": f"n{i}", "background": True, "max_output_tokens": 3},
+                ).json()["task_id"]
+                for i in range(2)
+            ]
+            while {r["id"]: r["state"] for r in board.table.rows} != {
+                early["task_id"]: "completed",
+                made[0]: "completed",
+                made[1]: "completed",
+            }:
+                assert time.monotonic() < deadline, board.table.rows
+                time.sleep(0.05)
+            assert [r["id"] for r in board.table.rows] == [made[1], made[0], early["task_id"]]
+            assert board.polls == 1  # the one list when the stream opened
+            board.state_filter = "failed"
+            board.wait_for_poll()
+            assert board.table.rows == [] and board.mode == "lifecycle"
+        finally:
+            board.close()
+            client.close()
