@@ -215,7 +215,8 @@ def test_scripted_workload_counts_exactly(lmsp_data):
 
 
 def test_who_may_read_the_metrics(lmsp_data):
-    with ServerProcess(lmsp_data) as server:
+    # Three pairing starts allowed from one address, and hardly any more after them.
+    with ServerProcess(lmsp_data, pairing_burst=3, pairing_rate_per_minute=0.01) as server:
         reader = pair(server, "reader", ["metrics:read"])
         other = pair(server, "other", ["tasks:read", "models:read"])
         revoked = pair(server, "revoked", ["metrics:read"])
@@ -226,6 +227,9 @@ def test_who_may_read_the_metrics(lmsp_data):
             r = anon.get("/metrics")
             assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
             assert "lmsp_" not in r.text
+            # A fourth pairing start from this address is rate-limited.
+            limited = anon.post("/pairings", json={"client_name": "x", "scopes": ["tasks:read"]})
+            assert limited.status_code == 429
         for token in (other, revoked):
             with bearer(server, token["access_token"]) as c:
                 r = c.get("/metrics")
@@ -246,9 +250,11 @@ def test_who_may_read_the_metrics(lmsp_data):
         assert httpx.get(f"{server.url}/metrics").status_code == 403
         m = lmsp_metrics(server)
         assert value(m, "lmsp_refused_requests_total", status="401", reason="invalid_token") == 2
-        assert (
-            value(m, "lmsp_refused_requests_total", status="403", reason="insufficient_scope") == 1
-        )
+        refused = "lmsp_refused_requests_total"
+        assert value(m, refused, status="403", reason="insufficient_scope") == 1
+        assert value(m, refused, status="429", reason="rate_limit_exceeded") == 1
+        assert value(m, "lmsp_pairing_requests_total") == 3
+        assert value(m, "lmsp_pairing_decisions_total", decision="approved") == 3
 
 
 def test_recovery_metrics_after_kill_and_restart(lmsp_data):
