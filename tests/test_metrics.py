@@ -9,7 +9,6 @@ import json
 import os
 import signal
 import sqlite3
-import time
 
 import httpx
 import pytest
@@ -308,39 +307,25 @@ def test_recovery_metrics_after_kill_and_restart(lmsp_data):
 
 
 def test_worker_restart_is_counted(lmsp_data):
+    long = {"input": "Long.", "background": True, "temperature": 0, "max_output_tokens": 200}
     with ServerProcess(lmsp_data, engine_token_delay=0.05) as server, server.client() as c:
-        r = c.post(
-            "/responses",
-            json={
-                "input": "Long.",
-                "background": True,
-                "temperature": 0,
-                "max_output_tokens": 200,
-                "on_restart": "retry",
-            },
-        ).json()
-        wait_task(c, r["task_id"], lambda t: t["last_sequence_number"] >= 6)
+        retried = c.post("/responses", json={**long, "on_restart": "retry"}).json()
+        failed = c.post("/responses", json={**long, "on_restart": "fail"}).json()
+        for r in (retried, failed):
+            wait_task(c, r["task_id"], lambda t: t["last_sequence_number"] >= 6)
         pid = c.get("/service").json()["worker"]["pid"]
         os.kill(pid, signal.SIGKILL)
-        assert wait_task(c, r["task_id"])["state"] == "completed"
-        deadline = time.monotonic() + 60
-        while True:
-            m = lmsp_metrics(server)
-            if value(m, "lmsp_worker_restarts_total") == 1 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
+        assert wait_task(c, failed["task_id"])["state"] == "failed"
+        assert wait_task(c, retried["task_id"])["state"] == "completed"
+        m = lmsp_metrics(server)
     assert value(m, "lmsp_worker_restarts_total") == 1
-    assert (
-        value(
-            m,
-            "lmsp_recovered_tasks_total",
-            cause="worker_exit",
-            previous_state="running",
-            policy="retry",
-            outcome="queued",
-        )
-        == 1
-    )
+    recovered = "lmsp_recovered_tasks_total"
+    for policy, outcome in (("retry", "queued"), ("fail", "failed")):
+        labels = {"previous_state": "running", "policy": policy, "outcome": outcome}
+        assert value(m, recovered, cause="worker_exit", **labels) == 1
+    assert value(m, "lmsp_tasks_ended_total", model=MODEL, state="failed") == 1
+    assert value(m, "lmsp_tasks_ended_total", model=MODEL, state="completed") == 1
+    assert value(m, "lmsp_tasks", state="failed") == 1
 
 
 def test_metrics_off_records_nothing(lmsp_data):

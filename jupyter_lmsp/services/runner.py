@@ -575,6 +575,7 @@ class TaskRunner:
         task_id = committed.task.id
         self.publish(committed)
         self.clock.ended(task_id, committed.task.model, str(committed.task.state))
+        self.clock.forget(task_id)  # also when the end was refused (another runner's now)
         self.active.discard(task_id)
         self.producing.discard(task_id)
         self.cancelling.discard(task_id)
@@ -609,6 +610,8 @@ class TaskRunner:
         metrics.recovered("worker_exit", report.by_policy)
         for committed in report.committed:
             self.publish(committed)
+            # Those the restart policy ended (`fail`) end here.
+            self.clock.ended(committed.task.id, committed.task.model, str(committed.task.state))
         for task_id in reversed(report.adopted):
             if task_id not in self.active:
                 self.queue.push_front(task_id, report.owners[task_id])
