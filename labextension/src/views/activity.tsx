@@ -7,8 +7,8 @@ import type { IPoint } from '../metrics';
 import type { SidebarModel } from '../model';
 import { Section } from './common';
 
-const WIDTH = 160;
-const HEIGHT = 28;
+const WIDTH = 64;
+const HEIGHT = 16;
 
 /** A polyline of `values` (nulls are gaps), scaled to its own maximum. */
 export function Sparkline(props: {
@@ -37,10 +37,17 @@ export function Sparkline(props: {
       viewBox={`0 0 ${WIDTH} ${HEIGHT}`}
     >
       {segments
-        .filter(points => points.length > 0)
+        .filter(points => points.length > 1)
         .map((points, i) => (
           <polyline key={i} points={points.join(' ')} fill="none" stroke="currentColor" />
         ))}
+      {segments
+        .filter(points => points.length === 1)
+        .map((points, i) => {
+          // A lone value (gaps on both sides): a dot.
+          const [x, y] = (points[0] ?? '0,0').split(',');
+          return <circle key={`dot${i}`} cx={x} cy={y} r={1.5} fill="currentColor" />;
+        })}
     </svg>
   );
 }
@@ -72,13 +79,15 @@ export function ActivityView(props: { model: SidebarModel }): React.ReactElement
       <dl className="jp-LMSP-facts">
         <dt>tokens/s</dt>
         <dd data-field="throughput">
-          <Sparkline name="throughput" values={points.map(p => p.tokensPerSecond)} />{' '}
-          {rate === null ? '–' : rate.toFixed(1)}
+          <span className="jp-LMSP-figure">{rate === null ? '–' : rate.toFixed(1)}</span>
+          <Sparkline name="throughput" values={points.map(p => p.tokensPerSecond)} />
         </dd>
         <dt>first token</dt>
         <dd data-field="ttft">
-          <Sparkline name="ttft" values={points.map(p => p.ttft)} />{' '}
-          {ttft === null ? '–' : `${(ttft * 1000).toFixed(0)} ms`}
+          <span className="jp-LMSP-figure">
+            {ttft === null ? '–' : `${(ttft * 1000).toFixed(0)} ms`}
+          </span>
+          <Sparkline name="ttft" values={points.map(p => p.ttft)} />
         </dd>
         <dt>queue</dt>
         <dd data-field="queue">
