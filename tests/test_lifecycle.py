@@ -179,3 +179,19 @@ def test_the_task_board_follows_the_lifecycle_stream(lmsp_data):
         finally:
             board.close()
             client.close()
+
+
+def test_bad_starting_points_and_missing_credentials(lmsp_data):
+    with ServerProcess(lmsp_data) as server, server.client() as c:
+        for params, headers in (
+            ({"after": "-2"}, {}),
+            ({"after": "x"}, {}),
+            ({"after": str(2**63)}, {}),
+            ({}, {"Last-Event-ID": "nope"}),
+            ({}, {"Last-Event-ID": "-5"}),
+        ):
+            r = c.get("/lifecycle", params=params, headers=headers)
+            assert r.status_code == 400, (params, headers, r.text)
+            assert r.json()["error"]["type"] == "invalid_request_error"
+        r = httpx.get(f"{server.api}/lifecycle")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token"
