@@ -195,3 +195,32 @@ def test_bad_starting_points_and_missing_credentials(lmsp_data):
             assert r.json()["error"]["type"] == "invalid_request_error"
         r = httpx.get(f"{server.api}/lifecycle")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_token"
+
+
+def test_a_read_covers_the_text_events_after_the_last_transition(tmp_path):
+    """The stream's next read starts after the newest event read over, not after the last
+    transition: text events are not scanned again on every read."""
+    from storehelpers import make_task, open_db, query
+
+    from jupyter_lmsp.services.lifecycle import TYPES
+    from jupyter_lmsp.store import queries
+
+    db = open_db(tmp_path)
+    try:
+        task_id = make_task(db, "running")  # created, loading, in_progress, then text events
+        (top,) = query(db, "SELECT MAX(id) FROM task_events")[0]
+        rows, cursor = queries.lifecycle_events(db, -1, TYPES)
+        assert [r.type for r in rows] == [
+            "response.created",
+            "response.loading",
+            "response.in_progress",
+        ]
+        assert rows[-1].id < top and cursor == top
+        assert queries.lifecycle_events(db, cursor, TYPES) == ([], top)
+        # A full page ends at its last row, so the rest is read next.
+        rows, cursor = queries.lifecycle_events(db, -1, TYPES, limit=2)
+        assert len(rows) == 2 and cursor == rows[-1].id
+        rows, _ = queries.lifecycle_events(db, cursor, TYPES)
+        assert [r.task_id for r in rows] == [task_id]
+    finally:
+        db.dispose()

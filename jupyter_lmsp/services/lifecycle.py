@@ -86,9 +86,10 @@ class LifecycleStream:
             replay = self._replay
             quiet = 0.0
             while True:
-                rows = await self.offload(queries.lifecycle_events, self.db, cursor, TYPES, PAGE)
+                rows, cursor = await self.offload(
+                    queries.lifecycle_events, self.db, cursor, TYPES, PAGE
+                )
                 for row in rows:
-                    cursor = row.id
                     if self.caller.can_see(row.owner):
                         self._ready.append(_event(row))
                 if replay:

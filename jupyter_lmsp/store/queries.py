@@ -161,14 +161,25 @@ def last_event_id(db: Database) -> int:
 
 def lifecycle_events(
     db: Database, after: int, types: tuple[str, ...], limit: int = 500
-) -> list[LifecycleRow]:
-    """Events of these `types` (every task's) with a row id above `after`, oldest first."""
+) -> tuple[list[LifecycleRow], int]:
+    """Events of these `types` (every task's) with a row id above `after`, oldest first, and
+    the row id the read covered: the last event's when `limit` rows came, else the newest
+    event's (the next read starts there, not again over the text events in between). Row ids
+    follow commit order (one writer at a time), so no event appears later below it."""
     marks = ", ".join("?" * len(types))
     with db.read() as session:
-        rows = session.connection().exec_driver_sql(
-            "SELECT e.id, e.task_id, e.sequence_number, e.type, e.created_at, t.owner, t.kind,"
-            " t.model, t.response_id FROM task_events e JOIN tasks t ON t.id = e.task_id"
-            f" WHERE e.id > ? AND e.type IN ({marks}) ORDER BY e.id LIMIT ?",
-            (after, *types, limit),
-        )
-        return [LifecycleRow(*row) for row in rows]
+        conn = session.connection()
+        top = conn.exec_driver_sql("SELECT MAX(id) FROM task_events").scalar()
+        if top is None or top <= after:
+            return [], after
+        rows = [
+            LifecycleRow(*row)
+            for row in conn.exec_driver_sql(
+                "SELECT e.id, e.task_id, e.sequence_number, e.type, e.created_at, t.owner,"
+                " t.kind, t.model, t.response_id FROM task_events e JOIN tasks t"
+                f" ON t.id = e.task_id WHERE e.id > ? AND e.id <= ? AND e.type IN ({marks})"
+                " ORDER BY e.id LIMIT ?",
+                (after, top, *types, limit),
+            )
+        ]
+        return rows, rows[-1].id if len(rows) == limit else int(top)
