@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from securityhelpers import bearer, pair, wait_task
 from serverproc import TOKEN, ServerProcess
 
+from jupyter_lmsp.models.testmodel import CONFIG
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 MODEL = "tiny"
@@ -187,6 +189,16 @@ def test_scripted_workload_counts_exactly(lmsp_data):
     assert value(m, "lmsp_prompt_cache_lookups_total", model=MODEL) == n
     assert value(m, "lmsp_prompt_cache_hits_total", model=MODEL) == sum(1 for x in cached if x)
     assert value(m, "lmsp_prompt_cache_reused_tokens_total", model=MODEL) == sum(cached)
+    # Keys and values of every layer for each reused position (the test model is float32).
+    per_position = (
+        CONFIG["num_hidden_layers"]
+        * 2
+        * CONFIG["num_key_value_heads"]
+        * (CONFIG["hidden_size"] // CONFIG["num_attention_heads"])
+        * 4
+    )
+    reused_bytes = value(m, "lmsp_prompt_cache_reused_bytes_total", model=MODEL)
+    assert reused_bytes == sum(cached) * per_position
     assert value(m, "lmsp_prompt_cache_bytes") > 0
     assert value(m, "lmsp_model_loads_total", model=MODEL) == 1
     assert value(m, "lmsp_model_load_seconds_count", model=MODEL) == 1

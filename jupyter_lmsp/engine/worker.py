@@ -506,6 +506,7 @@ class Worker:
             raise JobError("grammar_invalid", str(exc)) from exc
         except (TypeError, ValueError) as exc:
             raise JobError("grammar_invalid", f"the grammar could not be built: {exc}") from exc
+        reused_before = self._scheduler.prompt_cache.stats().reused_bytes
         try:
             cached_tokens, updates = self._scheduler.add(
                 job, key, model, tokenizer, prompt_ids, grammar
@@ -528,6 +529,8 @@ class Worker:
                 cached_tokens=cached_tokens,
                 tool_format=call_format.name if calls else None,
                 cache_bytes=self._scheduler.prompt_cache.nbytes,
+                cache_reused_bytes=self._scheduler.prompt_cache.stats().reused_bytes
+                - reused_before,
                 load_seconds=self._load_took.pop(key, None),
             )
         )

@@ -177,6 +177,12 @@ CACHE_REUSED_TOKENS = _counter(
     "Prompt tokens taken from the prompt cache instead of being computed, by model.",
     ["model"],
 )
+CACHE_REUSED_BYTES = _counter(
+    "lmsp_prompt_cache_reused_bytes",
+    "Bytes of key/value cache the reused prompt tokens took from the prompt cache (memory "
+    "that was not computed again), by model.",
+    ["model"],
+)
 CACHE_BYTES = _gauge(
     "lmsp_prompt_cache_bytes",
     "Memory the worker's prompt cache holds (as of the last generation started).",
@@ -411,6 +417,7 @@ class RunnerClock:
         cached_tokens: int,
         cache_bytes: int | None,
         load_seconds: float | None,
+        reused_bytes: int = 0,
     ) -> None:
         if not _enabled:
             return
@@ -420,6 +427,8 @@ class RunnerClock:
         if cached_tokens:
             CACHE_HITS.labels(model).inc()
             CACHE_REUSED_TOKENS.labels(model).inc(cached_tokens)
+        if reused_bytes:
+            CACHE_REUSED_BYTES.labels(model).inc(reused_bytes)
         if cache_bytes is not None:
             CACHE_BYTES.set(cache_bytes)
         if load_seconds is not None:

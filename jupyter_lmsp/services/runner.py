@@ -419,7 +419,14 @@ class TaskRunner:
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
                 self.cached_tokens[task_id] = cached
-                self.clock.started(task_id, n, cached, message.cache_bytes, message.load_seconds)
+                self.clock.started(
+                    task_id,
+                    n,
+                    cached,
+                    message.cache_bytes,
+                    message.load_seconds,
+                    message.cache_reused_bytes,
+                )
                 if task_id in self.active:
                     self.running_since[task_id] = time.monotonic()
                 self.committer.run(
