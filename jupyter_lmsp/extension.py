@@ -93,6 +93,11 @@ class LMSPExtension(ExtensionApp):
     max_output_tokens_default = Integer(
         1024, help="max_output_tokens when a request gives none."
     ).tag(config=True)
+    max_choices = Integer(
+        4,
+        help="Choices a chat completion may ask for ('n'); more get 400. Each choice takes a "
+        "row of the batch (max_batch_size).",
+    ).tag(config=True)
     max_context_tokens = Integer(
         0,
         help="Context window requests are held to (prompt and output together); 0: each "
@@ -318,6 +323,7 @@ class LMSPExtension(ExtensionApp):
             service_id=queries.service_identity(self.db),
             version=__version__,
             max_output_tokens_default=self.max_output_tokens_default,
+            max_choices=max(1, self.max_choices),
             keepalive_interval=self.keepalive_interval,
             max_body_bytes=self.max_body_bytes,
             body_timeout=self.body_timeout,

@@ -199,6 +199,17 @@ async def test_seed_and_neutral_values(jp_fetch):
 
 
 # (body, error code, error param): each gets a 400 in the LMSP shape.
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+# A pattern the grammar compiler refuses, strict or not.
+BAD_PATTERN = {"type": "string", "pattern": "(unclosed"}
+
 BAD_REQUESTS = [
     ({}, "missing_required_parameter", "messages"),
     ({"messages": []}, "invalid_value", "messages"),
@@ -206,10 +217,11 @@ BAD_REQUESTS = [
     ({"messages": [{"role": "robot", "content": "x"}]}, "invalid_value", "messages[0].role"),
     ({"messages": [{"role": "user"}]}, "invalid_value", "messages[0].content"),
     (
-        {"messages": [{"role": "tool", "content": "x", "tool_call_id": "a"}]},
+        {"messages": [{"role": "function", "content": "x", "name": "f"}]},
         "unsupported_input",
         "messages[0].role",
     ),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "invalid_value", "messages[0].tool_call_id"),
     (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         "unsupported_input",
@@ -217,11 +229,85 @@ BAD_REQUESTS = [
     ),
     (
         {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]}]},
-        "unsupported_parameter",
+        "invalid_value",
+        "messages[0].tool_calls[0].type",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "assistant", "tool_calls": [{"id": "c", "type": "custom", "custom": {}}]}
+            ]
+        },
+        "unsupported_input",
+        "messages[0].tool_calls[0]",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x", "tool_calls": [CALL]}]},
+        "invalid_value",
         "messages[0].tool_calls",
     ),
-    ({"messages": MESSAGES, "n": 2}, "unsupported_parameter", "n"),
-    ({"messages": MESSAGES, "stop": ["\n"]}, "unsupported_parameter", "stop"),
+    ({"messages": MESSAGES, "n": 5}, "invalid_value", "n"),
+    ({"messages": MESSAGES, "n": 0}, "invalid_value", "n"),
+    ({"messages": MESSAGES, "stop": ["a", "b", "c", "d", "e"]}, "invalid_value", "stop"),
+    ({"messages": MESSAGES, "stop": [""]}, "invalid_value", "stop[0]"),
+    ({"messages": MESSAGES, "top_logprobs": 2}, "invalid_value", "top_logprobs"),
+    ({"messages": MESSAGES, "logprobs": True, "top_logprobs": 21}, "invalid_value", "top_logprobs"),
+    ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "invalid_value", "tools[0].function"),
+    (
+        {"messages": MESSAGES, "tools": [{"type": "web_search"}]},
+        "unsupported_parameter",
+        "tools[0]",
+    ),
+    ({"messages": MESSAGES, "tool_choice": "required"}, "invalid_value", "tool_choice"),
+    (
+        {"messages": MESSAGES, "tools": [TOOL], "tool_choice": {"type": "custom", "name": "x"}},
+        "unsupported_parameter",
+        "tool_choice",
+    ),
+    (
+        {
+            "messages": MESSAGES,
+            "tools": [TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "nope"}},
+        },
+        "invalid_schema",
+        "tool_choice",
+    ),
+    (
+        {
+            "messages": MESSAGES,
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": BAD_PATTERN}},
+                    },
+                }
+            ],
+        },
+        "invalid_schema",
+        "tools[0].function.parameters.properties.a.pattern",
+    ),
+    (
+        {
+            "messages": MESSAGES,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "x",
+                    "schema": {"type": "object", "properties": {"a": BAD_PATTERN}},
+                },
+            },
+        },
+        "invalid_schema",
+        "response_format.json_schema.schema.properties.a.pattern",
+    ),
+    (
+        {"messages": MESSAGES, "response_format": {"type": "grammar"}},
+        "invalid_value",
+        "response_format",
+    ),
     ({"messages": MESSAGES, "max_tokens": 0}, "invalid_value", "max_tokens"),
     ({"messages": MESSAGES, "max_tokens": "8"}, "invalid_type", "max_tokens"),
     ({"messages": MESSAGES, "max_tokens": 4, "max_completion_tokens": 5}, None, "max_tokens"),
@@ -233,8 +319,7 @@ BAD_REQUESTS = [
         "unsupported_parameter",
         "frequency_penalty",
     ),
-    ({"messages": MESSAGES, "logprobs": 0}, "unsupported_parameter", "logprobs"),
-    ({"messages": MESSAGES, "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
+    ({"messages": MESSAGES, "logprobs": 0}, "invalid_type", "logprobs"),
     ({"messages": MESSAGES, "store": True}, "unsupported_parameter", "store"),
     (
         {"messages": MESSAGES, "stream_options": {"include_usage": True}},

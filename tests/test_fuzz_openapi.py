@@ -23,6 +23,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
+from schemathesis.generation.meta import GenerationMode
 from serverproc import TOKEN, ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -129,13 +130,25 @@ def api_schema(server: ServerProcess) -> Any:
                 "ensure_resource_availability": {"enabled": False},
             },
             "operations": [
+                *(
+                    {
+                        # Refusals a schema cannot state (test_fuzz checks the code).
+                        "include-operation-id": operation,
+                        "checks": {
+                            "positive_data_acceptance": {
+                                "expected-statuses": ["2XX", 400, 404, 409, 429]
+                            }
+                        },
+                    }
+                    for operation in ("createResponse", "createChatCompletion")
+                ),
                 {
                     # A made-up source can name an existing folder that is not a model (400).
                     "include-operation-id": "registerModel",
                     "checks": {
                         "positive_data_acceptance": {"expected-statuses": ["2XX", 400, 404, 409]}
                     },
-                }
+                },
             ],
         }
     )
@@ -173,9 +186,23 @@ def test_fuzz(case: Any) -> None:
         assert set(body) == {"error"}, body
         assert set(body["error"]) == ERROR_FIELDS, body
         assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    if response.status_code == 400 and case.meta.generation.mode == GenerationMode.POSITIVE:
+        # A schema-valid body refused: only for what no JSON Schema can say.
+        assert case.operation.label in GENERATIONS, body
+        assert body["error"]["code"] in SEMANTIC_REFUSALS or body["error"]["param"] == "n", body
+        if body["error"]["code"] == "unsupported_parameter":
+            assert "together with function tools" in body["error"]["message"], body
 
 
 # -- hostile values the schema does not describe (issue 12, item 8) --------------------------
+
+# What a schema-valid generation request may still be refused for: a prompt longer than the
+# context window (counted with the model's tokenizer), a schema the grammar compiler cannot
+# take (`invalid_schema`), log-probabilities asked for beside function tools, more chat
+# choices than the configured maximum (`n`).
+GENERATIONS = {"POST /responses", "POST /chat/completions"}
+SEMANTIC_REFUSALS = {"context_length_exceeded", "invalid_schema", "unsupported_parameter"}
+
 
 # JSON texts that parsers choke on or disagree about: each must be a 400, never a 500.
 DEEP_ARRAY = "[" * 50_000 + "]" * 50_000

@@ -226,8 +226,8 @@ async def test_fields_real_clients_send_and_the_most_significant_refusal(jp_fetc
         "response.incomplete",
     )
     for body, param in (
-        ({"tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}, "tools"),
-        ({"top_logprobs": 2, "text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"service_tier": "flex", "text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"conversation": "conv_1", "reasoning": {"effort": "high"}}, "reasoning.effort"),
         ({"colour": 1, "stream_options": {"include_obfuscation": True}}, None),
     ):
         status, error, _ = await call(jp_fetch, "POST", "responses", {"input": "x", **body})

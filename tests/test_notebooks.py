@@ -196,3 +196,30 @@ def test_external_clients(server, kernel_dir, tmp_path, monkeypatch):
     out = stdout(cell(nb, "lmsp.revoke_client(client_id)"))
     assert "AFTER REVOKE: AuthenticationError 401" in out
     assert "exit code 0" in out
+
+
+def test_structured_outputs_and_tools(server, kernel_dir, tmp_path, monkeypatch):
+    nb = run_notebook("structured-outputs-and-tools", server, kernel_dir, tmp_path, monkeypatch)
+
+    out = stdout(cell(nb, "parsed = oa.responses.parse("))
+    assert "status: completed" in out and "is a City: True" in out
+    assert "chat parsed is a City: True" in stdout(cell(nb, "chat = oa.chat.completions.parse("))
+
+    out = stdout(cell(nb, "schema = {"))
+    assert "refused: 400 invalid_schema text.format.schema.contains" in out
+
+    out = stdout(cell(nb, "WEATHER_TOOL = {"))
+    assert re.search(r"CALL get_weather \{'city': ", out)
+    assert re.search(rf"ANSWER {FINISHED} \|", out)
+    out = stdout(cell(nb, 'question = {"role": "user"'))
+    assert re.search(rf"INPUT LOOP 3 items -> {FINISHED}", out)
+
+    (result,) = [o for o in cell(nb, "watched = lmsp.start_response(").outputs if "data" in o]
+    assert WIDGET_VIEW in result["data"]
+    assert "WATCHED completed ['get_weather']" in stdout(cell(nb, "done = watched.wait("))
+    # The watcher's last state shows the call, complete, with its arguments.
+    model_id = result["data"][WIDGET_VIEW]["model_id"]
+    saved = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    calls = saved[model_id]["state"]["calls"]
+    assert [(c["name"], c["status"]) for c in calls] == [("get_weather", "completed")]
+    assert json.loads(calls[0]["arguments"])["city"]

@@ -348,13 +348,14 @@ def test_unsupported_fields_name_the_most_significant(client):
         client.responses.create(
             model=MODEL,
             input="Hello",
-            tool_choice="required",
-            tools=[{"type": "function", "name": "f", "parameters": {}, "strict": False}],
+            tools=[{"type": "web_search"}],
+            text={"verbosity": "low"},
         )
-    assert e.value.code == "unsupported_parameter" and e.value.param == "tools"
+    assert e.value.code == "unsupported_parameter" and e.value.param == "tools[0]"
+    assert "only function tools" in e.value.message
     for kwargs, param in (
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
-        ({"top_logprobs": 5}, "top_logprobs"),
+        ({"include": ["reasoning.encrypted_content"]}, "include[0]"),
         ({"conversation": "conv_123"}, "conversation"),
         ({"service_tier": "flex"}, "service_tier"),
     ):
@@ -664,6 +665,10 @@ def test_chat_completions_stream(client):
 # -- typed errors ---------------------------------------------------------------------------
 
 
+# A schema whose pattern the grammar compiler cannot parse (strict or not).
+BROKEN = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(unclosed"}}}
+
+
 def test_bad_request_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(model=MODEL, input=5)  # type: ignore[arg-type]
@@ -673,10 +678,22 @@ def test_bad_request_errors(client):
         client.responses.create(
             model=MODEL,
             input="Hello",
-            tools=[{"type": "function", "name": "f", "parameters": {}, "strict": False}],
+            tools=[{"type": "function", "name": "f", "parameters": BROKEN, "strict": False}],
         )
-    assert e.value.code == "unsupported_parameter"
-    assert e.value.param == "tools"
+    # A schema the grammar compiler refuses: where in it, and the compiler's reason.
+    assert e.value.code == "invalid_schema"
+    assert e.value.param == "tools[0].parameters.properties.a.pattern"
+    assert "/properties/a/pattern" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            **CHAT,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": BROKEN, "strict": True},
+            },
+        )
+    assert e.value.code == "invalid_schema"
+    assert e.value.param == "response_format.json_schema.schema.properties.a.pattern"
     with pytest.raises(openai.BadRequestError) as e:
         client.responses.create(
             model=MODEL,

@@ -113,6 +113,8 @@ def test_request_schemas_name_every_accepted_field():
 
 
 MSG = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+CALL = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
 # (body, accepted): the schema and the parser must agree on each.
 CHAT_BODIES: list[tuple[dict[str, Any], bool]] = [
     ({"messages": MSG}, True),
@@ -129,6 +131,14 @@ CHAT_BODIES: list[tuple[dict[str, Any], bool]] = [
     ({}, False),
     ({"messages": []}, False),
     ({"messages": [{"role": "tool", "content": "x"}]}, False),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": ""}]}, False),
+    ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, True),
+    ({"messages": [{"role": "function", "content": "x", "name": "f"}]}, False),
+    ({"messages": [{"role": "assistant", "tool_calls": [CALL]}]}, True),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [CALL]}]}, True),
+    ({"messages": [{"role": "assistant", "tool_calls": []}]}, False),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": [CALL]}]}, False),
+    ({"messages": [{"role": "assistant"}]}, False),
     ({"messages": [{"role": "user", "content": None}]}, False),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, False),
     ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, False),
@@ -139,8 +149,29 @@ CHAT_BODIES: list[tuple[dict[str, Any], bool]] = [
     ({"messages": MSG, "top_p": 0}, False),
     ({"messages": MSG, "seed": 2**63}, False),
     ({"messages": MSG, "seed": -1}, False),
-    ({"messages": MSG, "n": 2}, False),
-    ({"messages": MSG, "stop": "x"}, False),
+    ({"messages": MSG, "n": 2, "stop": "x", "logprobs": True, "top_logprobs": 3}, True),
+    ({"messages": MSG, "n": 0}, False),
+    ({"messages": MSG, "stop": ["a", "b", "c", "d", "e"]}, False),
+    ({"messages": MSG, "stop": ""}, False),
+    ({"messages": MSG, "top_logprobs": 3}, False),
+    ({"messages": MSG, "top_logprobs": 0}, True),
+    ({"messages": MSG, "logprobs": True, "top_logprobs": 21}, False),
+    ({"messages": MSG, "tool_choice": "required"}, False),
+    ({"messages": MSG, "tool_choice": "required", "tools": [TOOL]}, True),
+    ({"messages": MSG, "tool_choice": {"type": "function", "function": {"name": "f"}}}, False),
+    ({"messages": MSG, "tools": [{"type": "custom", "custom": {}}]}, False),
+    ({"messages": MSG, "response_format": {"type": "json_object"}}, True),
+    (
+        {
+            "messages": MSG,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object"}, "strict": True},
+            },
+        },
+        True,
+    ),
+    ({"messages": MSG, "response_format": {"type": "json_schema"}}, False),
     ({"messages": MSG, "frequency_penalty": 1}, False),
     ({"messages": MSG, "logprobs": 0}, False),
     ({"messages": MSG, "parallel_tool_calls": 1}, False),
@@ -178,10 +209,30 @@ RESPONSE_BODIES: list[tuple[dict[str, Any], bool]] = [
     ({"input": 3}, False),
     ({"input": []}, False),
     ({"input": [{"type": "function_call"}]}, False),
+    (
+        {
+            "input": [
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "42"},
+            ]
+        },
+        True,
+    ),
+    ({"input": [{"type": "reasoning", "summary": []}]}, False),
     ({"input": "x", "max_output_tokens": 0}, False),
     ({"input": "x", "on_restart": "never"}, False),
     ({"input": "x", "tools": [{"type": "web_search"}]}, False),
     ({"input": "x", "tool_choice": "required"}, False),
+    ({"input": "x", "tool_choice": "required", "tools": [{"type": "function", "name": "f"}]}, True),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "f"}, "tools": []}, False),
+    ({"input": "x", "text": {"format": {"type": "json_object"}}, "stop": ["\n"]}, True),
+    (
+        {"input": "x", "text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
+        True,
+    ),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}}, False),
+    ({"input": "x", "include": ["message.output_text.logprobs"], "top_logprobs": 3}, True),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, False),
     ({"input": "x", "truncation": "auto"}, False),
     ({"input": "x", "user": "someone", "safety_identifier": "s", "prompt_cache_key": "k"}, True),
     ({"input": "x", "service_tier": "auto", "top_logprobs": 0, "max_tool_calls": None}, True),
@@ -190,6 +241,7 @@ RESPONSE_BODIES: list[tuple[dict[str, Any], bool]] = [
     ({"input": "x", "background": True, "stream": True}, True),
     ({"input": "x", "text": {"verbosity": "low"}}, False),
     ({"input": "x", "top_logprobs": 3}, False),
+    ({"input": "x", "top_logprobs": 3, "include": []}, False),
     ({"input": "x", "conversation": "conv_1"}, False),
     ({"input": "x", "user": 3}, False),
     ({"input": "x", "seed": -5}, False),
@@ -331,7 +383,7 @@ async def test_served_document_and_real_answers_match(
         ("GET", "responses/resp_nope", None, 404),
         ("POST", "responses", {"input": 3}, 400),
         ("POST", "responses", {"input": "x", "model": "nope"}, 404),
-        ("POST", "chat/completions", {"messages": MSG, "n": 3}, 400),
+        ("POST", "chat/completions", {"messages": MSG, "n": 5}, 400),
         ("GET", "tasks", None, 400),
         ("PUT", "tasks", {}, 405),
         ("POST", "models", {"source": "/nowhere/at/all"}, 404),

@@ -339,15 +339,15 @@ def test_outputs_of_several_tasks_commit_together_or_not_at_all(db, monkeypatch)
         assert json.loads(task_row(db, tid)["snapshot"])["text"].endswith(text)
 
     state = dump(db)
-    real, calls = rules.snapshot_of, []
+    real, calls = rules.Attempt.apply, []
 
-    def fail_on_second(task):  # type: ignore[no-untyped-def]
-        calls.append(task.id)
+    def fail_on_second(attempt, batch, lookup=None):  # type: ignore[no-untyped-def]
+        calls.append(batch)
         if len(calls) == 2:
             raise RuntimeError("injected failure on the second task")
-        return real(task)
+        return real(attempt, batch, lookup)
 
-    monkeypatch.setattr(rules, "snapshot_of", fail_on_second)
+    monkeypatch.setattr(rules.Attempt, "apply", fail_on_second)
     with pytest.raises(RuntimeError, match="injected"):
         rules.append_outputs(db, {first: ([9], " e"), second: ([10], " f")})
     assert dump(db) == state

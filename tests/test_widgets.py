@@ -314,6 +314,65 @@ def test_state_shows_only_the_last_attempt_after_a_retry():
     assert state.state == "completed"
 
 
+def test_state_shows_function_calls_and_the_output_format():
+    """The items a tool-calling attempt makes (protocol.output, as the store writes them): the
+    text before the calls, then each call with its arguments as they stream and at the end."""
+    from jupyter_lmsp.protocol.output import (
+        Attempt,
+        Batch,
+        CallArguments,
+        CallBegin,
+        CallEnd,
+        ChoiceEnd,
+        Text,
+    )
+
+    attempt, opened = Attempt.begin(Attempt({}), "1", 3, eager=False)
+    steps = [
+        Batch({}, [Text(0, "Let me look.")]),
+        Batch({}, [CallBegin(0, 0, "get_weather"), CallArguments(0, 0, '{"city": ')]),
+        Batch({}, [CallArguments(0, 0, '"Oslo"}'), CallEnd(0, 0, '{"city": "Oslo"}')]),
+        Batch({}, [ChoiceEnd(0, "stop")]),
+    ]
+    produced = [e for batch in steps for e in attempt.apply(batch)]
+    final = response_obj("completed")
+    final["output"] = attempt.output()
+    final["text"] = {"format": {"type": "text"}}
+    log = [
+        {"type": "response.created", "response": response_obj("queued")},
+        {"type": "response.in_progress", "response": response_obj("in_progress")},
+        *opened,
+        *produced,
+        {"type": "response.completed", "response": final},
+    ]
+    log = [dict(e, sequence_number=i) for i, e in enumerate(log)]
+    state = WatcherState(task_id="task_1")
+    seen = []
+    for e in events(log):
+        state.apply(e)
+        seen.append([(c["name"], c["arguments"], c["status"]) for c in state.calls])
+    assert [("get_weather", '{"city": ', "in_progress")] in seen  # arguments as they stream
+    assert state.text == "Let me look."  # a call does not wipe the text before it
+    assert state.calls == [
+        {
+            "id": state.calls[0]["id"],
+            "name": "get_weather",
+            "arguments": '{"city": "Oslo"}',
+            "status": "completed",
+        }
+    ]
+    traits = state.to_traits()
+    assert traits["calls"] == state.calls and traits["format"] == "text"
+    assert any(line.detail.startswith("call get_weather") for line in state.recent)
+
+    structured = response_obj("completed", '{"a": 1}', 4)
+    structured["text"] = {"format": {"type": "json_schema", "name": "s", "schema": {}}}
+    state = WatcherState(task_id="task_2")
+    for i, e in enumerate([{"type": "response.created"}, {"type": "response.completed"}]):
+        state.apply(Event.from_wire(dict(e, sequence_number=i, response=structured)))
+    assert state.format == "json_schema" and state.text == '{"a": 1}' and state.calls == []
+
+
 # -- TaskWatcher and TaskBoard on a fake service ------------------------------------------------
 
 

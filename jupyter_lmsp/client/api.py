@@ -209,11 +209,15 @@ class Client:
         store: bool | None = None,
         previous_response_id: str | None = None,
         idempotency_key: str | None = None,
+        **fields: Any,
     ) -> Response:
         """`POST /responses`. With `background=True` it returns at once (status `queued`);
-        otherwise it waits for the finished response."""
+        otherwise it waits for the finished response. Other request fields (`tools`,
+        `tool_choice`, `text`, `stop`, `include`, `top_logprobs`, …) go in `fields`, as the
+        API takes them."""
         body = self._response_body(
             input,
+            **fields,
             model=model,
             instructions=instructions,
             background=background or None,

@@ -21,6 +21,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
+from .grammars import GENERIC, ToolSpec
+from .toolcalls import call_format_for, render
 from .worker import JobError, encode_chat
 
 # config.json keys that hold a model's context window, in the order they are trusted.
@@ -45,11 +47,26 @@ class PromptCounter:
         self._max = max_tokenizers
         self._lock = threading.Lock()
 
-    def count(self, key: str, model_path: str, messages: list[dict[str, str]]) -> int:
-        """The number of tokens of `messages` rendered for the model at `model_path`."""
+    def count(
+        self,
+        key: str,
+        model_path: str,
+        messages: list[dict[str, Any]],
+        tools: ToolSpec | None = None,
+    ) -> int:
+        """The number of tokens of `messages` rendered for the model at `model_path`, with
+        `tools` (and any past calls and results) rendered as the worker renders them
+        (`toolcalls.render`, in the model's own call format where it has one)."""
         tokenizer = self._tokenizer(key, Path(model_path))
+        call_format = GENERIC
+        if tools is not None and tools.active:
+            # The worker's choice (`worker.call_format_of`); whether the markers are special
+            # tokens matters to the grammar only, not to the prompt.
+            parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
+            call_format = call_format_for(parser)
+        rendered, template_args = render(messages, tools, call_format)
         try:
-            return len(encode_chat(tokenizer, messages))
+            return len(encode_chat(tokenizer, rendered, **template_args))
         except JobError as e:
             raise PromptTooHard(e.message) from e
 

@@ -235,6 +235,11 @@ class ToolCallParser:
         self._args_sent = 0
         self._args_end: int | None = None
 
+    @property
+    def in_call(self) -> bool:
+        """Whether the text so far ends inside a call (its start marker seen, not its end)."""
+        return self._in_call
+
     def feed(self, text: str) -> list[ParserEvent]:
         self._buffer += text
         events: list[ParserEvent] = []

@@ -9,6 +9,7 @@ names (`messages[2].content`, `max_tokens`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, Tag, model_validator
@@ -27,12 +28,29 @@ from .fields import (
     optional_on_wire,
     refuse,
 )
+from .tools import (
+    CHOICE_NEEDS_TOOLS,
+    ChatFunctionChoice,
+    ChatResponseFormat,
+    ChatToolChoice,
+    ChatTools,
+    FormatSpec,
+    Logprob,
+    Stop,
+    ToolsSpec,
+    TopLogprobs,
+    chat_format,
+    stop_list,
+    top_logprobs_need,
+)
 
 
-def _no_tool_roles(value: Any) -> Any:
-    if value in ("tool", "function"):
+def _no_function_role(value: Any) -> Any:
+    if value == "function":
         raise refuse(
-            "unsupported_input", "'{param}' is '" + value + "'; tool calling is not supported."
+            "unsupported_input",
+            "'{param}' is 'function' (the deprecated function calling); use 'tools' and "
+            "'tool' messages.",
         )
     return value
 
@@ -51,28 +69,128 @@ class ChatTextPart(Body):
     text: str
 
 
+class ToolCallFunction(Body):
+    name: str
+    arguments: str = Field(description="The JSON text of the call's arguments.")
+
+
+def _function_calls_only(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type", "function") != "function":
+        raise refuse(
+            "unsupported_input",
+            "'{param}' is a '" + str(value.get("type")) + "' tool call; only function calls "
+            "are supported.",
+        )
+    return value
+
+
+class ToolCallParam(Body):
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
 class ChatMessage(Body):
+    """A message of `messages`. An assistant message may carry `tool_calls` (then its
+    `content` may be absent); a `tool` message answers one call (`tool_call_id`)."""
+
     role: Annotated[
-        Literal["system", "developer", "user", "assistant"],
-        BeforeValidator(_no_tool_roles),
+        Literal["system", "developer", "user", "assistant", "tool"],
+        BeforeValidator(_no_function_role),
         Field(description="`developer` is treated as `system`."),
     ]
-    content: Annotated[
-        Annotated[str, Tag("string")]
-        | Annotated[list[Annotated[ChatTextPart, BeforeValidator(_text_parts_only)]], Tag("array")],
-        by_json_type("a string or a list of text parts"),
-    ]
+    content: (
+        Annotated[
+            Annotated[str, Tag("string")]
+            | Annotated[
+                list[Annotated[ChatTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
+            ],
+            by_json_type("a string or a list of text parts"),
+        ]
+        | None
+    ) = None
     name: str | None = None
+    tool_calls: list[Annotated[ToolCallParam, BeforeValidator(_function_calls_only)]] | None = (
+        Field(None, description="Assistant messages: the calls the model made.")
+    )
+    tool_call_id: str | None = Field(None, description="Tool messages: the call answered.")
     # What the openai SDK's typed assistant messages may carry, accepted only when empty.
-    tool_calls: Annotated[Any, Neutral([])] = None
     function_call: Annotated[Any, Neutral([])] = None
     refusal: Annotated[Any, Neutral([])] = None
     audio: Annotated[Any, Neutral([])] = None
+    # What an assistant message of a completion has (a client sending it back as it is).
+    annotations: Annotated[Any, Neutral([])] = None
+
+    model_config = {
+        "json_schema_extra": {
+            "allOf": [
+                {
+                    "if": {
+                        "required": ["tool_calls"],
+                        "properties": {"tool_calls": {"type": "array", "minItems": 1}},
+                    },
+                    "then": {"properties": {"role": {"const": "assistant"}}},
+                },
+                {
+                    "if": {"properties": {"role": {"const": "tool"}}},
+                    "then": {
+                        "required": ["tool_call_id"],
+                        "properties": {"tool_call_id": {"type": "string", "minLength": 1}},
+                    },
+                },
+                {
+                    # `content` may be absent only from an assistant message with calls.
+                    "if": {
+                        "required": ["role", "tool_calls"],
+                        "properties": {
+                            "role": {"const": "assistant"},
+                            "tool_calls": {"type": "array", "minItems": 1},
+                        },
+                    },
+                    "else": {
+                        "required": ["content"],
+                        "properties": {"content": {"not": {"type": "null"}}},
+                    },
+                },
+            ]
+        }
+    }
+
+    @model_validator(mode="after")
+    def _shape(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise refuse(
+                "invalid_value", "Only assistant messages have 'tool_calls'.", field="tool_calls"
+            )
+        if self.role == "tool" and not self.tool_call_id:
+            raise refuse(
+                "invalid_value",
+                "A tool message needs the 'tool_call_id' of the call it answers.",
+                field="tool_call_id",
+            )
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise refuse("invalid_value", "This message needs 'content'.", field="content")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def engine(self) -> dict[str, Any]:
+        """As the engine takes it (`developer` as `system`)."""
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                for c in self.tool_calls
+            ]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class ChatStreamOptions(Body):
@@ -98,28 +216,24 @@ class CreateChatCompletionRequest(Body):
     user: Label | None = None
     safety_identifier: Label | None = None
     prompt_cache_key: Label | None = None
+    # Function tools and structured output (LMSP B11), grammar-constrained.
+    tools: ChatTools | None = Field(None, description="Function tools only.")
+    tool_choice: ChatToolChoice | None = Field(None, description="Default `auto` with tools.")
+    parallel_tool_calls: bool | None = Field(
+        None, description="Several calls in one answer (default true)."
+    )
+    response_format: ChatResponseFormat | None = None
+    n: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="Choices to generate (at most `LMSPExtension.max_choices`, default 4); "
+        "each has its own `index` and `finish_reason`.",
+    )
+    stop: Stop | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = Field(None, description="Needs `logprobs: true`.")
     # Accepted only with neutral values, most significant first.
-    tools: Annotated[Any, Neutral([])] = None
-    tool_choice: Annotated[Any, Neutral("none", "auto")] = None
     functions: Annotated[Any, Neutral([])] = None
     function_call: Annotated[Any, Neutral("none", "auto")] = None
-    parallel_tool_calls: bool | None = None
-    response_format: Annotated[Any, Neutral({"type": "text"})] = None
-    n: Annotated[Any, Neutral(1, message="Only one choice per request is supported ('n': 1).")] = (
-        None
-    )
-    stop: Annotated[
-        Any,
-        Neutral(
-            [],
-            # Stopping on a string needs the generation to end mid-token; the engine stops
-            # only at the model's end-of-sequence token or the token limit.
-            message="'stop' sequences are not supported by this service; generation ends at "
-            "the model's end-of-sequence token or at 'max_completion_tokens'.",
-        ),
-    ] = None
-    logprobs: Annotated[Any, Neutral(False)] = None
-    top_logprobs: Annotated[Any, Neutral(0)] = None
     logit_bias: Annotated[Any, Neutral({})] = None
     frequency_penalty: Annotated[Any, Neutral(0)] = None
     presence_penalty: Annotated[Any, Neutral(0)] = None
@@ -160,16 +274,34 @@ class CreateChatCompletionRequest(Body):
                 "'stream_options' is only allowed with 'stream': true.",
                 param="stream_options",
             )
+        if self.top_logprobs and not self.logprobs:
+            raise refuse(
+                "invalid_value", "'top_logprobs' needs 'logprobs': true.", param="top_logprobs"
+            )
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise refuse(
+                "invalid_value",
+                "'tool_choice' asks for a call, but there are no 'tools'.",
+                param="tool_choice",
+            )
         return self
 
     model_config = {
         "json_schema_extra": {
-            # `stream_options` (not null) only with `stream: true`.
-            "if": {
-                "required": ["stream_options"],
-                "properties": {"stream_options": {"type": "object"}},
-            },
-            "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+            "allOf": [
+                {
+                    # `stream_options` (not null) only with `stream: true`.
+                    "if": {
+                        "required": ["stream_options"],
+                        "properties": {"stream_options": {"type": "object"}},
+                    },
+                    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+                },
+                top_logprobs_need(
+                    {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}}
+                ),
+                CHOICE_NEEDS_TOOLS,
+            ]
         }
     }
 
@@ -183,12 +315,27 @@ class CreateChatCompletionRequest(Body):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def engine_messages(self) -> list[dict[str, str]]:
-        """As the engine takes them: role in system/user/assistant, content a string."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.messages
-        ]
+    def engine_messages(self) -> list[dict[str, Any]]:
+        """As the engine takes them: role in system/user/assistant/tool, content a string,
+        assistant `tool_calls` and `tool_call_id`s."""
+        return [m.engine() for m in self.messages]
+
+    def stop_sequences(self) -> list[str]:
+        return stop_list(self.stop)
+
+    def format_spec(self) -> FormatSpec | None:
+        return chat_format(self.response_format)
+
+    def tools_spec(self) -> ToolsSpec | None:
+        if not self.tools:
+            return None
+        choice = self.tool_choice
+        return ToolsSpec(
+            tuple(tool.function.spec() for tool in self.tools),
+            choice.function.name if isinstance(choice, ChatFunctionChoice) else (choice or "auto"),
+            self.parallel_tool_calls is not False,
+            None,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,20 +362,37 @@ class ChatUsage(WireObject):
     completion_tokens_details: CompletionTokensDetails
 
 
+class ToolCallFunctionOut(WireObject):
+    name: str
+    arguments: str
+
+
+class ToolCall(WireObject):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunctionOut
+
+
 class AssistantMessage(WireObject):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = Field(description="Null when the answer is only tool calls.")
     refusal: None = None
     annotations: list[Any] = Field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None
 
 
-FinishReason = Literal["stop", "length"]
+class ChoiceLogprobs(WireObject):
+    content: list[Logprob] | None
+    refusal: None = None
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Choice(WireObject):
-    index: Literal[0] = 0
+    index: Annotated[int, Field(ge=0)]
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = Field(description="With `logprobs: true`.")
     finish_reason: FinishReason
 
 
@@ -246,21 +410,41 @@ class _ChatEnvelope(WireObject):
 
 class ChatCompletion(_ChatEnvelope):
     object: Literal["chat.completion"] = "chat.completion"
-    choices: Annotated[list[Choice], Field(min_length=1, max_length=1)]
+    choices: Annotated[list[Choice], Field(min_length=1)]
     usage: ChatUsage
+
+
+class ChunkToolCallFunction(WireObject):
+    name: str | None = None
+    arguments: str | None = None
+
+    model_config = {"json_schema_extra": optional_on_wire("name", "arguments")}
+
+
+class ChunkToolCall(WireObject):
+    """A piece of a tool call: its first chunk has `id`, `type` and the function's `name`,
+    the next ones more of its `arguments`."""
+
+    index: Annotated[int, Field(ge=0)]
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: ChunkToolCallFunction
+
+    model_config = {"json_schema_extra": optional_on_wire("id", "type")}
 
 
 class ChunkDelta(WireObject):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
 
-    model_config = {"json_schema_extra": optional_on_wire("role", "content")}
+    model_config = {"json_schema_extra": optional_on_wire("role", "content", "tool_calls")}
 
 
 class ChunkChoice(WireObject):
-    index: Literal[0] = 0
+    index: Annotated[int, Field(ge=0)] = 0
     delta: ChunkDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None
 
 
@@ -270,7 +454,7 @@ class ChatCompletionChunk(_ChatEnvelope):
     without it, none has."""
 
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: Annotated[list[ChunkChoice], Field(max_length=1)]
+    choices: list[ChunkChoice]
     usage: ChatUsage | None = None
 
     model_config = {"json_schema_extra": optional_on_wire("usage")}
@@ -279,21 +463,6 @@ class ChatCompletionChunk(_ChatEnvelope):
 def completion_id(response_id: str) -> str:
     """The chat completion's id, derived from its response's (`resp_X` → `chatcmpl-X`)."""
     return "chatcmpl-" + response_id.split("_", 1)[1]
-
-
-def finish_reason(response: dict[str, Any]) -> FinishReason:
-    details = response.get("incomplete_details") or {}
-    return "length" if details.get("reason") == "max_output_tokens" else "stop"
-
-
-def output_text(response: dict[str, Any]) -> str:
-    return "".join(
-        part.get("text", "")
-        for item in response.get("output", [])
-        if item.get("type") == "message"
-        for part in item.get("content", [])
-        if part.get("type") == "output_text"
-    )
 
 
 def chat_usage(usage: dict[str, Any] | None) -> ChatUsage:
@@ -327,25 +496,156 @@ def _envelope(response: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def completion_object(response: dict[str, Any]) -> dict[str, Any]:
-    """The `chat.completion` for a finished (completed or incomplete) response object."""
-    return ChatCompletion(
-        **_envelope(response),
-        choices=[
-            Choice(
-                message=AssistantMessage(content=output_text(response)),
-                finish_reason=finish_reason(response),
+# ---------------------------------------------------------------------------------------------
+# from a response's events to chat choices
+
+
+@dataclass
+class ChoiceState:
+    """One choice of a chat completion, as its task's events built it."""
+
+    content: str = ""
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+    items: int = 0
+    cut: bool = False  # an item of it ended incomplete (the token limit)
+
+    def finish_reason(self, response_incomplete: bool) -> FinishReason:
+        if self.cut or (self.items == 0 and response_incomplete):
+            return "length"
+        return "tool_calls" if self.tool_calls else "stop"
+
+
+@dataclass
+class ChunkPiece:
+    """What one event adds to one choice of a chat stream."""
+
+    choice: int
+    delta: ChunkDelta
+    logprobs: list[dict[str, Any]] | None = None
+
+
+class ChatFold:
+    """Folds a response task's events into chat choices (`choices`), and says what each
+    event adds to a stream (`feed`). Item events of a job with n > 1 name their `choice`."""
+
+    def __init__(self, n: int = 1, logprobs: bool = False) -> None:
+        self.choices = [ChoiceState() for _ in range(max(1, n))]
+        self.logprobs = logprobs
+        self._choice_of: dict[str, int] = {}
+        self._call_of: dict[str, int] = {}
+
+    def _state(self, choice: int) -> ChoiceState:
+        while len(self.choices) <= choice:
+            self.choices.append(ChoiceState())
+        return self.choices[choice]
+
+    def feed(self, event: dict[str, Any]) -> list[ChunkPiece]:
+        kind = event.get("type")
+        if kind == "response.output_item.added":
+            item = event.get("item") or {}
+            choice = int(event.get("choice", 0))
+            self._choice_of[item.get("id", "")] = choice
+            state = self._state(choice)
+            state.items += 1
+            if item.get("type") == "function_call":
+                index = len(state.tool_calls)
+                self._call_of[item["id"]] = index
+                state.tool_calls.append(
+                    {"id": item["call_id"], "name": item["name"], "arguments": ""}
+                )
+                call = ChunkToolCall(
+                    index=index,
+                    id=item["call_id"],
+                    type="function",
+                    function=ChunkToolCallFunction(name=item["name"], arguments=""),
+                )
+                return [ChunkPiece(choice, ChunkDelta(tool_calls=[call]))]
+            return []
+        if kind == "response.output_text.delta":
+            choice = self._choice_of.get(event.get("item_id", ""), int(event.get("choice", 0)))
+            state = self._state(choice)
+            state.content += event.get("delta", "")
+            logprobs = list(event.get("logprobs") or [])
+            state.logprobs.extend(logprobs)
+            if not event.get("delta") and not logprobs:
+                return []
+            return [
+                ChunkPiece(
+                    choice,
+                    ChunkDelta(content=event.get("delta", "")),
+                    logprobs if self.logprobs else None,
+                )
+            ]
+        if kind == "response.function_call_arguments.delta":
+            item_id = event.get("item_id", "")
+            choice = self._choice_of.get(item_id, 0)
+            index = self._call_of.get(item_id, 0)
+            state = self._state(choice)
+            state.tool_calls[index]["arguments"] += event.get("delta", "")
+            call = ChunkToolCall(
+                index=index, function=ChunkToolCallFunction(arguments=event.get("delta", ""))
             )
-        ],
-        usage=chat_usage(response.get("usage")),
+            return [ChunkPiece(choice, ChunkDelta(tool_calls=[call]))]
+        if kind == "response.output_item.done":
+            item = event.get("item") or {}
+            choice = self._choice_of.get(item.get("id", ""), int(event.get("choice", 0)))
+            state = self._state(choice)
+            if item.get("status") == "incomplete":
+                state.cut = True
+            if item.get("type") == "function_call" and item.get("id") in self._call_of:
+                # The authoritative arguments (the deltas add up to them).
+                state.tool_calls[self._call_of[item["id"]]]["arguments"] = item["arguments"]
+            return []
+        if kind == "response.queued":
+            # A retried attempt starts over (chat completions run with `fail`, but a paused
+            # generation never does this; kept for completeness).
+            n = len(self.choices)
+            self.choices = [ChoiceState() for _ in range(n)]
+        return []
+
+    def finish_reasons(self, response: dict[str, Any]) -> list[FinishReason]:
+        incomplete = (response.get("incomplete_details") or {}).get("reason") is not None
+        return [state.finish_reason(incomplete) for state in self.choices]
+
+    def choice_logprobs(self, logprobs: list[dict[str, Any]] | None) -> ChoiceLogprobs | None:
+        if not self.logprobs:
+            return None
+        return ChoiceLogprobs.model_validate({"content": logprobs or []})
+
+
+def completion_object(response: dict[str, Any], fold: ChatFold) -> dict[str, Any]:
+    """The `chat.completion` for a finished (completed or incomplete) response, whose events
+    `fold` has read."""
+    reasons = fold.finish_reasons(response)
+    choices = []
+    for index, state in enumerate(fold.choices):
+        calls = [
+            ToolCall(
+                id=c["id"], function=ToolCallFunctionOut(name=c["name"], arguments=c["arguments"])
+            )
+            for c in state.tool_calls
+        ]
+        choices.append(
+            Choice(
+                index=index,
+                message=AssistantMessage(
+                    content=None if calls and not state.content else state.content,
+                    tool_calls=calls or None,
+                ),
+                logprobs=fold.choice_logprobs(state.logprobs),
+                finish_reason=reasons[index],
+            )
+        )
+    return ChatCompletion(
+        **_envelope(response), choices=choices, usage=chat_usage(response.get("usage"))
     ).wire()
 
 
 def chunk_object(
     response: dict[str, Any],
     *,
-    delta: ChunkDelta | None = None,
-    finish: FinishReason | None = None,
+    choices: list[ChunkChoice] | None = None,
     usage: dict[str, Any] | None = None,
     include_usage: bool = False,
     usage_only: bool = False,
@@ -353,14 +653,18 @@ def chunk_object(
     """One `chat.completion.chunk`."""
     wire = ChatCompletionChunk(
         **_envelope(response),
-        choices=[]
-        if usage_only
-        else [ChunkChoice(delta=delta or ChunkDelta(), finish_reason=finish)],
+        choices=[] if usage_only else list(choices or []),
         usage=chat_usage(usage) if usage_only else None,
     ).wire()
     if not include_usage:
         del wire["usage"]
     for choice in wire["choices"]:
         # A delta has only the keys it changes (`{"content": "…"}`, `{}` at the end).
-        choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+        delta = {k: v for k, v in choice["delta"].items() if v is not None}
+        for call in delta.get("tool_calls", []):
+            for key in ("id", "type"):
+                if call[key] is None:
+                    del call[key]
+            call["function"] = {k: v for k, v in call["function"].items() if v is not None}
+        choice["delta"] = delta
     return wire

@@ -15,7 +15,8 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field
 
 from .fields import WireObject
-from .responses import Response, output_message, output_text_part
+from .responses import Response, function_call_item, output_message, output_text_part
+from .tools import Logprob
 
 EventData = dict[str, Any]
 
@@ -40,6 +41,15 @@ class Event(WireObject):
     content_index: Annotated[int, Field(ge=0)] | None = None
     delta: str | None = None
     text: str | None = None
+    logprobs: list[Logprob] | None = Field(
+        None, description="Text events of a response that includes log-probabilities."
+    )
+    arguments: str | None = Field(None, description="`response.function_call_arguments.done`.")
+    choice: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="LMSP: which choice an item event belongs to, for a chat completion with "
+        "`n` > 1 (absent otherwise).",
+    )
 
 
 CREATED = "response.created"
@@ -53,6 +63,8 @@ TEXT_DELTA = "response.output_text.delta"
 TEXT_DONE = "response.output_text.done"
 PART_DONE = "response.content_part.done"
 ITEM_DONE = "response.output_item.done"
+ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+ARGUMENTS_DONE = "response.function_call_arguments.done"
 COMPLETED = "response.completed"
 INCOMPLETE = "response.incomplete"
 FAILED = "response.failed"
@@ -95,18 +107,26 @@ def item_opened(item_id: str, output_index: int) -> list[EventData]:
     ]
 
 
-def text_delta(item_id: str, output_index: int, delta: str) -> EventData:
+def text_delta(
+    item_id: str, output_index: int, delta: str, logprobs: list[dict[str, Any]] | None = None
+) -> EventData:
     return {
         "type": TEXT_DELTA,
         "item_id": item_id,
         "output_index": output_index,
         "content_index": 0,
         "delta": delta,
-        "logprobs": [],
+        "logprobs": list(logprobs or []),
     }
 
 
-def item_closed(item_id: str, output_index: int, text: str, status: str) -> list[EventData]:
+def item_closed(
+    item_id: str,
+    output_index: int,
+    text: str,
+    status: str,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> list[EventData]:
     return [
         {
             "type": TEXT_DONE,
@@ -114,18 +134,59 @@ def item_closed(item_id: str, output_index: int, text: str, status: str) -> list
             "output_index": output_index,
             "content_index": 0,
             "text": text,
-            "logprobs": [],
+            "logprobs": list(logprobs or []),
         },
         {
             "type": PART_DONE,
             "item_id": item_id,
             "output_index": output_index,
             "content_index": 0,
-            "part": output_text_part(text),
+            "part": output_text_part(text, logprobs),
         },
         {
             "type": ITEM_DONE,
             "output_index": output_index,
-            "item": output_message(item_id, text, status),
+            "item": output_message(item_id, text, status, logprobs),
         },
     ]
+
+
+def call_opened(item_id: str, call_id: str, output_index: int, name: str) -> EventData:
+    return {
+        "type": ITEM_ADDED,
+        "output_index": output_index,
+        "item": function_call_item(item_id, call_id, name, "", "in_progress"),
+    }
+
+
+def call_arguments(item_id: str, output_index: int, delta: str) -> EventData:
+    return {
+        "type": ARGUMENTS_DELTA,
+        "item_id": item_id,
+        "output_index": output_index,
+        "delta": delta,
+    }
+
+
+def call_closed(
+    item_id: str, call_id: str, output_index: int, name: str, arguments: str, status: str
+) -> list[EventData]:
+    """The end of a function call item: its arguments (when it completed), then the item."""
+    done: list[EventData] = []
+    if status == "completed":
+        done.append(
+            {
+                "type": ARGUMENTS_DONE,
+                "item_id": item_id,
+                "output_index": output_index,
+                "arguments": arguments,
+            }
+        )
+    done.append(
+        {
+            "type": ITEM_DONE,
+            "output_index": output_index,
+            "item": function_call_item(item_id, call_id, name, arguments, status),
+        }
+    )
+    return done

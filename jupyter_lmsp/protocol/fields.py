@@ -63,7 +63,7 @@ class WireObject(BaseModel):
 
     def wire(self) -> dict[str, Any]:
         """The JSON-ready dict, as sent."""
-        return self.model_dump(mode="json")
+        return self.model_dump(mode="json", by_alias=True)
 
 
 def optional_on_wire(*names: str) -> Callable[[dict[str, Any]], None]:

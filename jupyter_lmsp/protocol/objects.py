@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from .output import Attempt
 from .pairing import Client, Pairing
 from .registry import Model, ModelFile
 from .responses import (
-    IncompleteDetails,
+    FunctionCallOutputItem,
+    InputFunctionCallItem,
     InputItem,
     InputText,
     InputTokensDetails,
@@ -35,6 +37,7 @@ from .tasks import Task
 __all__ = [
     "client_object",
     "input_item",
+    "input_items",
     "model_object",
     "output_message",
     "output_text_part",
@@ -229,55 +232,97 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
     state = TaskState(task.state)
     output = json.loads(response.output)
     if not output and state not in TERMINAL_STATES:
-        snap = snapshot_of(task)
-        if snap.get("open"):
-            output = [output_message(snap["item_id"], snap["text"], "in_progress")]
-    return Response(
-        id=response.id,
-        created_at=int(response.created_at),
-        status=response_status(state, incomplete=response.incomplete_reason is not None),
-        background=bool(request.get("background", False)),
-        error=TaskError(**json.loads(response.error)) if response.error else None,
-        incomplete_details=(
-            IncompleteDetails(reason=response.incomplete_reason)
-            if response.incomplete_reason
-            else None
-        ),
-        instructions=request.get("instructions"),
-        max_output_tokens=request.get("max_output_tokens"),
-        model=response.model,
-        output=output,
-        parallel_tool_calls=False,
-        previous_response_id=response.previous_response_id,
-        temperature=request.get("temperature"),
-        top_p=request.get("top_p"),
-        tool_choice="none",
-        tools=[],
-        text={"format": {"type": "text"}},
-        truncation="disabled",
-        usage=json.loads(response.usage) if response.usage else None,
-        metadata=request.get("metadata") or {},
-        store=response.store,
-        completed_at=int(response.completed_at) if response.completed_at else None,
-        task_id=task.id,
-        seed=request.get("seed"),
-        on_restart=task.on_restart,
+        attempt = Attempt.load(task.snapshot)
+        if attempt.open:
+            output = attempt.output()
+    tools = request.get("tools") or []
+    return Response.model_validate(
+        {
+            "id": response.id,
+            "created_at": int(response.created_at),
+            "status": response_status(state, incomplete=response.incomplete_reason is not None),
+            "background": bool(request.get("background", False)),
+            "error": json.loads(response.error) if response.error else None,
+            "incomplete_details": (
+                {"reason": response.incomplete_reason} if response.incomplete_reason else None
+            ),
+            "instructions": request.get("instructions"),
+            "max_output_tokens": request.get("max_output_tokens"),
+            "model": response.model,
+            "output": output,
+            "parallel_tool_calls": request.get("parallel_tool_calls", True),
+            "previous_response_id": response.previous_response_id,
+            "temperature": request.get("temperature"),
+            "top_p": request.get("top_p"),
+            "tool_choice": request.get("tool_choice") or ("auto" if tools else "none"),
+            "tools": tools,
+            "max_tool_calls": request.get("max_tool_calls"),
+            "text": {"format": request.get("text_format") or {"type": "text"}},
+            "top_logprobs": request.get("top_logprobs"),
+            "truncation": "disabled",
+            "usage": json.loads(response.usage) if response.usage else None,
+            "metadata": request.get("metadata") or {},
+            "store": response.store,
+            "completed_at": int(response.completed_at) if response.completed_at else None,
+            "task_id": task.id,
+            "seed": request.get("seed"),
+            "on_restart": task.on_restart,
+            "stop": request.get("stop"),
+        }
     ).wire()
 
 
-def input_item(response_id: str, index: int, message: dict[str, str]) -> dict[str, Any]:
-    """One message of a response's input, as `GET /responses/{id}/input_items` lists it."""
+def input_items(response_id: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages of a response's input as `GET /responses/{id}/input_items` lists them:
+    an assistant turn's calls as `function_call` items after its text, tool results as
+    `function_call_output` items."""
+    base = response_id.split("_", 1)[1]
+    items: list[dict[str, Any]] = []
+
+    def next_id() -> str:
+        return f"msg_in_{base}_{len(items)}"
+
+    for message in messages:
+        role = message["role"]
+        if role == "tool":
+            items.append(
+                FunctionCallOutputItem(
+                    id=next_id(),
+                    call_id=message.get("tool_call_id") or "",
+                    output=message.get("content") or "",
+                    status="completed",
+                ).wire()
+            )
+            continue
+        calls = message.get("tool_calls") or []
+        if message.get("content") or not calls:
+            items.append(input_item(next_id(), message))
+        for call in calls:
+            items.append(
+                InputFunctionCallItem(
+                    id=next_id(),
+                    call_id=call["id"],
+                    name=call["name"],
+                    arguments=call["arguments"],
+                    status="completed",
+                ).wire()
+            )
+    return items
+
+
+def input_item(item_id: str, message: dict[str, Any]) -> dict[str, Any]:
+    """One message of a response's input."""
     role = message["role"]
     return InputItem(
-        id=f"msg_in_{response_id.split('_', 1)[1]}_{index}",
+        id=item_id,
         role=role,
         status="completed",
         # An assistant turn is listed as an output message (the openai SDK's
         # ResponseOutputMessage: its output_text part needs `annotations`).
         content=[
-            OutputText(text=message["content"])
+            OutputText(text=message["content"] or "")
             if role == "assistant"
-            else InputText(text=message["content"])
+            else InputText(text=message["content"] or "")
         ],
     ).wire()
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, Strict, Tag, model_validator
+from pydantic import BeforeValidator, Discriminator, Field, Strict, Tag, model_validator
 
 from .fields import (
     Body,
@@ -30,6 +30,22 @@ from .fields import (
     refuse,
 )
 from .states import RestartPolicy
+from .tools import (
+    CHOICE_NEEDS_TOOLS,
+    LOGPROBS_INCLUDE,
+    FormatSpec,
+    FunctionChoice,
+    Logprob,
+    ResponsesToolChoice,
+    ResponsesTools,
+    Stop,
+    TextFormat,
+    ToolsSpec,
+    TopLogprobs,
+    responses_format,
+    stop_list,
+    top_logprobs_need,
+)
 
 INPUT_TEXT_PART_TYPES = ("input_text", "output_text", "text")
 RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
@@ -55,20 +71,11 @@ class InputTextPart(Body):
     logprobs: list[Any] | None = None
 
 
-def _messages_only(value: Any) -> Any:
-    if value not in (None, "message"):
-        raise refuse(
-            "unsupported_input",
-            "'{param}' is '" + str(value) + "'; only messages are supported.",
-        )
-    return value
-
-
 class InputMessage(Body):
     """A message of `input`: the forms the openai SDK sends (EasyInputMessage, a typed message,
     an output message sent back)."""
 
-    type: Annotated[Literal["message"], BeforeValidator(_messages_only)] = "message"
+    type: Literal["message"] = "message"
     role: Annotated[Role, Field(description="`developer` is treated as `system`.")]
     content: Annotated[
         Annotated[str, Tag("string")]
@@ -87,12 +94,116 @@ class InputMessage(Body):
         return "".join(part.text for part in self.content)
 
 
+class InputFunctionCall(Body):
+    """A function call the model made earlier (an output item sent back as input)."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(min_length=1)]
+    name: str
+    arguments: str = Field(description="The JSON text of the call's arguments.")
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    namespace: Annotated[Any, Neutral()] = None
+    caller: Annotated[Any, Neutral({"type": "direct"})] = None
+    async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
+
+
+class InputFunctionCallOutput(Body):
+    """What a function call returned: its `output` (text) for the call with `call_id`."""
+
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(min_length=1)]
+    output: Annotated[
+        Annotated[str, Tag("string")]
+        | Annotated[
+            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
+        ],
+        by_json_type("a string or a list of text parts"),
+    ]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    name: str | None = None
+    namespace: Annotated[Any, Neutral()] = None
+    caller: Annotated[Any, Neutral({"type": "direct"})] = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output")
+
+
+def _input_item_kind(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type", "message")
+    return kind if kind in INPUT_ITEM_TYPES else "other"
+
+
+def _supported_items_only(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type", "message") not in INPUT_ITEM_TYPES:
+        raise refuse(
+            "unsupported_input",
+            "'{param}' is '" + str(value.get("type")) + "'; only messages, function calls and "
+            "function call outputs are supported.",
+        )
+    return value
+
+
+InputItemParam = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[InputFunctionCall, Tag("function_call")]
+    | Annotated[InputFunctionCallOutput, Tag("function_call_output")],
+    Discriminator(
+        _input_item_kind,
+        custom_error_type="invalid_value",
+        custom_error_message="'{param}' must be a message, a function call or its output",
+    ),
+    BeforeValidator(_supported_items_only),
+]
+
+
+def engine_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages: function calls join the assistant message before them
+    (`tool_calls`), their outputs become `tool` messages."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, InputFunctionCall):
+            call = {"id": item.call_id, "name": item.name, "arguments": item.arguments}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif isinstance(item, InputFunctionCallOutput):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        else:
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": item.text()})
+    return out
+
+
+def _known_include(value: Any) -> Any:
+    if isinstance(value, str) and value != LOGPROBS_INCLUDE:
+        raise refuse(
+            "unsupported_parameter",
+            f"'{{param}}' is {value!r}; only {LOGPROBS_INCLUDE!r} can be included here.",
+        )
+    return value
+
+
 class StreamOptions(Body):
     include_obfuscation: Annotated[Any, Neutral(False)] = None
 
 
 class TextConfig(Body):
-    format: Annotated[Any, Neutral({"type": "text"})] = None
+    format: TextFormat | None = Field(
+        None,
+        description="`text` (the default), `json_object`, or `json_schema` (structured output, "
+        "grammar-constrained).",
+    )
     verbosity: Annotated[Any, Neutral("medium")] = None
 
 
@@ -114,9 +225,12 @@ class CreateResponseRequest(Body):
     model: str | None = Field(None, description="A model id; the default model when absent.")
     input: Annotated[
         Annotated[str, Tag("string")]
-        | Annotated[list[InputMessage], Field(min_length=1), Tag("array")],
-        by_json_type("a string or a non-empty list of messages"),
-        Field(description="A string (one user message) or a list of messages with text content."),
+        | Annotated[list[InputItemParam], Field(min_length=1), Tag("array")],
+        by_json_type("a string or a non-empty list of input items"),
+        Field(
+            description="A string (one user message) or a list of items: messages with text "
+            "content, function calls and function call outputs."
+        ),
     ]
     instructions: str | None = Field(None, description="A system message before `input`.")
     max_output_tokens: TokenLimit | None = None
@@ -149,15 +263,30 @@ class CreateResponseRequest(Body):
     user: Label | None = None
     safety_identifier: Label | None = None
     prompt_cache_key: Label | None = None
-    # With no tools, any bound on tool calls holds.
+    # Function tools (LMSP B11): the calls are grammar-constrained in the model's call format.
+    tools: ResponsesTools | None = Field(None, description="Function tools only.")
+    tool_choice: ResponsesToolChoice | None = Field(None, description="Default `auto` with tools.")
+    parallel_tool_calls: bool | None = Field(
+        None, description="Several calls in one answer (default true)."
+    )
     max_tool_calls: Annotated[int, Field(ge=0)] | None = None
-    parallel_tool_calls: bool | None = None
-    # Accepted only with neutral values, most significant first.
-    tools: Annotated[Any, Neutral([])] = None
-    tool_choice: Annotated[Any, Neutral("none", "auto")] = None
     text: TextConfig | None = None
-    include: Annotated[Any, Neutral([])] = None
-    top_logprobs: Annotated[Any, Neutral(0)] = None
+    stop: Stop | None = Field(None, description="LMSP: stop sequences, as in Chat Completions.")
+    include: (
+        list[
+            Annotated[
+                Literal["message.output_text.logprobs"],
+                BeforeValidator(_known_include),
+            ]
+        ]
+        | None
+    ) = Field(None, description="Only `message.output_text.logprobs`.")
+    top_logprobs: TopLogprobs | None = Field(
+        None,
+        description="With `include: ['message.output_text.logprobs']`: how many alternatives "
+        "each token's entry lists (0-20).",
+    )
+    # Accepted only with neutral values, most significant first.
     reasoning: Reasoning | None = None
     conversation: Annotated[Any, Neutral()] = None
     prompt: Annotated[Any, Neutral()] = None
@@ -180,12 +309,41 @@ class CreateResponseRequest(Body):
                 "A background response must be stored ('store': true).",
                 param="store",
             )
+        if self.top_logprobs and not self.logprobs:
+            # Asked for, they would be silently left out: the include says to compute them.
+            raise refuse(
+                "invalid_value",
+                "'top_logprobs' needs 'include': ['message.output_text.logprobs'].",
+                param="top_logprobs",
+            )
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise refuse(
+                "invalid_value",
+                "'tool_choice' asks for a call, but there are no 'tools'.",
+                param="tool_choice",
+            )
         return self
 
     model_config = {
         "json_schema_extra": {
-            "if": {"required": ["background"], "properties": {"background": {"const": True}}},
-            "then": {"properties": {"store": {"enum": [True, None]}}},
+            "allOf": [
+                {
+                    "if": {
+                        "required": ["background"],
+                        "properties": {"background": {"const": True}},
+                    },
+                    "then": {"properties": {"store": {"enum": [True, None]}}},
+                },
+                top_logprobs_need(
+                    {
+                        "required": ["include"],
+                        "properties": {
+                            "include": {"type": "array", "contains": {"const": LOGPROBS_INCLUDE}}
+                        },
+                    }
+                ),
+                CHOICE_NEEDS_TOOLS,
+            ]
         }
     }
 
@@ -199,20 +357,40 @@ class CreateResponseRequest(Body):
             return self.on_restart
         return RestartPolicy.RESUME if self.background else RestartPolicy.FAIL
 
-    def messages(self) -> list[dict[str, str]]:
-        """`input` as the engine takes it: role (system, user, assistant) and text."""
+    def messages(self) -> list[dict[str, Any]]:
+        """`input` as the engine takes it: chat messages (role, text; assistant `tool_calls`,
+        `tool` results)."""
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in self.input
-        ]
+        return engine_messages(self.input)
 
     def raw_input(self) -> Any:
         """`input` as it was sent (stored, and echoed by `input_items`)."""
         if isinstance(self.input, str):
             return self.input
-        return [m.model_dump(mode="json", exclude_unset=True) for m in self.input]
+        return [m.model_dump(mode="json", exclude_unset=True, by_alias=True) for m in self.input]
+
+    @property
+    def logprobs(self) -> bool:
+        return bool(self.include) and LOGPROBS_INCLUDE in (self.include or [])
+
+    def stop_sequences(self) -> list[str]:
+        return stop_list(self.stop)
+
+    def format_spec(self) -> FormatSpec | None:
+        return responses_format(self.text.format if self.text is not None else None)
+
+    def tools_spec(self) -> ToolsSpec | None:
+        """The function tools and how they may be called; None without tools."""
+        if not self.tools:
+            return None
+        choice = self.tool_choice
+        return ToolsSpec(
+            tuple(tool.spec() for tool in self.tools),
+            choice.name if isinstance(choice, FunctionChoice) else (choice or "auto"),
+            self.parallel_tool_calls is not False,
+            self.max_tool_calls,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -223,7 +401,10 @@ class OutputText(WireObject):
     type: Literal["output_text"] = "output_text"
     text: str
     annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
+    logprobs: list[Logprob] = Field(
+        default_factory=list,
+        description="With `include: ['message.output_text.logprobs']`: one entry per token.",
+    )
 
 
 class OutputMessage(WireObject):
@@ -234,12 +415,48 @@ class OutputMessage(WireObject):
     content: list[OutputText]
 
 
-def output_text_part(text: str) -> dict[str, Any]:
-    return OutputText(text=text).wire()
+class FunctionCall(WireObject):
+    """A call of one of the request's function tools: `arguments` is the JSON text of its
+    arguments (an object). The client runs the function and sends a `function_call_output`
+    with the same `call_id`."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
 
 
-def output_message(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return OutputMessage(id=item_id, status=status, content=[OutputText(text=text)]).wire()
+OutputItem = Annotated[OutputMessage | FunctionCall, Field(discriminator="type")]
+
+
+def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return OutputText.model_validate({"text": text, "logprobs": logprobs or []}).wire()
+
+
+def output_message(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return OutputMessage.model_validate(
+        {
+            "id": item_id,
+            "status": status,
+            "content": [{"text": text, "logprobs": logprobs or []}],
+        }
+    ).wire()
+
+
+def function_call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    return FunctionCall(
+        id=item_id,
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        status=status,
+    ).wire()
 
 
 class InputTokensDetails(WireObject):
@@ -271,6 +488,44 @@ class IncompleteDetails(WireObject):
     reason: str
 
 
+class FunctionToolEcho(WireObject):
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+    strict: bool
+
+
+class FunctionChoiceEcho(WireObject):
+    type: Literal["function"] = "function"
+    name: str
+
+
+class FormatTextEcho(WireObject):
+    type: Literal["text"] = "text"
+
+
+class FormatJSONObjectEcho(WireObject):
+    type: Literal["json_object"] = "json_object"
+
+
+class FormatJSONSchemaEcho(WireObject):
+    type: Literal["json_schema"] = "json_schema"
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool
+    description: str | None
+
+
+class TextEcho(WireObject):
+    """`text` as the request gave it (`format` `text` when it gave none)."""
+
+    format: Annotated[
+        FormatTextEcho | FormatJSONObjectEcho | FormatJSONSchemaEcho,
+        Field(discriminator="type"),
+    ]
+
+
 class Response(WireObject):
     """A response, shaped as in the OpenAI Responses API, with LMSP fields `task_id`, `seed` and
     `on_restart`. `status` follows its task's state."""
@@ -285,14 +540,16 @@ class Response(WireObject):
     instructions: str | None
     max_output_tokens: int | None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
     temperature: float | None
     top_p: float | None
-    tool_choice: str
-    tools: Annotated[list[Any], Field(max_length=0)]
-    text: dict[str, Any]
+    tool_choice: Literal["auto", "none", "required"] | FunctionChoiceEcho
+    tools: list[FunctionToolEcho]
+    max_tool_calls: int | None
+    text: TextEcho
+    top_logprobs: int | None
     truncation: str
     usage: Usage | None
     metadata: dict[str, str]
@@ -301,6 +558,7 @@ class Response(WireObject):
     task_id: Annotated[str, Field(pattern="^task_")]
     seed: int | None
     on_restart: RestartPolicy
+    stop: list[str] | None = Field(description="LMSP: the stop sequences asked for.")
 
 
 class ResponseDeleted(WireObject):
@@ -324,9 +582,35 @@ class InputItem(WireObject):
     content: list[InputText | OutputText]
 
 
+class InputFunctionCallItem(WireObject):
+    """A function call given in a response's `input` (a call the model made earlier)."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class FunctionCallOutputItem(WireObject):
+    """A function call's output given in a response's `input`."""
+
+    id: str
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+ListedInputItem = Annotated[
+    InputItem | InputFunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+]
+
+
 class InputItemList(WireObject):
     object: Literal["list"] = "list"
-    data: list[InputItem]
+    data: list[ListedInputItem]
     first_id: str | None
     last_id: str | None
     has_more: bool

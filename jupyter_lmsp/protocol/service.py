@@ -12,6 +12,7 @@ from .fields import WireObject, optional_on_wire
 class Limits(WireObject):
     max_body_bytes: int
     max_output_tokens_default: int
+    max_choices: int = Field(description="The most choices (`n`) of a chat completion.")
 
 
 class WorkerInfo(WireObject):

@@ -14,7 +14,9 @@ and `lmsp_error` maps pydantic's errors to LMSP's `code` and `param`:
 | anything a model raises with `fields.refuse(code, …)` | that code |
 | any other constraint, a wrong shape (not a list, a part missing) | `invalid_value` |
 
-`param` is the path of the offending value in the body (`input[2].content[0]`). When a body
+`param` is the path of the offending value in the body (`input[2].content[0]`); a model's
+own validator names the whole parameter (`refuse(..., param="store")`) or, for a nested
+model, one of its fields (`refuse(..., field="content")`, under the model's path). When a body
 has several errors, the first `unsupported_*` one is reported (the service cannot do what was
 asked, which matters more than a typo), else the first in the model's declaration order.
 """
@@ -188,6 +190,9 @@ def lmsp_error(
     if flat:
         path = path[:1]
     ctx = chosen.get("ctx") or {}
+    if ctx.get("field") is not None:
+        # A nested model's own validator names one of its fields, relative to where it is.
+        path = (*path, ctx["field"])
     param = ctx.get("param") or render_path(path) or None
     kind = chosen["type"]
     name = param or "the body"

@@ -14,17 +14,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from ..auth.scopes import Caller
+from ..engine.grammars import ToolSpec
 from ..engine.tokens import PromptCounter, PromptTooHard, context_window
 from ..protocol.errors import LMSPError
 from ..protocol.states import RECOVERY_TABLE
 from ..store.tables import Model
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # How long a client over its quota is told to wait: its tasks finish in seconds to minutes.
 RETRY_AFTER = 5
@@ -72,18 +77,29 @@ class Admission:
         """Load `model`'s tokenizer in the background, so the first request does not wait."""
         self._executor.submit(self.counter.warm, _key(model), model.path)
 
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """`fn` on admission's own thread (CPU work at request time: counting a prompt,
+        compiling a grammar to check it), awaited from the loop."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self._executor, functools.partial(fn, *args, **kwargs)
+        )
+
     async def plan(
         self,
         model: Model,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         requested: int | None,
         param: str = "input",
+        *,
+        tools: ToolSpec | None = None,
+        choices: int = 1,
     ) -> Plan:
+        """The output limit and quota budget of a generation: its prompt (with its `tools`
+        rendered in, as the worker renders them) counted, and `choices` answers of up to the
+        output limit each."""
         window = self.window(model)
         try:
-            prompt = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self.counter.count, _key(model), model.path, messages
-            )
+            prompt = await self.run(self.counter.count, _key(model), model.path, messages, tools)
         except PromptTooHard:
             prompt = None
         wanted = requested or self.max_output_tokens_default
@@ -103,7 +119,7 @@ class Admission:
             max_tokens = min(wanted, window - prompt)
         # Uncounted, a prompt is charged its length in UTF-8 bytes (no token is shorter).
         charged = prompt if prompt is not None else _bytes(messages)
-        return Plan(prompt, max_tokens, charged + max_tokens)
+        return Plan(prompt, max_tokens, charged + max_tokens * max(1, choices))
 
     def quota(
         self, caller: Caller, budget: int, output_param: str = "max_output_tokens"

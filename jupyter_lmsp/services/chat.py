@@ -16,19 +16,20 @@ from typing import Any
 from ..auth.scopes import Caller
 from ..protocol import events as ev
 from ..protocol.chat import (
+    ChatFold,
+    ChunkChoice,
     ChunkDelta,
     CreateChatCompletionRequest,
     chunk_object,
     completion_object,
-    finish_reason,
 )
-from ..protocol.errors import LMSPError, unauthenticated
-from ..protocol.responses import CreateResponseRequest
+from ..protocol.errors import LMSPError, invalid, unauthenticated
 from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries, rules
 from . import responses
 from .context import ServiceContext
 from .follow import TaskEventStream
+from .generation import Generation
 from .idempotency import KeyedRequest
 
 # What `chunks` yields besides chunk dicts: None asks for a keep-alive comment, DONE for the
@@ -45,10 +46,72 @@ class ChatRun:
     include_usage: bool = False
     # Whose run it is: its stream closes when that client is revoked.
     caller: str | None = None
+    n: int = 1
+    logprobs: bool = False
 
     @property
     def task_id(self) -> str:
         return str(self.response["task_id"])
+
+
+def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> responses.ResponseSpec:
+    """A chat completion request as the response it runs as (restart policy `fail`)."""
+    n = request.n or 1
+    if n > max_choices:
+        raise invalid(
+            f"'n' is {n}; this service generates at most {max_choices} choices per request.",
+            param="n",
+        )
+    return responses.ResponseSpec(
+        # Stored in the Responses input form, so /responses/{id}/input_items can list it.
+        messages=request.engine_messages(),
+        model=request.model,
+        max_output_tokens=request.token_limit,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stream=bool(request.stream),
+        store=True,
+        metadata=request.metadata,
+        on_restart=RestartPolicy.FAIL,
+        generation=Generation(
+            stop=request.stop_sequences(),
+            logprobs=bool(request.logprobs),
+            top_logprobs=request.top_logprobs or 0,
+            n=n,
+            format=request.format_spec(),
+            tools=request.tools_spec(),
+            chat=True,
+        ),
+        echo=_echo(request),
+        input_param="messages",
+        output_param="max_tokens",
+    )
+
+
+def _echo(request: CreateChatCompletionRequest) -> dict[str, Any]:
+    """What the response behind a chat completion shows of the request, in the Responses
+    shapes (`GET /responses/{id}`)."""
+    echo: dict[str, Any] = {}
+    if request.tools:
+        echo["tools"] = [tool.function.spec().wire() for tool in request.tools]
+    choice = request.tool_choice
+    if choice is not None:
+        echo["tool_choice"] = (
+            choice
+            if isinstance(choice, str)
+            else {"type": "function", "name": choice.function.name}
+        )
+    if request.parallel_tool_calls is not None:
+        echo["parallel_tool_calls"] = request.parallel_tool_calls
+    fmt = request.format_spec()
+    if fmt is not None:
+        echo["text_format"] = fmt.responses_wire()
+    if request.logprobs:
+        echo["top_logprobs"] = request.top_logprobs or 0
+    if request.stop is not None:
+        echo["stop"] = request.stop_sequences()
+    return echo
 
 
 async def start_chat_completion(
@@ -61,26 +124,19 @@ async def start_chat_completion(
 
     With an idempotency key, the key is linked to the response in the same transaction, so a
     repeated request can be answered from it (`existing_run`)."""
-    fields = {
-        "model": request.model,
-        # Stored in the Responses input form, so /responses/{id}/input_items can list it.
-        "input": request.engine_messages(),
-        "max_output_tokens": request.token_limit,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
-        "seed": request.seed,
-        "stream": request.stream,
-        "store": True,
-        "metadata": request.metadata,
-        "on_restart": RestartPolicy.FAIL,
-    }
-    as_response = CreateResponseRequest.model_validate(
-        {name: value for name, value in fields.items() if value is not None}
+    spec = spec_of(request, ctx.max_choices)
+    response = await responses.create_response(ctx, spec, caller, keyed=keyed)
+    return _run(response, request, caller)
+
+
+def _run(response: dict[str, Any], request: CreateChatCompletionRequest, caller: Caller) -> ChatRun:
+    return ChatRun(
+        response,
+        include_usage=request.include_usage,
+        caller=caller.id,
+        n=request.n or 1,
+        logprobs=bool(request.logprobs),
     )
-    response = await responses.create_response(
-        ctx, as_response, caller, keyed=keyed, input_param="messages"
-    )
-    return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
 
 
 async def existing_run(
@@ -89,7 +145,7 @@ async def existing_run(
     """The chat completion an earlier request with the same idempotency key started; its
     chunks or completion are read back from the task's stored events."""
     response = await ctx.offload(responses.get_response, ctx, response_id, caller)
-    return ChatRun(response, include_usage=request.include_usage, caller=caller.id)
+    return _run(response, request, caller)
 
 
 async def is_finished(ctx: ServiceContext, run: ChatRun) -> bool:
@@ -113,38 +169,57 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
     """The `chat.completion`, once the task finished; an LMSPError if it failed or was
     cancelled (a chat completion has no status field to say so)."""
     events = _events(ctx, run)
+    fold = ChatFold(run.n, run.logprobs)
     terminal: dict[str, Any] | None = None
     try:
         async for event in events:
-            if event is not None and ev.is_terminal(event):
+            if event is None:
+                continue
+            fold.feed(event)
+            if ev.is_terminal(event):
                 terminal = event
     finally:
         await events.aclose()
     if terminal is None:  # the stream ends early only when its client was revoked
         raise unauthenticated("The access token was revoked.")
     raise_for_outcome(terminal)
-    return completion_object(terminal["response"])
+    return completion_object(terminal["response"], fold)
 
 
 async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, None]:
     """The chat stream: chunk objects, None for a keep-alive, an error body if the task failed
-    or was cancelled, and DONE last."""
+    or was cancelled, and DONE last. With n > 1, each chunk's choice has its `index`."""
     head = run.response
     usage_flag = run.include_usage
+    fold = ChatFold(run.n, run.logprobs)
     yield chunk_object(
-        head, delta=ChunkDelta(role="assistant", content=""), include_usage=usage_flag
+        head,
+        choices=[
+            ChunkChoice(index=i, delta=ChunkDelta(role="assistant", content=""), finish_reason=None)
+            for i in range(run.n)
+        ],
+        include_usage=usage_flag,
     )
     events = _events(ctx, run)
     try:
         async for event in events:
             if event is None:
                 yield None
-            elif event["type"] == ev.TEXT_DELTA:
-                if event["delta"]:
-                    yield chunk_object(
-                        head, delta=ChunkDelta(content=event["delta"]), include_usage=usage_flag
-                    )
-            elif ev.is_terminal(event):
+                continue
+            for piece in fold.feed(event):
+                yield chunk_object(
+                    head,
+                    choices=[
+                        ChunkChoice(
+                            index=piece.choice,
+                            delta=piece.delta,
+                            logprobs=fold.choice_logprobs(piece.logprobs),
+                            finish_reason=None,
+                        )
+                    ],
+                    include_usage=usage_flag,
+                )
+            if ev.is_terminal(event):
                 try:
                     raise_for_outcome(event)
                 except LMSPError as e:
@@ -153,7 +228,14 @@ async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, Non
                     yield e.body()
                     break
                 final = event["response"]
-                yield chunk_object(head, finish=finish_reason(final), include_usage=usage_flag)
+                for index, reason in enumerate(fold.finish_reasons(final)):
+                    yield chunk_object(
+                        head,
+                        choices=[
+                            ChunkChoice(index=index, delta=ChunkDelta(), finish_reason=reason)
+                        ],
+                        include_usage=usage_flag,
+                    )
                 if usage_flag:
                     yield chunk_object(
                         head, usage=final.get("usage"), include_usage=True, usage_only=True

@@ -43,6 +43,8 @@ class ServiceContext:
     service_id: str
     version: str
     max_output_tokens_default: int = 1024
+    # The most choices (`n`) a chat completion may ask for.
+    max_choices: int = 4
     keepalive_interval: float = 15.0
     max_body_bytes: int = 1024 * 1024
     body_timeout: float = 60.0

@@ -13,55 +13,130 @@ import secrets
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
-from ..protocol.objects import input_item, response_object
+from ..protocol.objects import input_items, response_object
+from ..protocol.output import Attempt
 from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseDeleted
-from ..protocol.states import TERMINAL_STATES, TaskState
+from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries, rules
 from ..store.tables import Model, Response, Task
-from . import metrics
+from . import generation, metrics
 from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
 from .follow import TaskEventStream
+from .generation import Generation
 from .idempotency import KeyedRequest
 
 
-def stored_request(request: CreateResponseRequest, seed: int) -> dict[str, Any]:
+@dataclass
+class ResponseSpec:
+    """A response to create, from either API: its input as chat messages (`conversation`),
+    how to sample, what the generation asks for (`generation`), and what the response object
+    echoes of the request besides (`echo`: `tools`, `tool_choice`, `text_format`, …)."""
+
+    messages: list[dict[str, Any]]
+    model: str | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stream: bool = False
+    background: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    on_restart: RestartPolicy = RestartPolicy.FAIL
+    generation: Generation = field(default_factory=Generation)
+    echo: dict[str, Any] = field(default_factory=dict)
+    # The request's names for the input and the output limit, in errors.
+    input_param: str = "input"
+    output_param: str = "max_output_tokens"
+
+
+def spec_of(request: CreateResponseRequest) -> ResponseSpec:
+    """A `POST /responses` body as a `ResponseSpec`."""
+    fmt = request.format_spec()
+    tools = request.tools_spec()
+    echo: dict[str, Any] = {}
+    if request.tools:
+        echo["tools"] = [tool.spec().wire() for tool in request.tools]
+    if request.tool_choice is not None:
+        choice = request.tool_choice
+        echo["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+    if request.parallel_tool_calls is not None:
+        echo["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.max_tool_calls is not None:
+        echo["max_tool_calls"] = request.max_tool_calls
+    if fmt is not None:
+        echo["text_format"] = fmt.responses_wire()
+    if request.top_logprobs is not None:
+        echo["top_logprobs"] = request.top_logprobs
+    if request.stop is not None:
+        echo["stop"] = request.stop_sequences()
+    return ResponseSpec(
+        messages=request.messages(),
+        model=request.model,
+        instructions=request.instructions,
+        max_output_tokens=request.max_output_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        seed=request.seed,
+        stream=bool(request.stream),
+        background=bool(request.background),
+        store=request.stored,
+        previous_response_id=request.previous_response_id,
+        metadata=request.metadata,
+        on_restart=request.restart_policy,
+        generation=Generation(
+            stop=request.stop_sequences(),
+            logprobs=request.logprobs,
+            top_logprobs=request.top_logprobs or 0,
+            format=fmt,
+            tools=tools,
+        ),
+        echo=echo,
+    )
+
+
+def stored_request(spec: ResponseSpec, seed: int) -> dict[str, Any]:
     """What the response object echoes back, and what the task needs to run again (its
     conversation is stored beside, see `services.conversation`)."""
     return {
-        "instructions": request.instructions,
-        "max_output_tokens": request.max_output_tokens,
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "instructions": spec.instructions,
+        "max_output_tokens": spec.max_output_tokens,
+        "temperature": 1.0 if spec.temperature is None else spec.temperature,
+        "top_p": 1.0 if spec.top_p is None else spec.top_p,
         "seed": seed,
-        "stream": bool(request.stream),
-        "background": bool(request.background),
-        "metadata": request.metadata or {},
+        "stream": spec.stream,
+        "background": spec.background,
+        "metadata": spec.metadata or {},
+        **spec.echo,
     }
 
 
 async def create_response(
     ctx: ServiceContext,
-    request: CreateResponseRequest,
+    request: CreateResponseRequest | ResponseSpec,
     caller: Caller,
     keyed: KeyedRequest | None = None,
     location_prefix: str = "",
-    input_param: str = "input",
 ) -> dict[str, Any]:
     """Commit the response and its task (queued), hand the task to the runner, and return the
     response object as committed. The caller may answer 202 as soon as this returns.
 
-    Before that, admission (`services.admission`): the prompt is counted and must fit the
-    model's context window (400 `context_length_exceeded`, naming `input_param`), the output
-    limit is capped at what the window leaves, and a paired client must be within its quotas
-    (429), checked in the transaction that creates the task.
+    Before that, admission (`services.admission`): what the generation asks for must be
+    enforceable (`generation.check`: a schema the grammar compiler cannot take is a 400
+    pointing into it), the prompt is counted and must fit the model's context window (400
+    `context_length_exceeded`, naming the input), the output limit is capped at what the
+    window leaves, and a paired client must be within its quotas (429), checked in the
+    transaction that creates the task.
 
     With an idempotency key, its result is written in the same transaction: the 202 body for a
     background response that is not streamed, otherwise a link to the response (a repeat gets
@@ -70,21 +145,23 @@ async def create_response(
     The conversation (earlier turns and this input) is stored once, in the response's
     `request`; the task's `params` hold only how to generate.
     """
-    model, context = await ctx.offload(_model_and_context, ctx, request, caller)
-    conversation = context + request.messages()
+    spec = spec_of(request) if isinstance(request, CreateResponseRequest) else request
+    await ctx.admission.run(generation.check, spec.generation)
+    model, context = await ctx.offload(_model_and_context, ctx, spec, caller)
+    conversation = context + spec.messages
     plan = await ctx.admission.plan(
         model,
-        prompt_messages(request.instructions, conversation),
-        request.max_output_tokens,
-        input_param,
+        prompt_messages(spec.instructions, conversation),
+        spec.max_output_tokens,
+        spec.input_param,
+        tools=spec.generation.engine_tools(),
+        choices=spec.generation.n,
     )
-    admit = ctx.admission.quota(
-        caller, plan.budget, "max_tokens" if input_param == "messages" else "max_output_tokens"
-    )
+    admit = ctx.admission.quota(caller, plan.budget, spec.output_param)
     committed, body = await ctx.offload(
         _commit_response,
         ctx,
-        request,
+        spec,
         caller,
         keyed,
         location_prefix,
@@ -92,7 +169,7 @@ async def create_response(
     )
     metrics.task_created("response", committed.task.model)
     ctx.runner.publish(committed)
-    ctx.runner.submit(committed.task.id, caller.id)
+    ctx.runner.submit(committed.task.id, caller.id, spec.generation.n)
     return body
 
 
@@ -102,23 +179,23 @@ class _Admitted:
     quota check its transaction runs."""
 
     model: Model
-    conversation: list[dict[str, str]]
+    conversation: list[dict[str, Any]]
     plan: Plan
     admit: Callable[[sqlite3.Cursor], None] | None
 
 
 def _model_and_context(
-    ctx: ServiceContext, request: CreateResponseRequest, caller: Caller
-) -> tuple[Model, list[dict[str, str]]]:
+    ctx: ServiceContext, spec: ResponseSpec, caller: Caller
+) -> tuple[Model, list[dict[str, Any]]]:
     return (
-        ctx.catalog.resolve(request.model),
-        _context_before(ctx, request.previous_response_id, caller),
+        ctx.catalog.resolve(spec.model),
+        _context_before(ctx, spec.previous_response_id, caller),
     )
 
 
 def _commit_response(
     ctx: ServiceContext,
-    request: CreateResponseRequest,
+    spec: ResponseSpec,
     caller: Caller,
     keyed: KeyedRequest | None,
     location_prefix: str,
@@ -128,12 +205,12 @@ def _commit_response(
     response_id = new_id("resp")
     task_id = new_id("task")
     # Every response has a seed, so every run (a resumed one too) is reproducible.
-    seed = request.seed if request.seed is not None else secrets.randbits(31)
-    echoed = stored_request(request, seed)
+    seed = spec.seed if spec.seed is not None else secrets.randbits(31)
+    echoed = stored_request(spec, seed)
     stored = {
         **echoed,
         "conversation": admitted.conversation,
-        "input_count": len(request.messages()),
+        "input_count": len(spec.messages),
     }
     response = Response(
         id=response_id,
@@ -141,15 +218,15 @@ def _commit_response(
         owner=caller.id,
         model=admitted.model.id,
         request=json.dumps(stored),
-        previous_response_id=request.previous_response_id,
-        store=request.stored,
+        previous_response_id=spec.previous_response_id,
+        store=spec.store,
         created_at=now,
     )
     task = Task(
         id=task_id,
         kind="response",
         state=TaskState.QUEUED,
-        on_restart=request.restart_policy,
+        on_restart=spec.on_restart,
         owner=caller.id,
         model=admitted.model.id,
         response_id=response_id,
@@ -164,6 +241,7 @@ def _commit_response(
                 "prompt_tokens": admitted.plan.prompt_tokens,
                 # What the task holds of its caller's quota while unfinished.
                 "budget": admitted.plan.budget,
+                **spec.generation.params(),
             }
         ),
         created_at=now,
@@ -171,7 +249,7 @@ def _commit_response(
     )
     record = None
     if keyed is not None:
-        if request.background and not request.stream:
+        if spec.background and not spec.stream:
             body = response_object(response, task)
             record = keyed.result(
                 202, body, {"Location": f"{location_prefix}/responses/{response_id}"}
@@ -184,8 +262,9 @@ def _commit_response(
 
 def _context_before(
     ctx: ServiceContext, previous_response_id: str | None, caller: Caller
-) -> list[dict[str, str]]:
-    """The conversation a follow-up turn continues: the earlier turns' messages and answers."""
+) -> list[dict[str, Any]]:
+    """The conversation a follow-up turn continues: the earlier turns' messages and answers
+    (an answer's function calls as the assistant's `tool_calls`)."""
     if previous_response_id is None:
         return []
     found = queries.get_response(ctx.db, previous_response_id)
@@ -199,13 +278,24 @@ def _context_before(
             code="previous_response_not_finished",
         )
     context = conversation_of(response, task)
-    answer = "".join(
-        part.get("text", "")
-        for item in json.loads(response.output)
-        for part in item.get("content", [])
-    )
-    context.append({"role": "assistant", "content": answer})
+    choice_of = Attempt.load(task.snapshot).choice_of()
+    output = [item for item in json.loads(response.output) if choice_of.get(item.get("id"), 0) == 0]
+    context.append(answer_message(output))
     return context
+
+
+def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A response's output (one choice's items) as the assistant message of a later turn:
+    its text and its function calls."""
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    for item in output:
+        if item.get("type") == "message":
+            message["content"] += "".join(part.get("text", "") for part in item.get("content", []))
+        elif item.get("type") == "function_call":
+            message.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "name": item["name"], "arguments": item["arguments"]}
+            )
+    return message
 
 
 def _find(ctx: ServiceContext, response_id: str, caller: Caller) -> tuple[Response, Task]:
@@ -264,7 +354,7 @@ def list_input_items(
 ) -> dict[str, Any]:
     response, task = _find(ctx, response_id, caller)
     messages = input_messages_of(response, task)
-    items = [input_item(response.id, i, m) for i, m in enumerate(messages)]
+    items = input_items(response.id, messages)
     if order == "desc":
         items.reverse()
     if after is not None:

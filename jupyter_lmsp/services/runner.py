@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.messages import (
+    ChoiceFinished,
     GenerateJob,
     JobCancelled,
     JobFailed,
@@ -56,28 +57,36 @@ from ..engine.messages import (
 from ..protocol import events as ev
 from ..protocol.errors import LMSPError
 from ..protocol.objects import response_object, snapshot_of, usage_object
+from ..protocol.output import Batch
 from ..protocol.states import TaskState
 from ..store import queries, rules
 from ..store.database import Database
 from ..store.tables import Response, Task
 from . import metrics
+from .assembly import OutputAssembler, ToolCallError
 from .bus import EventBus
 from .catalog import ModelCatalog
 from .committer import Committer, is_locked
-from .conversation import stored_messages
 from .fairqueue import FairQueue, over_share
+from .generation import Generation, job_for
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Pending:
-    """Tokens received from the engine and not yet committed."""
+class _Output:
+    """A running task's output: how to read the engine's tokens, and what is not committed."""
 
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    # When the oldest of them arrived (monotonic), for the snapshot commit lag.
-    since: float = field(default_factory=time.monotonic)
+    generation: Generation
+    # The raw text each choice had when the job was (re)started, for the parsers (resume).
+    resumed: list[str] = field(default_factory=list)
+    assembler: OutputAssembler | None = None
+    ended: set[int] = field(default_factory=set)
+    pending: Batch = field(default_factory=Batch)
+    # When the oldest of the pending tokens arrived (monotonic), for the snapshot commit lag.
+    pending_since: float = field(default_factory=time.monotonic)
+    # Why the task fails, once its output could not be read (a malformed tool call).
+    broken: dict[str, str] | None = None
 
 
 @dataclass
@@ -86,6 +95,7 @@ class _Start:
 
     task_id: str
     job: GenerateJob | None = None
+    generation: Generation | None = None
     owner: str = ""
     model: str = ""
     committed: list[rules.Committed] = field(default_factory=list)
@@ -119,7 +129,11 @@ class TaskRunner:
         self.queue = FairQueue()
         # Tasks with a slot: being claimed, or handed to the engine.
         self.active: set[str] = set()
-        self.pending: dict[str, _Pending] = {}
+        # The batch rows each active task takes (a job with n choices takes n), and the
+        # width and owner of the queued tasks wider than one row (from `submit`).
+        self.rows: dict[str, int] = {}
+        self.wide: dict[str, tuple[int, str]] = {}
+        self.outputs: dict[str, _Output] = {}
         # One timer for all running tasks: their tokens are committed together, one
         # transaction per snapshot interval however many tasks decode at once.
         self.flush_handle: asyncio.Handle | None = None
@@ -202,14 +216,16 @@ class TaskRunner:
 
     # -- requests from the services (any thread) -------------------------------------------
 
-    def submit(self, task_id: str, owner: str) -> None:
+    def submit(self, task_id: str, owner: str, rows: int = 1) -> None:
         """A task of `owner` was committed `queued`, held by this runner: run it when a slot
-        is free (and it is its owner's turn)."""
+        is free (and it is its owner's turn). A job of n choices takes `rows` = n slots."""
         if not self.started:
             return  # start() picks it up from the database
-        self._on_loop(self._submit, task_id, owner)
+        self._on_loop(self._submit, task_id, owner, rows)
 
-    def _submit(self, task_id: str, owner: str) -> None:
+    def _submit(self, task_id: str, owner: str, rows: int = 1) -> None:
+        if rows > 1:
+            self.wide[task_id] = (rows, owner)
         self.queue.push(task_id, owner)
         self.clock.submitted(task_id)
         if len(self.active) + len(self.queue) <= self.max_active:
@@ -267,7 +283,7 @@ class TaskRunner:
         """Pause one generation of an owner holding more than its share of the slots while
         another owner waits with less (one pause at a time: the freed slot goes to the waiting
         owner, then the shares are looked at again)."""
-        if self.pausing or not self.queue or len(self.active) < self.max_active:
+        if self.pausing or not self.queue or self._used_rows() < self.max_active:
             return
         held = [self.owner_of[t] for t in self.active if t in self.owner_of]
         owner = over_share(held, self.queue.owners(), self.max_active)
@@ -294,18 +310,31 @@ class TaskRunner:
             self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=output_tokens)
             return
         self.active.discard(task_id)
+        self.rows.pop(task_id, None)
+        self.outputs.pop(task_id, None)
         self.running_since.pop(task_id, None)
         owner = self.owner_of.pop(task_id, task.owner)
         self.queue.push_paused(task_id, owner)
         self.clock.queued(task_id)
         self._dispatch()
 
+    def _used_rows(self) -> int:
+        return sum(self.rows.get(t, 1) for t in self.active)
+
     def _fill(self) -> None:
-        while self.queue and len(self.active) < self.max_active:
+        while self.queue and self._used_rows() < self.max_active:
             task_id = self.queue.pop()
             if task_id in self.active:
                 continue
+            width, owner = self.wide.get(task_id, (1, ""))
+            used = self._used_rows()
+            if used and used + width > self.max_active:
+                # A job takes all its rows at once; with nothing running it starts anyway
+                # (the worker takes a job wider than its batch when idle).
+                self.queue.push_front(task_id, owner)
+                return
             self.active.add(task_id)  # the slot is taken while the claim commits
+            self.rows[task_id] = width
             self.committer.run(self._claim, task_id, then=self._begin)
 
     def _claim(self, task_id: str) -> _Start:
@@ -353,21 +382,9 @@ class TaskRunner:
                     )
                 )
                 return start
-            params = json.loads(task.params)
-            snap = snapshot_of(task) if state == TaskState.RUNNING else {}
             assert response is not None  # only response tasks reach the runner
-            start.job = GenerateJob(
-                job_id=task_id,
-                model_path=str(model.path),
-                messages=stored_messages(response, task),
-                max_tokens=params["max_tokens"],
-                temperature=params["temperature"],
-                top_p=params["top_p"],
-                seed=params["seed"],
-                resume_token_ids=list(snap.get("token_ids", [])),
-                resume_text=snap.get("text", ""),
-                expected_files=json.loads(model.files) if model.files else None,
-            )
+            start.generation = Generation.from_params(json.loads(task.params))
+            start.job = job_for(task, response, model, resume=state == TaskState.RUNNING)
         except Exception as exc:  # a bad task must not stop the queue behind it
             if is_locked(exc):
                 raise  # not the task's fault: the committer runs the claim again
@@ -385,14 +402,22 @@ class TaskRunner:
             self.publish(committed)
             # A task that could not start ended in its claim.
             self.clock.ended(committed.task.id, committed.task.model, str(committed.task.state))
-        if start.job is None:
+        if start.job is None or start.generation is None:
             self.active.discard(start.task_id)
+            self.rows.pop(start.task_id, None)
             self._dispatch()
             return
         if start.task_id not in self.active:
             # The worker died while this claim committed: the recovery queued after it
             # applies the restart policy and queues the task again if it should run.
             return
+        points = start.job.resume_points()
+        self.outputs[start.task_id] = _Output(
+            start.generation,
+            resumed=[point.text for point in points],
+            ended={i for i, point in enumerate(points) if point.finish_reason is not None},
+        )
+        self.rows[start.task_id] = start.generation.n
         self.owner_of[start.task_id] = start.owner
         self.clock.handed(
             start.task_id,
@@ -417,7 +442,9 @@ class TaskRunner:
         match message:
             case WorkerReady(pid=pid, blas=blas):
                 self.worker_info = {"state": "ready", "pid": pid, "blas": blas}
-            case JobStarted(job_id=task_id, input_tokens=n, cached_tokens=cached):
+            case JobStarted(
+                job_id=task_id, input_tokens=n, cached_tokens=cached, tool_format=tool_format
+            ):
                 self.cached_tokens[task_id] = cached
                 self.clock.started(
                     task_id,
@@ -429,6 +456,12 @@ class TaskRunner:
                 )
                 if task_id in self.active:
                     self.running_since[task_id] = time.monotonic()
+                output = self.outputs.get(task_id)
+                if output is not None:
+                    output.assembler = OutputAssembler(
+                        tool_format, output.generation.function_names(), output.generation.n
+                    )
+                    self._read(task_id, functools.partial(_restored, output.resumed))
                 self.committer.run(
                     rules.start_running,
                     self.db,
@@ -437,11 +470,13 @@ class TaskRunner:
                     runner_id=self.runner_id,
                     then=self._committed,
                 )
-            case JobTokens(job_id=task_id, token_ids=ids, text=text):
-                self.clock.tokens(task_id, len(ids), message.batch_sizes)
-                pending = self.pending.setdefault(task_id, _Pending())
-                pending.token_ids.extend(ids)
-                pending.text += text
+            case JobTokens(job_id=task_id, text=text) as tokens:
+                self.clock.tokens(task_id, len(tokens.token_ids), tokens.batch_sizes)
+                output = self.outputs.get(task_id)
+                if output is not None and not output.pending:
+                    output.pending_since = time.monotonic()
+                if not self._read(task_id, lambda a: a.tokens(tokens)):
+                    return
                 assert self.loop is not None
                 if self.snapshot_interval <= 0:
                     self._flush(task_id)
@@ -457,13 +492,25 @@ class TaskRunner:
                     self.flush_handle = self.loop.call_later(
                         self.snapshot_interval, self._flush_all
                     )
-            case JobFinished(job_id=task_id, finish_reason=reason, input_tokens=i, output_tokens=o):
+            case ChoiceFinished(job_id=task_id, choice=choice, finish_reason=reason):
+                self._end_choice(task_id, choice, reason)
+            case JobFinished(job_id=task_id, input_tokens=i, output_tokens=o, choices=choices):
+                ends = [(c.choice, c.finish_reason) for c in choices] or [
+                    (0, message.finish_reason)
+                ]
+                for choice, reason in ends:
+                    self._end_choice(task_id, choice, reason)
                 self._flush(task_id)
+                broken = self._broken(task_id)
+                if broken is not None:
+                    self._finish(task_id, rules.Outcome(TaskState.FAILED, error=broken))
+                    return
+                cut = any(reason == "length" for _, reason in ends)
                 self._finish(
                     task_id,
                     rules.Outcome(
                         TaskState.COMPLETED,
-                        incomplete_reason="max_output_tokens" if reason == "length" else None,
+                        incomplete_reason="max_output_tokens" if cut else None,
                         usage=usage_object(i, o, self.cached_tokens.get(task_id, 0)),
                     ),
                 )
@@ -471,11 +518,21 @@ class TaskRunner:
                 self._flush(task_id)
                 self._finish(
                     task_id,
-                    rules.Outcome(TaskState.FAILED, error={"code": code, "message": text}),
+                    rules.Outcome(
+                        TaskState.FAILED,
+                        error=self._broken(task_id) or {"code": code, "message": text},
+                    ),
                     corrupt=code == "model_digest_mismatch",
                 )
             case JobCancelled(job_id=task_id, output_tokens=o):
                 self._flush(task_id)
+                broken = self._broken(task_id)
+                if broken is not None:
+                    # Stopped because a call it wrote could not be read: it failed.
+                    self._finish(
+                        task_id, rules.Outcome(TaskState.FAILED, error=broken), output_tokens=o
+                    )
+                    return
                 if task_id in self.pausing:
                     # Paused to free its slot: its state decides (read after its tokens
                     # committed) whether it waits for its turn or ends cancelled.
@@ -495,6 +552,35 @@ class TaskRunner:
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
 
+    def _read(self, task_id: str, step: Callable[[OutputAssembler], Batch]) -> bool:
+        """Add what `step` makes of the engine's output to the task's pending batch; False
+        when there is nothing to add to (an unknown task, or one whose output broke)."""
+        output = self.outputs.get(task_id)
+        if output is None or output.assembler is None or output.broken is not None:
+            return False
+        try:
+            output.pending.add(step(output.assembler))
+        except ToolCallError as e:
+            # A call the model wrote that cannot be read: the task fails and says why, with
+            # what was read before it committed; its generation stops now.
+            log.warning("task %s: unreadable tool call: %s", task_id, e)
+            output.broken = {"code": "tool_call_invalid", "message": f"A tool call: {e}"}
+            self._flush(task_id)
+            self.engine.cancel(task_id)
+            return False
+        return True
+
+    def _end_choice(self, task_id: str, choice: int, reason: str) -> None:
+        output = self.outputs.get(task_id)
+        if output is None or choice in output.ended:
+            return
+        output.ended.add(choice)
+        self._read(task_id, lambda a: a.end(choice, reason))
+
+    def _broken(self, task_id: str) -> dict[str, str] | None:
+        output = self.outputs.get(task_id)
+        return output.broken if output is not None else None
+
     def _committed(self, committed: rules.Committed) -> None:
         self.publish(committed)
         if committed.lost:
@@ -509,14 +595,15 @@ class TaskRunner:
             self.engine.cancel(task_id)
 
     def _flush(self, *task_ids: str) -> None:
-        """Commit the tokens held for these tasks, in one transaction."""
+        """Commit the output held for these tasks, in one transaction."""
         outputs = {}
         oldest = float("inf")
         for task_id in task_ids:
-            pending = self.pending.pop(task_id, None)
-            if pending is not None and (pending.token_ids or pending.text):
-                outputs[task_id] = (pending.token_ids, pending.text)
-                oldest = min(oldest, pending.since)
+            output = self.outputs.get(task_id)
+            if output is not None and output.pending:
+                outputs[task_id] = output.pending
+                output.pending = Batch()
+                oldest = min(oldest, output.pending_since)
         if outputs:
             self.committer.run(
                 rules.append_outputs,
@@ -533,7 +620,7 @@ class TaskRunner:
 
     def _flush_all(self) -> None:
         self.flush_handle = None
-        self._flush(*self.pending)
+        self._flush(*self.outputs)
 
     def _finish(
         self,
@@ -584,6 +671,9 @@ class TaskRunner:
         self.clock.ended(task_id, committed.task.model, str(committed.task.state))
         self.clock.forget(task_id)  # also when the end was refused (another runner's now)
         self.active.discard(task_id)
+        self.rows.pop(task_id, None)
+        self.wide.pop(task_id, None)
+        self.outputs.pop(task_id, None)
         self.producing.discard(task_id)
         self.cancelling.discard(task_id)
         self.cached_tokens.pop(task_id, None)
@@ -599,6 +689,9 @@ class TaskRunner:
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.difference_update(held)
+        for task_id in held:
+            self.rows.pop(task_id, None)
+            self.outputs.pop(task_id, None)
         self.producing.difference_update(held)
         self.cancelling.difference_update(held)
         self.owner_of.clear()
@@ -649,6 +742,12 @@ class TaskRunner:
         self.queue = FairQueue()
         for task_id in list(self.active):
             self._drop(task_id)
+
+
+def _restored(texts: list[str], assembler: OutputAssembler) -> Batch:
+    """Feed a resumed task's parsers the text committed before (nothing new to commit)."""
+    assembler.restore(texts)
+    return Batch()
 
 
 def _loading_event(task: Task, response: Response | None) -> list[dict[str, Any]]:

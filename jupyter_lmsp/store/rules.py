@@ -43,14 +43,15 @@ from sqlmodel import Session, col
 
 from ..protocol import events as ev
 from ..protocol.errors import LMSPError
-from ..protocol.ids import message_item_id
-from ..protocol.objects import output_message, response_object, snapshot_of
+from ..protocol.objects import response_object
+from ..protocol.output import Attempt, Batch, LogprobLookup, logprobs_from_events
 from ..protocol.states import (
     RECOVERY_TABLE,
     TERMINAL_STATES,
     RestartPolicy,
     TaskState,
 )
+from ..protocol.tools import ToolsSpec
 from . import runners
 from .database import Database
 from .tables import Client, IdempotencyKey, Response, Task, TaskEvent
@@ -235,10 +236,12 @@ def append_events(
 def start_running(
     db: Database, task_id: str, input_tokens: int, runner_id: str | None = None
 ) -> Committed:
-    """`loading` → `running`, opening the output message (or re-entering it when resuming).
+    """`loading` → `running`, opening the attempt's output (or re-entering it when resuming).
 
-    A resumed task is already `running` with its message open: nothing is appended then, so the
-    log goes on from its last committed event.
+    A task without tools opens its message (one per choice) at once; with tools a message
+    opens with the first text (`protocol.output`). A resumed task is already `running` with
+    its attempt open: nothing is appended then, so the log goes on from its last committed
+    event.
     """
     now = time.time()
     with db.write() as session:
@@ -246,31 +249,29 @@ def start_running(
         if _not_held(task, runner_id):
             return Committed(task, response, [], changed=False, lost=True)
         state = TaskState(task.state)
-        snap = snapshot_of(task)
-        if state == TaskState.RUNNING and snap.get("open"):
-            snap["input_tokens"] = input_tokens
-            task.snapshot = json.dumps(snap)
+        attempt = Attempt.load(task.snapshot)
+        if state == TaskState.RUNNING and attempt.open:
+            attempt.data["input_tokens"] = input_tokens
+            task.snapshot = attempt.dump()
             task.updated_at = now
             return Committed(task, response, [], changed=False)
         if state != TaskState.LOADING:
             return Committed(task, response, [], changed=False)
         task.state = TaskState.RUNNING
-        index = snap["output_index"] + 1 if snap.get("item_id") else 0
-        item_id = message_item_id(task.response_id or task.id) + (f"_{index}" if index else "")
-        task.snapshot = json.dumps(
-            {
-                "output_index": index,
-                "item_id": item_id,
-                "open": True,
-                "token_ids": [],
-                "text": "",
-                "input_tokens": input_tokens,
-            }
+        params = json.loads(task.params or "{}")
+        tools = params.get("tools")
+        attempt, opened = Attempt.begin(
+            attempt,
+            (task.response_id or task.id).split("_", 1)[1],
+            input_tokens,
+            n=int(params.get("n", 1)),
+            eager=not (tools and ToolsSpec.from_json(tools).active),
         )
+        task.snapshot = attempt.dump()
         built: list[Event] = []
         if response is not None:
             built.append(ev.lifecycle(ev.IN_PROGRESS, response_object(response, task)))
-        built.extend(ev.item_opened(item_id, index))
+        built.extend(opened)
         events = _append(session, task, built, now)
     return Committed(task, response, events)
 
@@ -284,20 +285,23 @@ def append_output(
 ) -> Committed:
     """Append generated text as one delta event, with the snapshot that covers it (LMSP B7)."""
     (committed,) = append_outputs(
-        db, {task_id: (token_ids, text)}, missing_ok=False, runner_id=runner_id
+        db, {task_id: Batch.plain(list(token_ids), text)}, missing_ok=False, runner_id=runner_id
     )
     return committed
 
 
 def append_outputs(
     db: Database,
-    outputs: Mapping[str, tuple[Sequence[int], str]],
+    outputs: Mapping[str, Batch | tuple[Sequence[int], str]],
     *,
     missing_ok: bool = True,
     runner_id: str | None = None,
 ) -> list[Committed]:
-    """`append_output` for several running tasks (task id → token ids, text) in one
-    transaction: the tokens every running task produced since the last snapshot, one commit.
+    """`append_output` for several running tasks (task id → the batch of output each
+    produced since its last snapshot; `(token ids, text)` for plain text) in one transaction,
+    one commit. Each batch's pieces
+    become the task's events (text deltas, function calls, a choice's end), written with the
+    snapshot that covers them.
 
     This is the hot path, so it is plain SQL on a sqlite3 cursor rather than the ORM: per task
     one SELECT, one INSERT, one UPDATE, all in one BEGIN IMMEDIATE transaction. A task that no
@@ -306,7 +310,7 @@ def append_outputs(
     now = time.time()
     committed: list[Committed] = []
     with db.write_cursor() as cursor:
-        for task_id, (token_ids, text) in outputs.items():
+        for task_id, batch in outputs.items():
             row = cursor.execute("SELECT * FROM tasks WHERE id = ?", (task_id,)).fetchone()
             if row is None:
                 if missing_ok:
@@ -318,22 +322,18 @@ def append_outputs(
             if _not_held(task, runner_id):
                 committed.append(Committed(task, None, [], changed=False, lost=True))
                 continue
-            committed.append(_append_output(cursor, task, token_ids, text, now))
+            if isinstance(batch, tuple):
+                batch = Batch.plain(list(batch[0]), batch[1])
+            committed.append(_append_output(cursor, task, batch, now))
     return committed
 
 
-def _append_output(
-    cursor: sqlite3.Cursor, task: Any, token_ids: Sequence[int], text: str, now: float
-) -> Committed:
-    snap = snapshot_of(task)
-    if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not snap.get(
-        "open"
-    ):
+def _append_output(cursor: sqlite3.Cursor, task: Any, batch: Batch, now: float) -> Committed:
+    attempt = Attempt.load(task.snapshot)
+    if TaskState(task.state) not in (TaskState.RUNNING, TaskState.CANCELLING) or not attempt.open:
         return Committed(task, None, [], changed=False)
-    snap["token_ids"].extend(token_ids)
-    snap["text"] += text
-    task.snapshot = json.dumps(snap)
-    events = [ev.text_delta(snap["item_id"], snap["output_index"], text)] if text else []
+    events = attempt.apply(batch, _cursor_lookup(cursor, task.id))
+    task.snapshot = attempt.dump()
     for event in events:
         event["sequence_number"] = task.next_sequence
         cursor.execute(
@@ -354,6 +354,31 @@ def _append_output(
         (task.snapshot, task.next_sequence, now, task.id),
     )
     return Committed(task, None, events)
+
+
+_DELTAS = "SELECT data FROM task_events WHERE task_id = ? AND type = ? ORDER BY sequence_number"
+
+
+def _cursor_lookup(cursor: sqlite3.Cursor, task_id: str) -> LogprobLookup:
+    """A message's log-probabilities, from its committed delta events (read when it closes)."""
+
+    def lookup(item_id: str) -> list[dict[str, Any]]:
+        rows = cursor.execute(_DELTAS, (task_id, ev.TEXT_DELTA)).fetchall()
+        return logprobs_from_events([json.loads(row[0]) for row in rows], item_id)
+
+    return lookup
+
+
+def _session_lookup(session: Session, task_id: str) -> LogprobLookup:
+    def lookup(item_id: str) -> list[dict[str, Any]]:
+        rows = session.execute(
+            select(col(TaskEvent.data))
+            .where(col(TaskEvent.task_id) == task_id, col(TaskEvent.type) == ev.TEXT_DELTA)
+            .order_by(col(TaskEvent.sequence_number))
+        ).scalars()
+        return logprobs_from_events([json.loads(data) for data in rows], item_id)
+
+    return lookup
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +415,13 @@ def _cancel(
             response.error = json.dumps(reason)
             session.add(response)
     if state == TaskState.QUEUED:
-        built = _terminate(task, response, Outcome(TaskState.CANCELLED, error=reason), now)
+        built = _terminate(
+            task,
+            response,
+            Outcome(TaskState.CANCELLED, error=reason),
+            now,
+            _session_lookup(session, task.id),
+        )
     else:
         task.state = TaskState.CANCELLING
         built = (
@@ -466,7 +497,8 @@ def finish(db: Database, task_id: str, outcome: Outcome, runner_id: str | None =
             outcome = Outcome(TaskState.CANCELLED, usage=outcome.usage)
         if outcome.also is not None:
             outcome.also(session)
-        events = _append(session, task, _terminate(task, response, outcome, now), now)
+        built = _terminate(task, response, outcome, now, _session_lookup(session, task.id))
+        events = _append(session, task, built, now)
     return Committed(task, response, events)
 
 
@@ -677,11 +709,11 @@ def _apply_table(
             continue
         if target in (TaskState.FAILED, TaskState.CANCELLED):
             outcome = Outcome(target, error=dict(error) if target == TaskState.FAILED else None)
-            built = _terminate(task, response, outcome, now)
+            built = _terminate(task, response, outcome, now, _cursor_lookup(cursor, task.id))
             if response is not None:
                 changed_responses.append(response)
         else:  # back to queued (loading → queued, or running → queued under `retry`)
-            built = _close_open_item(task, "incomplete")
+            built = _close_open_item(task, "incomplete", _cursor_lookup(cursor, task.id))
             task.state = TaskState.QUEUED
             built.append(
                 ev.lifecycle(ev.QUEUED, response_object(response, task))
@@ -805,14 +837,14 @@ def _number(task: Task, events: list[Event], now: float, rows: list[dict[str, An
     return events
 
 
-def _close_open_item(task: Task, status: str) -> list[Event]:
-    """The done events for an output message still open, marking it closed in the snapshot."""
-    snap = snapshot_of(task)
-    if not snap.get("open"):
+def _close_open_item(task: Task, status: str, lookup: LogprobLookup | None = None) -> list[Event]:
+    """The done events of the items still open, marking the attempt closed in the snapshot."""
+    attempt = Attempt.load(task.snapshot)
+    if not attempt.open:
         return []
-    snap["open"] = False
-    task.snapshot = json.dumps(snap)
-    return ev.item_closed(snap["item_id"], snap["output_index"], snap["text"], status)
+    events = attempt.close(status, lookup)
+    task.snapshot = attempt.dump()
+    return events
 
 
 _TERMINAL_EVENT = {
@@ -822,16 +854,21 @@ _TERMINAL_EVENT = {
 }
 
 
-def _terminate(task: Task, response: Response | None, outcome: Outcome, now: float) -> list[Event]:
+def _terminate(
+    task: Task,
+    response: Response | None,
+    outcome: Outcome,
+    now: float,
+    lookup: LogprobLookup | None = None,
+) -> list[Event]:
     """Move a task (and its response) to its terminal state; the events that say so, ending
     with exactly one terminal event, for the caller to number and write."""
     incomplete = outcome.state == TaskState.COMPLETED and outcome.incomplete_reason is not None
     item_status = (
         "completed" if outcome.state == TaskState.COMPLETED and not incomplete else "incomplete"
     )
-    snap = snapshot_of(task)
-    was_open = bool(snap.get("open"))
-    events = _close_open_item(task, item_status)
+    was_open = Attempt.load(task.snapshot).open
+    events = _close_open_item(task, item_status, lookup)
     task.state = outcome.state
     task.finished_at = now
     task.runner_id = None  # a finished task is nobody's to drive
@@ -839,9 +876,7 @@ def _terminate(task: Task, response: Response | None, outcome: Outcome, now: flo
         task.error = json.dumps(outcome.error)
     if response is not None:
         if was_open:
-            response.output = json.dumps(
-                [output_message(snap["item_id"], snap["text"], item_status)]
-            )
+            response.output = json.dumps(Attempt.load(task.snapshot).output(lookup))
         if outcome.usage is not None:
             response.usage = json.dumps(outcome.usage)
         if outcome.error is not None:

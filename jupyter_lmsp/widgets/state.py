@@ -10,6 +10,10 @@ Tokens: the wire does not say how many tokens a delta holds, so while a task run
 estimated with the model's own tokenizer (read from the model directory the service reports)
 or, failing that, at four characters a token; the final event's `usage.output_tokens` replaces
 the estimate. The rate is measured over the events this watcher saw arrive live.
+
+Function calls (issue 14) are kept beside the text, each with its name, its arguments as they
+stream and its status; `format` is the response's `text.format` type, so a view can show a
+structured output as JSON. A chat completion with several choices shows its first choice.
 """
 
 from __future__ import annotations
@@ -88,9 +92,12 @@ def tokenizer_counter(model_path: str | None) -> TokenCounter:
 def _detail(event: Event) -> str:
     """A short human description of an event for the "last events" list."""
     data = event.data
-    if event.type == "response.output_text.delta":
+    if event.type in ("response.output_text.delta", "response.function_call_arguments.delta"):
         delta = data.get("delta", "")
         return repr(delta if len(delta) <= 40 else delta[:39] + "…")
+    item = data.get("item")
+    if isinstance(item, dict) and item.get("type") == "function_call":
+        return f"call {item.get('name', '')} {item.get('status', '')}".strip()
     response = data.get("response")
     if isinstance(response, dict):
         error = response.get("error")
@@ -102,6 +109,11 @@ def _detail(event: Event) -> str:
     if "text" in data:
         return f"{len(data['text'])} characters"
     return ""
+
+
+def _is_call(data: dict[str, Any]) -> bool:
+    item = data.get("item")
+    return isinstance(item, dict) and item.get("type") == "function_call"
 
 
 @dataclass
@@ -139,6 +151,8 @@ class WatcherState:
     live_after: int = -1
     rate_start: tuple[float, int] | None = None
     rate_end: tuple[float, int] | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    format: str = "text"
     _output_index: int = 0
 
     def __post_init__(self) -> None:
@@ -210,7 +224,33 @@ class WatcherState:
         response = data.get("response")
         if isinstance(response, dict):
             self._take_response(response, event.terminal)
-        if event.type == "response.output_item.added":
+        if int(data.get("choice", 0)):
+            pass  # an item event of another choice than the first (chat `n` > 1)
+        elif event.type == "response.queued":
+            # Queued again (restart policy `retry`): the next attempt's output replaces this.
+            self.text = ""
+            self.calls = []
+        elif event.type == "response.output_item.added" and _is_call(data):
+            item = data["item"]
+            self.calls.append(
+                {
+                    "id": item.get("id", ""),
+                    "name": item.get("name", ""),
+                    "arguments": item.get("arguments", ""),
+                    "status": item.get("status", "in_progress"),
+                }
+            )
+        elif event.type == "response.function_call_arguments.delta":
+            call = self._call(data.get("item_id"))
+            if call is not None:
+                call["arguments"] += data.get("delta", "")
+                self.estimated_tokens += self.count_tokens(data.get("delta", ""))
+        elif event.type == "response.output_item.done" and _is_call(data):
+            call = self._call(data["item"].get("id"))
+            if call is not None:
+                call["arguments"] = data["item"].get("arguments", call["arguments"])
+                call["status"] = data["item"].get("status", call["status"])
+        elif event.type == "response.output_item.added":
             index = int(data.get("output_index", 0))
             if index != self._output_index or self.text:
                 # A new attempt (restart policy `retry`): its message replaces the old one.
@@ -231,8 +271,14 @@ class WatcherState:
         self.recent.append(EventLine(seq, event.type, _detail(event)))
         return True
 
+    def _call(self, item_id: Any) -> dict[str, Any] | None:
+        return next((call for call in self.calls if call["id"] == item_id), None)
+
     def _take_response(self, response: dict[str, Any], terminal: bool) -> None:
         self.response_id = response.get("id", self.response_id)
+        text_config = response.get("text")
+        if isinstance(text_config, dict) and isinstance(text_config.get("format"), dict):
+            self.format = str(text_config["format"].get("type", "text"))
         self.model = response.get("model") or self.model
         self.status = response.get("status", self.status)
         if response.get("error"):
@@ -243,6 +289,16 @@ class WatcherState:
             output = response.get("output") or []
             if output:
                 self.text = output_text_of(output)
+                self.calls = [
+                    {
+                        "id": item.get("id", ""),
+                        "name": item.get("name", ""),
+                        "arguments": item.get("arguments", ""),
+                        "status": item.get("status", ""),
+                    }
+                    for item in output
+                    if item.get("type") == "function_call"
+                ]
             usage = response.get("usage")
             if isinstance(usage, dict) and "output_tokens" in usage:
                 self.output_tokens = int(usage["output_tokens"])
@@ -260,6 +316,8 @@ class WatcherState:
             "state": self.state,
             "status": self.status or "",
             "text": self.text,
+            "calls": [dict(call) for call in self.calls],
+            "format": self.format,
             "error": self.error or {},
             "incomplete_reason": self.incomplete_reason or "",
             "created_at": self.created_at or 0.0,

@@ -61,6 +61,9 @@ class TaskWatcher(anywidget.AnyWidget):
     state = traitlets.Unicode("").tag(sync=True)
     status = traitlets.Unicode("").tag(sync=True)
     text = traitlets.Unicode("").tag(sync=True)
+    # Function calls ({id, name, arguments, status}) and the output's format (`json_schema`…).
+    calls = traitlets.List(traitlets.Dict()).tag(sync=True)
+    format = traitlets.Unicode("text").tag(sync=True)
     error = traitlets.Dict().tag(sync=True)
     incomplete_reason = traitlets.Unicode("").tag(sync=True)
     created_at = traitlets.Float(0.0).tag(sync=True)

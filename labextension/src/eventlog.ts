@@ -8,10 +8,24 @@ import type { FollowMode } from './sse';
 import { stateAfterEvent } from './taskstate';
 import type { ITaskEvent } from './types';
 
-/** A one-line summary of an event (its text for deltas, the status for lifecycle events). */
+/**
+ * A one-line summary of an event: its text for deltas (of text or of a call's arguments), the
+ * function and its arguments for a function call item, the status for lifecycle events.
+ */
 export function summarize(event: ITaskEvent): string {
   if (typeof event.delta === 'string') {
     return JSON.stringify(event.delta);
+  }
+  const item = event.item as
+    | { type?: unknown; name?: unknown; arguments?: unknown; status?: unknown }
+    | undefined
+    | null;
+  if (item && item.type === 'function_call') {
+    const args = typeof item.arguments === 'string' ? item.arguments : '';
+    return `call ${String(item.name)}(${args}) ${String(item.status)}`;
+  }
+  if (typeof event.arguments === 'string') {
+    return `arguments ${event.arguments}`;
   }
   const status = event.response?.status;
   if (typeof status === 'string') {

@@ -384,7 +384,10 @@ export class SidebarModel {
     }
     task.updated_at = Date.now() / 1000;
     view.task = task;
-    if (event.type === 'response.output_text.delta' && typeof event.delta === 'string') {
+    const growing =
+      event.type === 'response.output_text.delta' ||
+      event.type === 'response.function_call_arguments.delta';
+    if (growing && typeof event.delta === 'string') {
       view.chars = (view.chars ?? 0) + event.delta.length;
     }
     if (event.type === 'task.progress') {

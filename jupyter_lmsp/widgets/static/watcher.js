@@ -18,6 +18,15 @@ function fmtSeconds(s) {
   return `${m} min ${(s - 60 * m).toFixed(0)} s`;
 }
 
+// A structured output or a call's arguments, indented when they are whole JSON.
+function pretty(text) {
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch {
+    return text;
+  }
+}
+
 function render({ model, el }) {
   const root = h("div", "lmsp-watcher");
   const head = h("div", "lmsp-head");
@@ -38,11 +47,12 @@ function render({ model, el }) {
   stats.append(elapsed, tokens, rate, seq);
 
   const text = h("pre", "lmsp-text");
+  const calls = h("div", "lmsp-calls");
   const error = h("div", "lmsp-error");
   const events = h("table", "lmsp-events");
   const eventsBody = h("tbody");
   events.append(eventsBody);
-  root.append(head, stats, text, error, events);
+  root.append(head, stats, text, calls, error, events);
   el.append(root);
 
   let cancelRequested = false;
@@ -87,7 +97,20 @@ function render({ model, el }) {
     seq.textContent = `seq ${model.get("last_sequence_number")}`;
 
     const atBottom = text.scrollTop + text.clientHeight >= text.scrollHeight - 4;
-    text.textContent = model.get("text");
+    const finishedJSON = finished && model.get("format") !== "text";
+    text.textContent = finishedJSON ? pretty(model.get("text")) : model.get("text");
+    text.dataset.format = model.get("format");
+    text.style.display = text.textContent || !model.get("calls").length ? "" : "none";
+    calls.replaceChildren(
+      ...model.get("calls").map((c) => {
+        const call = h("div", "lmsp-call");
+        call.dataset.status = c.status;
+        const name = h("div", "lmsp-call-name", `${c.name}(…)` + (c.status === "completed" ? "" : ` ${c.status}`));
+        const args = h("pre", "lmsp-call-args", c.status === "completed" ? pretty(c.arguments) : c.arguments);
+        call.append(name, args);
+        return call;
+      }),
+    );
     if (atBottom) text.scrollTop = text.scrollHeight;
     const err = model.get("error");
     error.textContent = err && err.message ? `${err.code || "error"}: ${err.message}` : "";
@@ -110,7 +133,7 @@ function render({ model, el }) {
 
   const names = [
     "state", "status", "incomplete_reason", "model", "task_id", "response_id", "connection", "connection_detail", "elapsed",
-    "tokens", "tokens_exact", "tokens_per_second", "last_sequence_number", "text", "error", "events",
+    "tokens", "tokens_exact", "tokens_per_second", "last_sequence_number", "text", "calls", "format", "error", "events",
   ];
   for (const name of names) model.on(`change:${name}`, draw);
   const timer = setInterval(drawElapsed, 250);

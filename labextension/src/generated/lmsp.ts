@@ -439,10 +439,13 @@ export interface components {
              * @constant
              */
             role: "assistant";
-            content: string;
+            /** @description Null when the answer is only tool calls. */
+            content: string | null;
             /** @default null */
             refusal: null;
             annotations: unknown[];
+            /** @default null */
+            tool_calls: components["schemas"]["ToolCall"][] | null;
         };
         /** BackgroundOptions */
         BackgroundOptions: {
@@ -569,21 +572,77 @@ export interface components {
             /** @default null */
             usage?: components["schemas"]["ChatUsage"] | null;
         };
-        /** ChatMessage */
+        /** ChatFormatJSONSchema */
+        ChatFormatJSONSchema: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "json_schema";
+            json_schema: components["schemas"]["ChatJSONSchema"];
+        };
+        /** ChatFunction */
+        ChatFunction: {
+            name: string;
+            /** @default null */
+            description?: string | null;
+            /** @default null */
+            parameters?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * @description Arguments follow `parameters` exactly (default false, as in the API).
+             * @default null
+             */
+            strict?: boolean | null;
+        };
+        /** ChatFunctionChoice */
+        ChatFunctionChoice: {
+            /** @constant */
+            type: "function";
+            function: components["schemas"]["ChatFunctionName"];
+        };
+        /** ChatFunctionName */
+        ChatFunctionName: {
+            name: string;
+        };
+        /** ChatJSONSchema */
+        ChatJSONSchema: {
+            name: string;
+            /** @default null */
+            schema?: {
+                [key: string]: unknown;
+            } | null;
+            /** @default null */
+            description?: string | null;
+            /** @default null */
+            strict?: boolean | null;
+        };
+        /**
+         * ChatMessage
+         * @description A message of `messages`. An assistant message may carry `tool_calls` (then its
+         *     `content` may be absent); a `tool` message answers one call (`tool_call_id`).
+         */
         ChatMessage: {
             /**
              * @description `developer` is treated as `system`.
              * @enum {string}
              */
-            role: "system" | "developer" | "user" | "assistant";
-            content: string | components["schemas"]["ChatTextPart"][];
+            role: "system" | "developer" | "user" | "assistant" | "tool";
+            /** @default null */
+            content?: (string | components["schemas"]["ChatTextPart"][]) | null;
             /** @default null */
             name?: string | null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description Assistant messages: the calls the model made.
              * @default null
              */
-            tool_calls?: never[] | null;
+            tool_calls?: components["schemas"]["ToolCallParam"][] | null;
+            /**
+             * @description Tool messages: the call answered.
+             * @default null
+             */
+            tool_call_id?: string | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -599,7 +658,12 @@ export interface components {
              * @default null
              */
             audio?: never[] | null;
-        };
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            annotations?: never[] | null;
+        } & (unknown & unknown & unknown);
         /** @description One `data:` line of a chat stream: a ChatCompletionChunk, an Error if the task failed or was cancelled after the stream began, or `[DONE]` last. */
         ChatStreamItem: {
             data: "[DONE]" | string;
@@ -620,6 +684,12 @@ export interface components {
             type: "text";
             text: string;
         };
+        /** ChatTool */
+        ChatTool: {
+            /** @constant */
+            type: "function";
+            function: components["schemas"]["ChatFunction"];
+        };
         /** ChatUsage */
         ChatUsage: {
             prompt_tokens: number;
@@ -630,28 +700,27 @@ export interface components {
         };
         /** Choice */
         Choice: {
-            /**
-             * @default 0
-             * @constant
-             */
-            index: 0;
+            index: number;
             message: components["schemas"]["AssistantMessage"];
-            /** @default null */
-            logprobs: null;
+            /** @description With `logprobs: true`. */
+            logprobs: components["schemas"]["ChoiceLogprobs"] | null;
             /** @enum {string} */
-            finish_reason: "stop" | "length";
+            finish_reason: "stop" | "length" | "tool_calls";
+        };
+        /** ChoiceLogprobs */
+        ChoiceLogprobs: {
+            content: components["schemas"]["Logprob"][] | null;
+            /** @default null */
+            refusal: null;
         };
         /** ChunkChoice */
         ChunkChoice: {
-            /**
-             * @default 0
-             * @constant
-             */
-            index: 0;
+            /** @default 0 */
+            index: number;
             delta: components["schemas"]["ChunkDelta"];
             /** @default null */
-            logprobs: null;
-            finish_reason: ("stop" | "length") | null;
+            logprobs: components["schemas"]["ChoiceLogprobs"] | null;
+            finish_reason: ("stop" | "length" | "tool_calls") | null;
         };
         /** ChunkDelta */
         ChunkDelta: {
@@ -659,6 +728,28 @@ export interface components {
             role?: "assistant" | null;
             /** @default null */
             content?: string | null;
+            /** @default null */
+            tool_calls?: components["schemas"]["ChunkToolCall"][] | null;
+        };
+        /**
+         * ChunkToolCall
+         * @description A piece of a tool call: its first chunk has `id`, `type` and the function's `name`,
+         *     the next ones more of its `arguments`.
+         */
+        ChunkToolCall: {
+            index: number;
+            /** @default null */
+            id?: string | null;
+            /** @default null */
+            type?: "function" | null;
+            function: components["schemas"]["ChunkToolCallFunction"];
+        };
+        /** ChunkToolCallFunction */
+        ChunkToolCallFunction: {
+            /** @default null */
+            name?: string | null;
+            /** @default null */
+            arguments?: string | null;
         };
         /**
          * Client
@@ -736,15 +827,36 @@ export interface components {
             /** @default null */
             prompt_cache_key?: string | null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description Function tools only.
              * @default null
              */
-            tools?: never[] | null;
+            tools?: components["schemas"]["ChatTool"][] | null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description Default `auto` with tools.
              * @default null
              */
-            tool_choice?: "none" | "auto" | null;
+            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["ChatFunctionChoice"]) | null;
+            /**
+             * @description Several calls in one answer (default true).
+             * @default null
+             */
+            parallel_tool_calls?: boolean | null;
+            /** @default null */
+            response_format?: (components["schemas"]["FormatText"] | components["schemas"]["FormatJSONObject"] | components["schemas"]["ChatFormatJSONSchema"]) | null;
+            /**
+             * @description Choices to generate (at most `LMSPExtension.max_choices`, default 4); each has its own `index` and `finish_reason`.
+             * @default null
+             */
+            n?: number | null;
+            /** @default null */
+            stop?: (string | string[]) | null;
+            /** @default null */
+            logprobs?: boolean | null;
+            /**
+             * @description Needs `logprobs: true`.
+             * @default null
+             */
+            top_logprobs?: number | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -755,35 +867,6 @@ export interface components {
              * @default null
              */
             function_call?: "none" | "auto" | null;
-            /** @default null */
-            parallel_tool_calls?: boolean | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            response_format?: {
-                type: "text";
-            } | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            n?: 1 | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            stop?: never[] | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            logprobs?: false | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            top_logprobs?: 0 | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -856,7 +939,7 @@ export interface components {
              * @default null
              */
             moderation?: null;
-        };
+        } & (unknown & unknown & unknown);
         /**
          * CreateResponseRequest
          * @description `POST /responses`. Unknown fields are refused (`unknown_parameter`), and so are fields
@@ -868,8 +951,8 @@ export interface components {
              * @default null
              */
             model?: string | null;
-            /** @description A string (one user message) or a list of messages with text content. */
-            input: string | components["schemas"]["InputMessage"][];
+            /** @description A string (one user message) or a list of items: messages with text content, function calls and function call outputs. */
+            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"])[];
             /**
              * @description A system message before `input`.
              * @default null
@@ -920,32 +1003,40 @@ export interface components {
             safety_identifier?: string | null;
             /** @default null */
             prompt_cache_key?: string | null;
+            /**
+             * @description Function tools only.
+             * @default null
+             */
+            tools?: components["schemas"]["FunctionTool"][] | null;
+            /**
+             * @description Default `auto` with tools.
+             * @default null
+             */
+            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"]) | null;
+            /**
+             * @description Several calls in one answer (default true).
+             * @default null
+             */
+            parallel_tool_calls?: boolean | null;
             /** @default null */
             max_tool_calls?: number | null;
             /** @default null */
-            parallel_tool_calls?: boolean | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            tools?: never[] | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            tool_choice?: "none" | "auto" | null;
-            /** @default null */
             text?: components["schemas"]["TextConfig"] | null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description LMSP: stop sequences, as in Chat Completions.
              * @default null
              */
-            include?: never[] | null;
+            stop?: (string | string[]) | null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description Only `message.output_text.logprobs`.
              * @default null
              */
-            top_logprobs?: 0 | null;
+            include?: "message.output_text.logprobs"[] | null;
+            /**
+             * @description With `include: ['message.output_text.logprobs']`: how many alternatives each token's entry lists (0-20).
+             * @default null
+             */
+            top_logprobs?: number | null;
             /** @default null */
             reasoning?: components["schemas"]["Reasoning"] | null;
             /**
@@ -1000,7 +1091,7 @@ export interface components {
              * @default null
              */
             access_programs?: Record<string, never> | null;
-        };
+        } & (unknown & unknown & unknown);
         /**
          * Error
          * @description Every error the service answers with (LMSP B1).
@@ -1046,6 +1137,21 @@ export interface components {
             delta?: string | null;
             /** @default null */
             text?: string | null;
+            /**
+             * @description Text events of a response that includes log-probabilities.
+             * @default null
+             */
+            logprobs?: components["schemas"]["Logprob"][] | null;
+            /**
+             * @description `response.function_call_arguments.done`.
+             * @default null
+             */
+            arguments?: string | null;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
         } & {
             [key: string]: unknown;
         };
@@ -1066,9 +1172,262 @@ export interface components {
             event?: string;
             data: string;
         };
+        /** FormatJSONObject */
+        FormatJSONObject: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "json_object";
+        };
+        /** FormatJSONObjectEcho */
+        FormatJSONObjectEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "json_object";
+        };
+        /**
+         * FormatJSONSchema
+         * @description `text.format` of type `json_schema` (strict defaults to false, as in the OpenAI API).
+         */
+        FormatJSONSchema: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "json_schema";
+            name: string;
+            /** @description A JSON Schema (an object). */
+            schema: {
+                [key: string]: unknown;
+            };
+            /** @default null */
+            description?: string | null;
+            /** @default null */
+            strict?: boolean | null;
+        };
+        /** FormatJSONSchemaEcho */
+        FormatJSONSchemaEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "json_schema";
+            name: string;
+            schema: {
+                [key: string]: unknown;
+            };
+            strict: boolean;
+            description: string | null;
+        };
+        /** FormatText */
+        FormatText: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "text";
+        };
+        /** FormatTextEcho */
+        FormatTextEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "text";
+        };
+        /**
+         * FunctionCall
+         * @description A call of one of the request's function tools: `arguments` is the JSON text of its
+         *     arguments (an object). The client runs the function and sends a `function_call_output`
+         *     with the same `call_id`.
+         */
+        FunctionCall: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "function_call";
+            call_id: string;
+            name: string;
+            arguments: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+        };
+        /**
+         * FunctionCallOutputItem
+         * @description A function call's output given in a response's `input`.
+         */
+        FunctionCallOutputItem: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "function_call_output";
+            call_id: string;
+            output: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+        };
+        /** FunctionChoice */
+        FunctionChoice: {
+            /** @constant */
+            type: "function";
+            name: string;
+        };
+        /** FunctionChoiceEcho */
+        FunctionChoiceEcho: {
+            /**
+             * @default function
+             * @constant
+             */
+            type: "function";
+            name: string;
+        };
+        /**
+         * FunctionTool
+         * @description A function tool of `POST /responses` (`strict` defaults to true, as in the OpenAI API).
+         */
+        FunctionTool: {
+            /** @constant */
+            type: "function";
+            name: string;
+            /** @default null */
+            description?: string | null;
+            /**
+             * @description The JSON Schema of the arguments (an object with no properties if null).
+             * @default null
+             */
+            parameters?: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * @description Arguments follow `parameters` exactly (default true).
+             * @default null
+             */
+            strict?: boolean | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            allowed_callers?: [
+                "direct"
+            ] | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            defer_loading?: false | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            async?: false | null;
+            /**
+             * @description Accepted only as null (not supported).
+             * @default null
+             */
+            output_schema?: null;
+        };
+        /** FunctionToolEcho */
+        FunctionToolEcho: {
+            /**
+             * @default function
+             * @constant
+             */
+            type: "function";
+            name: string;
+            description: string | null;
+            parameters: {
+                [key: string]: unknown;
+            } | null;
+            strict: boolean;
+        };
         /** IncompleteDetails */
         IncompleteDetails: {
             reason: string;
+        };
+        /**
+         * InputFunctionCall
+         * @description A function call the model made earlier (an output item sent back as input).
+         */
+        InputFunctionCall: {
+            /** @constant */
+            type: "function_call";
+            call_id: string;
+            name: string;
+            /** @description The JSON text of the call's arguments. */
+            arguments: string;
+            /** @default null */
+            id?: string | null;
+            /** @default null */
+            status?: ("in_progress" | "completed" | "incomplete") | null;
+            /**
+             * @description Accepted only as null (not supported).
+             * @default null
+             */
+            namespace?: null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            caller?: {
+                type: "direct";
+            } | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            async?: false | null;
+        };
+        /**
+         * InputFunctionCallItem
+         * @description A function call given in a response's `input` (a call the model made earlier).
+         */
+        InputFunctionCallItem: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "function_call";
+            call_id: string;
+            name: string;
+            arguments: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+        };
+        /**
+         * InputFunctionCallOutput
+         * @description What a function call returned: its `output` (text) for the call with `call_id`.
+         */
+        InputFunctionCallOutput: {
+            /** @constant */
+            type: "function_call_output";
+            call_id: string;
+            output: string | components["schemas"]["InputTextPart"][];
+            /** @default null */
+            id?: string | null;
+            /** @default null */
+            status?: ("in_progress" | "completed" | "incomplete") | null;
+            /** @default null */
+            name?: string | null;
+            /**
+             * @description Accepted only as null (not supported).
+             * @default null
+             */
+            namespace?: null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            caller?: {
+                type: "direct";
+            } | null;
         };
         /**
          * InputItem
@@ -1077,8 +1436,8 @@ export interface components {
         InputItem: {
             id: string;
             /**
-             * @default message
-             * @constant
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
              */
             type: "message";
             /** @enum {string} */
@@ -1093,7 +1452,7 @@ export interface components {
              * @constant
              */
             object: "list";
-            data: components["schemas"]["InputItem"][];
+            data: (components["schemas"]["InputItem"] | components["schemas"]["InputFunctionCallItem"] | components["schemas"]["FunctionCallOutputItem"])[];
             first_id: string | null;
             last_id: string | null;
             has_more: boolean;
@@ -1181,6 +1540,19 @@ export interface components {
         Limits: {
             max_body_bytes: number;
             max_output_tokens_default: number;
+            /** @description The most choices (`n`) of a chat completion. */
+            max_choices: number;
+        };
+        /**
+         * Logprob
+         * @description One generated token's log-probability and its most likely alternatives (the shape of
+         *     the Responses `output_text.logprobs` and of Chat's `logprobs.content`).
+         */
+        Logprob: {
+            token: string;
+            bytes: number[];
+            logprob: number;
+            top_logprobs: components["schemas"]["TopLogprob"][];
         };
         /** Model */
         Model: {
@@ -1238,8 +1610,8 @@ export interface components {
         OutputMessage: {
             id: string;
             /**
-             * @default message
-             * @constant
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
              */
             type: "message";
             /**
@@ -1260,7 +1632,8 @@ export interface components {
             type: "output_text";
             text: string;
             annotations: unknown[];
-            logprobs: unknown[];
+            /** @description With `include: ['message.output_text.logprobs']`: one entry per token. */
+            logprobs: components["schemas"]["Logprob"][];
         };
         /** OutputTokensDetails */
         OutputTokensDetails: {
@@ -1406,16 +1779,16 @@ export interface components {
             instructions: string | null;
             max_output_tokens: number | null;
             model: string;
-            output: components["schemas"]["OutputMessage"][];
+            output: (components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"])[];
             parallel_tool_calls: boolean;
             previous_response_id: string | null;
             temperature: number | null;
             top_p: number | null;
-            tool_choice: string;
-            tools: unknown[];
-            text: {
-                [key: string]: unknown;
-            };
+            tool_choice: ("auto" | "none" | "required") | components["schemas"]["FunctionChoiceEcho"];
+            tools: components["schemas"]["FunctionToolEcho"][];
+            max_tool_calls: number | null;
+            text: components["schemas"]["TextEcho"];
+            top_logprobs: number | null;
             truncation: string;
             usage: components["schemas"]["Usage"] | null;
             metadata: {
@@ -1426,6 +1799,8 @@ export interface components {
             task_id: string;
             seed: number | null;
             on_restart: components["schemas"]["RestartPolicy"];
+            /** @description LMSP: the stop sequences asked for. */
+            stop: string[] | null;
         };
         /** ResponseDeleted */
         ResponseDeleted: {
@@ -1541,17 +1916,56 @@ export interface components {
         /** TextConfig */
         TextConfig: {
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description `text` (the default), `json_object`, or `json_schema` (structured output, grammar-constrained).
              * @default null
              */
-            format?: {
-                type: "text";
-            } | null;
+            format?: (components["schemas"]["FormatText"] | components["schemas"]["FormatJSONObject"] | components["schemas"]["FormatJSONSchema"]) | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
              */
             verbosity?: "medium" | null;
+        };
+        /**
+         * TextEcho
+         * @description `text` as the request gave it (`format` `text` when it gave none).
+         */
+        TextEcho: {
+            format: components["schemas"]["FormatTextEcho"] | components["schemas"]["FormatJSONObjectEcho"] | components["schemas"]["FormatJSONSchemaEcho"];
+        };
+        /** ToolCall */
+        ToolCall: {
+            id: string;
+            /**
+             * @default function
+             * @constant
+             */
+            type: "function";
+            function: components["schemas"]["ToolCallFunctionOut"];
+        };
+        /** ToolCallFunction */
+        ToolCallFunction: {
+            name: string;
+            /** @description The JSON text of the call's arguments. */
+            arguments: string;
+        };
+        /** ToolCallFunctionOut */
+        ToolCallFunctionOut: {
+            name: string;
+            arguments: string;
+        };
+        /** ToolCallParam */
+        ToolCallParam: {
+            id: string;
+            /** @constant */
+            type: "function";
+            function: components["schemas"]["ToolCallFunction"];
+        };
+        /** TopLogprob */
+        TopLogprob: {
+            token: string;
+            bytes: number[];
+            logprob: number;
         };
         /** Usage */
         Usage: {

@@ -1,0 +1,179 @@
+"""What a generation asks of the engine beyond its prompt and sampling: stop sequences,
+log-probabilities, several choices, a structured-output format and function tools (LMSP B11,
+issues 14 and 15). One code path for both APIs: `services.responses` and `services.chat` turn
+their requests into a `Generation`, which is checked when the request arrives (`check`: a
+schema the grammar compiler cannot take is a 400 whose `param` points into it), stored in the
+task's `params`, and made into the worker's `GenerateJob` when the task runs (`job_for`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.grammars import (
+    FunctionTool,
+    GrammarIssue,
+    ResponseFormat,
+    ToolSpec,
+    check_response_format,
+    check_tools,
+)
+from ..engine.messages import ChoiceResume, GenerateJob
+from ..protocol.errors import LMSPError, invalid
+from ..protocol.output import Attempt
+from ..protocol.tools import FormatSpec, ToolsSpec
+from ..protocol.validation import render_path
+from ..store.tables import Model, Response, Task
+from .conversation import stored_messages
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A request's generation features, in the form both APIs share."""
+
+    stop: list[str] = field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
+    format: FormatSpec | None = None
+    tools: ToolsSpec | None = None
+    # Where the request put its tools' fields: Responses `tools[i].parameters`, Chat
+    # `tools[i].function.parameters`.
+    chat: bool = False
+
+    @property
+    def calls(self) -> bool:
+        """Whether the model may call a function."""
+        return self.tools is not None and self.tools.active
+
+    def params(self) -> dict[str, Any]:
+        """What the task's `params` hold of it (only what differs from the defaults)."""
+        out: dict[str, Any] = {}
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.logprobs:
+            out["logprobs"] = True
+            out["top_logprobs"] = self.top_logprobs
+        if self.n != 1:
+            out["n"] = self.n
+        if self.format is not None:
+            out["format"] = self.format.to_json()
+        if self.tools is not None:
+            out["tools"] = self.tools.to_json()
+        return out
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Generation:
+        return cls(
+            stop=list(params.get("stop", [])),
+            logprobs=bool(params.get("logprobs", False)),
+            top_logprobs=int(params.get("top_logprobs", 0)),
+            n=int(params.get("n", 1)),
+            format=FormatSpec.from_json(params["format"]) if params.get("format") else None,
+            tools=ToolsSpec.from_json(params["tools"]) if params.get("tools") else None,
+        )
+
+    def engine_format(self) -> ResponseFormat | None:
+        if self.format is None:
+            return None
+        return ResponseFormat(self.format.type, self.format.schema, self.format.strict)
+
+    def engine_tools(self) -> ToolSpec | None:
+        if self.tools is None:
+            return None
+        return ToolSpec(
+            tuple(
+                FunctionTool(f.name, f.description, f.parameters, f.strict)
+                for f in self.tools.functions
+            ),
+            self.tools.choice,
+            self.tools.parallel,
+            self.tools.max_calls,
+        )
+
+    def function_names(self) -> set[str]:
+        return {f.name for f in self.tools.functions} if self.tools is not None else set()
+
+
+def check(generation: Generation) -> None:
+    """Refuse, with a 400 saying why and where, what the engine could not enforce.
+
+    Blocking (it compiles the grammars with llguidance): run it off the event loop.
+    """
+    if generation.logprobs and generation.calls:
+        # The tokens of a call belong to no message: their log-probabilities would have no
+        # text to go with, and would be silently left out.
+        raise LMSPError(
+            400,
+            "unsupported_parameter",
+            "Log-probabilities together with function tools are not supported; leave out "
+            "'logprobs' (or 'tools').",
+            param="top_logprobs" if not generation.chat else "logprobs",
+        )
+    fmt = generation.format
+    if fmt is not None:
+        issue = check_response_format(generation.engine_format())  # type: ignore[arg-type]
+        if issue is not None:
+            raise _schema_error(issue, _format_path(fmt, issue))
+    tools = generation.engine_tools()
+    if tools is not None:
+        issue = check_tools(tools)
+        if issue is not None:
+            raise _schema_error(issue, _tools_path(issue, chat=generation.chat))
+
+
+def _format_path(fmt: FormatSpec, issue: GrammarIssue) -> str:
+    # ("schema", <path in the schema>...) under `text.format` or `response_format.json_schema`.
+    return render_path((*fmt.param.split("."), *issue.path))
+
+
+def _tools_path(issue: GrammarIssue, *, chat: bool) -> str:
+    path = issue.path
+    if path[:1] == ("choice",):
+        return "tool_choice"
+    if path[:1] == ("max_calls",):
+        return "max_tool_calls"
+    if path[:1] == ("tools",) and len(path) >= 2:
+        head: tuple[str | int, ...] = ("tools", path[1], "function") if chat else path[:2]
+        return render_path((*head, *path[2:]))
+    return "tools"
+
+
+def _schema_error(issue: GrammarIssue, param: str) -> LMSPError:
+    where = f" (at {issue.pointer})" if issue.path else ""
+    return invalid(
+        f"The grammar compiler cannot take this schema{where}: {issue.reason}",
+        param=param,
+        code="invalid_schema",
+    )
+
+
+def job_for(task: Task, response: Response, model: Model, resume: bool) -> GenerateJob:
+    """The worker's job for a response task (resumed from its snapshot when `resume`)."""
+    params = json.loads(task.params)
+    generation = Generation.from_params(params)
+    attempt = Attempt.load(task.snapshot) if resume else Attempt({})
+    points = attempt.choices(generation.n) if resume else None
+    return GenerateJob(
+        job_id=task.id,
+        model_path=str(model.path),
+        messages=stored_messages(response, task),
+        max_tokens=params["max_tokens"],
+        temperature=params["temperature"],
+        top_p=params["top_p"],
+        seed=params["seed"],
+        expected_files=json.loads(model.files) if model.files else None,
+        stop=generation.stop,
+        logprobs=generation.logprobs,
+        top_logprobs=generation.top_logprobs,
+        n=generation.n,
+        resume_choices=(
+            [ChoiceResume(p["token_ids"], p["text"], p["finish_reason"]) for p in points]
+            if points is not None
+            else None
+        ),
+        response_format=generation.engine_format(),
+        tools=generation.engine_tools(),
+    )
