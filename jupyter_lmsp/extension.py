@@ -20,7 +20,17 @@ from typing import Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Bool, CaselessStrEnum, Float, Integer, List, Unicode, default
+from traitlets import (
+    Bool,
+    CaselessStrEnum,
+    Float,
+    Integer,
+    List,
+    TraitError,
+    Unicode,
+    default,
+    validate,
+)
 
 from ._version import __version__
 from .auth.identity import server_owner
@@ -28,6 +38,7 @@ from .auth.ratelimit import RateLimiter
 from .engine.blas import BlasSelection
 from .engine.client import EngineClient
 from .engine.messages import WorkerSettings
+from .engine.speculative import DEFAULT_MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationSettings
 from .handlers.routes import routes
 from .protocol.errors import LMSPError
 from .services import metrics
@@ -135,6 +146,28 @@ class LMSPExtension(ExtensionApp):
     gather_limit = Float(0.15, help="Seconds an idle worker gathers a burst of jobs at most.").tag(
         config=True
     )
+    speculative_decoding = Bool(
+        True,
+        help="Draft-free speculative decoding in the worker: tokens that repeat the job's own "
+        "context (prompt, earlier turns, text so far) are proposed and verified several per "
+        "step, when the worker expects that to be faster. It never changes a token: the "
+        "output is exactly the output without it. False decodes one token per step.",
+    ).tag(config=True)
+    speculative_max_draft = Integer(
+        DEFAULT_MAX_DRAFT,
+        help=f"The most tokens speculative decoding proposes per generation and step "
+        f"(1-{MAX_DRAFT_LIMIT}).",
+    ).tag(config=True)
+
+    @validate("speculative_max_draft")
+    def _valid_max_draft(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if not 1 <= value <= MAX_DRAFT_LIMIT:
+            raise TraitError(
+                f"speculative_max_draft must be between 1 and {MAX_DRAFT_LIMIT}, got {value}"
+            )
+        return value
+
     blas_threads = Integer(
         0,
         help="OpenBLAS threads in the worker (0: 1 on machines with 2 CPUs or fewer, where a "
@@ -420,6 +453,9 @@ class LMSPExtension(ExtensionApp):
             prompt_cache_bytes=max(0, self.prompt_cache_bytes),
             gather_window=self.gather_window,
             gather_limit=self.gather_limit,
+            speculation=SpeculationSettings(
+                enabled=self.speculative_decoding, max_draft=self.speculative_max_draft
+            ),
         )
         return EngineClient(
             on_message,

@@ -21,6 +21,7 @@ from jupyter_lmsp.engine.messages import (
     JobTokens,
 )
 from jupyter_lmsp.engine.sampling import choice_seed
+from jupyter_lmsp.engine.speculative import OFF
 from jupyter_lmsp.engine.worker import encode_chat
 
 pytestmark = pytest.mark.timeout(120)
@@ -76,7 +77,8 @@ def test_the_prompt_is_prefilled_once(tiny, cached: bool) -> None:
     model, tok = tiny
     recording = Recording(model)
     prompt = encode_chat(tok, CHAT)
-    sched = scheduler(prefill_step=16, cache_bytes=1 << 30 if cached else 0)
+    # Counts the model's calls by shape: no verify steps (speculation) among them.
+    sched = scheduler(prefill_step=16, cache_bytes=1 << 30 if cached else 0, speculation=OFF)
     if cached:
         run(recording, tok, [job("primer", max_tokens=2)], sched=sched)
     recording.calls.clear()

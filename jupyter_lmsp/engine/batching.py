@@ -35,6 +35,14 @@ prompt chunks) and masks, and per-row results matched single-sequence runs token
 every case tried (tests/test_batching.py; SmolLM2 and the test model, prompts of different
 lengths, joined together or staggered, prefill chunks of 16 to 2048).
 
+Speculative decoding (`speculative`, `spec_batch`; on unless `speculation` says otherwise):
+the decoding half of a model's batch is `spec_batch.SpeculativeGenerationBatch`, whose steps
+may verify tokens proposed from each row's own context, so a step may bring a choice several
+tokens (`_Token.drafted` marks the proposed ones kept). They go through `_advance` one by one,
+exactly as tokens of consecutive steps would: a stop sequence or max_tokens met on one of them
+ends the choice there and the rest are dropped. The tokens are the ones decoding without
+speculation gives. Models whose cache layers are not plain `KVCache` do not speculate.
+
 A model whose cache layers cannot be merged into a batch decodes one choice at a time
 (`_SerialDecoder`): its prompt is prefilled one chunk per step (so a cancel acts within one
 chunk there too), then `mlx_lm.generate.generate_step` decodes it; the others wait their turn.
@@ -51,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
+from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats, StepCosts
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
 
 if TYPE_CHECKING:
@@ -60,6 +69,7 @@ if TYPE_CHECKING:
 
     from jupyter_lmsp.engine.constraints import Constraint
     from jupyter_lmsp.engine.logprobs import TokenBytes
+    from jupyter_lmsp.engine.spec_batch import SpeculativeGenerationBatch
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +105,8 @@ class Update:
     choice: int = 0
     logprobs: list[TokenLogprob] | None = None
     error_code: str = "generation_failed"
+    # Of `token_ids`, how many were proposed by speculative decoding and verified.
+    drafted: int = 0
 
     @property
     def final(self) -> bool:
@@ -112,6 +124,8 @@ class _Token:
     cache_tokens: list[int] | None = None
     # The step's log-probabilities for this row (the model's, after any grammar mask).
     logprobs: mx.array | None = None
+    # A proposed token that a verify step kept (speculative decoding).
+    drafted: bool = False
 
 
 @dataclass
@@ -151,7 +165,13 @@ class _BatchDecoder:
     """
 
     def __init__(
-        self, model: nn.Module, eos_ids: set[int], max_batch_size: int, prefill_step: int
+        self,
+        model: nn.Module,
+        eos_ids: set[int],
+        max_batch_size: int,
+        prefill_step: int,
+        speculation: SpeculationSettings | None = None,
+        costs: StepCosts | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -162,6 +182,15 @@ class _BatchDecoder:
             prefill_batch_size=max_batch_size,
             prefill_step_size=prefill_step,
         )
+        self.speculative: SpeculativeGenerationBatch | None = None
+        if speculation is not None and speculation.active:
+            from jupyter_lmsp.engine.spec_batch import SpeculativeGenerationBatch
+
+            # Its decode half, with verify steps (prefill is mlx-lm's, unchanged).
+            self.speculative = SpeculativeGenerationBatch(
+                model, self._generator.sampler, speculation, eos_ids, costs
+            )
+            self._generator._generation_batch = self.speculative
         self._uids: set[int] = set()
 
     def __len__(self) -> int:
@@ -200,6 +229,9 @@ class _BatchDecoder:
 
     def next(self) -> tuple[list[_Prefilled], list[_Token]]:
         progress, responses = self._generator.next()
+        if progress and self.speculative is not None:
+            # A prefill chunk was queued behind this step's decode step.
+            self.speculative.skip_timing()
         done = [r.uid for r in progress if r.end_of_segment and not r.end_of_prompt]
         prefilled = [
             _Prefilled(uid, list(cache), list(tokens))
@@ -217,6 +249,7 @@ class _BatchDecoder:
                     response.prompt_cache,
                     response.all_tokens,
                     response.logprobs,
+                    getattr(response, "drafted", False),
                 )
             )
         return prefilled, tokens
@@ -394,6 +427,9 @@ class _Choice:
     generated: int
     uid: int | None = None  # its decoder row; None while it waits for the prompt, or ended
     ended: bool = False
+    # Of the tokens generated here (not the resumed ones), how many speculative decoding
+    # proposed and verified.
+    drafted: int = 0
 
 
 @dataclass(eq=False)
@@ -426,10 +462,16 @@ class BatchScheduler:
         *,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prefill_step: int = DEFAULT_PREFILL_STEP,
+        speculation: SpeculationSettings | None = None,
     ) -> None:
         self.prompt_cache = prompt_cache
         self.max_batch_size = max(1, max_batch_size)
         self.prefill_step = max(1, prefill_step)
+        self.speculation = speculation if speculation is not None else SpeculationSettings()
+        # Speculation counters of the batches let go of (see `speculation_stats`), and each
+        # model's step costs as learned (a model's batch is let go of whenever it is idle).
+        self._spec_stats = SpeculationStats()
+        self._step_costs: dict[Hashable, StepCosts] = {}
         self._jobs: dict[str, _Job] = {}
         self._batches: dict[Hashable, _ModelBatch] = {}
 
@@ -445,6 +487,29 @@ class BatchScheduler:
 
     def __contains__(self, job_id: str) -> bool:
         return job_id in self._jobs
+
+    def forget_model(self, model_key: Hashable) -> None:
+        """A model was unloaded: drop its prompt-cache entries and learned step costs."""
+        self.prompt_cache.clear(model_key)
+        self._step_costs.pop(model_key, None)
+
+    def step_costs(self, model_key: Hashable) -> StepCosts | None:
+        """What speculative decoding has learned of a model's step costs (None: nothing)."""
+        return self._step_costs.get(model_key)
+
+    def speculation_stats(self) -> SpeculationStats:
+        """Speculative decoding's counters since this scheduler was made, all models."""
+        total = SpeculationStats()
+        total.add(self._spec_stats)
+        for batch in self._batches.values():
+            self._add_stats(total, batch)
+        return total
+
+    @staticmethod
+    def _add_stats(total: SpeculationStats, batch: _ModelBatch) -> None:
+        speculative = getattr(batch.decoder, "speculative", None)
+        if speculative is not None:
+            total.add(speculative.stats)
 
     def job_ids(self) -> list[str]:
         return list(self._jobs)
@@ -627,10 +692,10 @@ class BatchScheduler:
                 self._start_followers(entry, done)
         updates = []
         logprobs = self._logprobs(batch, tokens)
-        for token in tokens:
+        for token, logprob in zip(tokens, logprobs, strict=True):
             choice = batch.rows.get(token.uid)
             if choice is not None and not choice.ended and choice.job.job.job_id in self._jobs:
-                updates.extend(self._advance(choice, token, logprobs.get(token.uid)))
+                updates.extend(self._advance(choice, token, logprob))
         return updates
 
     def _start_followers(self, entry: _Job, done: _Prefilled) -> None:
@@ -644,12 +709,13 @@ class BatchScheduler:
             )
             self._insert(follower, cache, list(done.cache_tokens))
 
-    def _logprobs(self, batch: _ModelBatch, tokens: list[_Token]) -> dict[int, TokenLogprob]:
-        """The log-probabilities of this step's tokens, for the jobs that asked for them."""
+    def _logprobs(self, batch: _ModelBatch, tokens: list[_Token]) -> list[TokenLogprob | None]:
+        """The log-probabilities of this step's tokens (a row may have several, speculating),
+        for the jobs that asked for them; None for the others."""
         from jupyter_lmsp.engine.logprobs import Wanted, compute
 
-        wanted, names, uids = [], [], []
-        for token in tokens:
+        wanted, names, at = [], [], []
+        for i, token in enumerate(tokens):
             choice = batch.rows.get(token.uid)
             if choice is None or token.logprobs is None:
                 continue
@@ -661,10 +727,12 @@ class BatchScheduler:
                 Wanted(token.logprobs, token.token, job.temperature, job.top_p, job.top_logprobs)
             )
             names.append(choice.job.token_bytes)
-            uids.append(token.uid)
-        if not wanted:
-            return {}
-        return dict(zip(uids, compute(wanted, names), strict=True))
+            at.append(i)
+        found: list[TokenLogprob | None] = [None] * len(tokens)
+        if wanted:
+            for i, logprob in zip(at, compute(wanted, names), strict=True):
+                found[i] = logprob
+        return found
 
     def _advance(
         self, choice: _Choice, token: _Token, logprob: TokenLogprob | None
@@ -681,6 +749,7 @@ class BatchScheduler:
             return [Update(job_id, [], text, "stop", choice=choice.index)]
         choice.text.add(token.token)
         choice.generated += 1
+        choice.drafted += token.drafted
         logprobs = [logprob] if logprob is not None else None
         text = choice.text.take()
         reason = None
@@ -691,7 +760,17 @@ class BatchScheduler:
             reason = "stop" if choice.text.stopped else "length"
         if reason is not None:
             self._end(choice, token)
-        return [Update(job_id, [token.token], text, reason, choice=choice.index, logprobs=logprobs)]
+        return [
+            Update(
+                job_id,
+                [token.token],
+                text,
+                reason,
+                choice=choice.index,
+                logprobs=logprobs,
+                drafted=int(token.drafted),
+            )
+        ]
 
     def _end(self, choice: _Choice, token: _Token) -> None:
         entry = choice.job
@@ -732,7 +811,16 @@ class BatchScheduler:
         eos_ids = set(tokenizer.eos_token_ids)
         decoder: _Decoder
         if all(hasattr(layer, "merge") for layer in layers):
-            decoder = _BatchDecoder(model, eos_ids, self.max_batch_size, self.prefill_step)
+            # Speculation needs caches that can forget positions: plain KVCache layers.
+            speculation = self.speculation if is_reusable(layers) else None
+            costs = None
+            if speculation is not None:
+                costs = self._step_costs.get(model_key)
+                if costs is None:
+                    costs = self._step_costs[model_key] = StepCosts(speculation)
+            decoder = _BatchDecoder(
+                model, eos_ids, self.max_batch_size, self.prefill_step, speculation, costs
+            )
         else:
             log.info("model %s cannot batch; its jobs decode one at a time", model_key)
             decoder = _SerialDecoder(model, eos_ids, self.prefill_step)
@@ -746,6 +834,7 @@ class BatchScheduler:
             return
         if self._batches.get(batch.key) is batch:
             del self._batches[batch.key]
+            self._add_stats(self._spec_stats, batch)
             batch.decoder.close()
 
     def _fail_batch(self, batch: _ModelBatch, message: str) -> list[Update]:
@@ -756,6 +845,7 @@ class BatchScheduler:
         batch.rows.clear()
         if self._batches.get(batch.key) is batch:
             del self._batches[batch.key]
+            self._add_stats(self._spec_stats, batch)
         try:
             batch.decoder.close()
         except Exception:

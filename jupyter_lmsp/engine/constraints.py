@@ -25,6 +25,10 @@ the uninterrupted run's matcher was; nothing about a matcher is ever stored.
 
 Forced tokens are not fast-forwarded: each token still takes one decoding step (the batch
 stays one token per row per step, which keeps the per-row sampling path simple).
+
+Speculative decoding: a constrained row never proposes tokens. It takes part in a verify step
+of the other rows with its one token (position 0, the one its processor is called for), so its
+matcher is fed exactly one token per step as here, and never has to roll back.
 """
 
 from __future__ import annotations

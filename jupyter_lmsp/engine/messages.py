@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_lmsp.engine.grammars import ResponseFormat, ToolSpec
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 
 # Bounds the worker enforces (a job outside them fails with `invalid_request`).
 MAX_STOP_SEQUENCES = 4
@@ -37,13 +38,16 @@ class ChoiceResume:
 class WorkerSettings:
     """How the worker runs, from the extension's configuration (`LMSPExtension` traits),
     handed to the worker process when it starts: how many jobs decode together, the prompt
-    cache's memory, and how long an idle worker gathers a burst of jobs before its first step
-    (seconds: until no job came for `gather_window`, at most `gather_limit`)."""
+    cache's memory, how long an idle worker gathers a burst of jobs before its first step
+    (seconds: until no job came for `gather_window`, at most `gather_limit`), and how it
+    speculates (`speculative_decoding`, `speculative_max_draft`)."""
 
     max_batch_size: int = 8
     prompt_cache_bytes: int = 1 << 30
     gather_window: float = 0.02
     gather_limit: float = 0.15
+    # Speculative decoding (`speculative`): on by default.
+    speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
 
 
 @dataclass
@@ -194,11 +198,14 @@ class JobTokens:
 @dataclass
 class ChoiceResult:
     """How one choice ended: "stop" (EOS, a stop sequence, or a grammar complete), or
-    "length" (max_tokens); its generated tokens, resumed ones included."""
+    "length" (max_tokens); its generated tokens, resumed ones included; of the tokens this
+    worker generated for it (resumed ones not included), how many speculative decoding
+    proposed and verified (`accepted_draft_tokens`)."""
 
     choice: int
     finish_reason: str
     output_tokens: int
+    accepted_draft_tokens: int = 0
 
 
 @dataclass
@@ -210,19 +217,26 @@ class ChoiceFinished:
     choice: int
     finish_reason: str
     output_tokens: int
+    accepted_draft_tokens: int = 0
 
 
 @dataclass
 class JobFinished:
     """Generation ended by itself: `finish_reason` is "stop" (EOS, a stop sequence, a grammar
     complete) or "length" (max_tokens); for n > 1 that of choice 0, and `output_tokens` the sum
-    over all choices. `choices` has one entry per choice, in order."""
+    over all choices. `choices` has one entry per choice, in order.
+
+    `accepted_draft_tokens`: of the output tokens this worker generated (a resumed job's
+    earlier tokens not included), how many speculative decoding proposed and the model
+    verified (summed over the choices), like Chat Completions' `accepted_prediction_tokens`.
+    They are ordinary output tokens, exactly the ones decoding without speculation gives."""
 
     job_id: str
     finish_reason: str
     input_tokens: int
     output_tokens: int
     choices: list[ChoiceResult] = field(default_factory=list)
+    accepted_draft_tokens: int = 0
 
 
 @dataclass

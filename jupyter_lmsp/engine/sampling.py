@@ -9,6 +9,10 @@ state it leaves after k steps is not reproduced by re-prefilling (and it is per 
 
 `distribution` is the distribution a sampler draws from, the one log-probabilities are reported
 for (see `logprobs`). The choices of a job with n > 1 draw with `choice_seed(seed, i)`.
+
+Samplers can also `draw` a given position without moving on: speculative decoding draws the
+positions of a verify step together and keeps a proposed token only if it equals the draw at
+its position, so speculating changes no token, greedy or seeded.
 """
 
 from __future__ import annotations
@@ -44,32 +48,60 @@ def step_key(seed: int, position: int) -> mx.array:
     return mx.random.key(_splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64)))
 
 
+class GreedySampler:
+    """The argmax: the same token at every position. One instance (`GREEDY`) serves every greedy
+    choice, so a batch of greedy rows is sampled in one call."""
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return mx.argmax(logprobs, axis=-1)
+
+    def draw(self, logprobs: mx.array, position: int) -> mx.array:
+        return mx.argmax(logprobs, axis=-1)
+
+
+GREEDY = GreedySampler()
+
+
+class KeyedSampler:
+    """Seeded sampling: the token at each position drawn with `step_key(seed, position)`.
+
+    Called as a sampler (`generate_step`, mlx-lm's decode step), it draws at `position` and
+    moves on: the calls come exactly once per generated token, in order (the one computed ahead
+    of the end is simply never used). `draw` samples any position without moving: speculative
+    decoding draws the positions of a verify step together, then sets `position` past the
+    tokens it kept, so the same position always gets the same key, speculating or not.
+    """
+
+    def __init__(self, temperature: float, top_p: float, seed: int, position: int = 0) -> None:
+        self.temperature = temperature
+        self.top_p = top_p
+        self.seed = seed
+        self.position = position
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        token = self.draw(logprobs, self.position)
+        self.position += 1
+        return token
+
+    def draw(self, logprobs: mx.array, position: int) -> mx.array:
+        return mx.random.categorical(
+            _tempered(logprobs, self.temperature, self.top_p), key=step_key(self.seed, position)
+        )
+
+
 def make_sampler(
     temperature: float, top_p: float = 1.0, seed: int = 0, start_position: int = 0
-) -> Sampler:
-    """A sampler for `generate_step`: greedy when `temperature` is 0, else seeded sampling.
-
-    The sampler counts its own calls; the first call samples position `start_position` (the
-    number of tokens already generated when resuming). `generate_step` calls it exactly once
-    per generated token, in order, and computes one token ahead, which is harmless: an extra
-    draw past the end is simply never used.
-    """
+) -> GreedySampler | KeyedSampler:
+    """A sampler for `generate_step`: greedy when `temperature` is 0, else seeded sampling
+    whose first call samples position `start_position` (the number of tokens already generated
+    when resuming)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if temperature == 0:
-        return _greedy
-
-    position = start_position
-
-    def sample(logprobs: mx.array) -> mx.array:
-        nonlocal position
-        key = step_key(seed, position)
-        position += 1
-        return mx.random.categorical(_tempered(logprobs, temperature, top_p), key=key)
-
-    return sample
+        return GREEDY
+    return KeyedSampler(temperature, top_p, seed, start_position)
 
 
 def distribution(logprobs: mx.array, temperature: float, top_p: float = 1.0) -> mx.array:
@@ -91,7 +123,3 @@ def _tempered(logprobs: mx.array, temperature: float, top_p: float) -> mx.array:
     if top_p < 1.0:
         logits = apply_top_p(logits, top_p)
     return logits
-
-
-def _greedy(logprobs: mx.array) -> mx.array:
-    return mx.argmax(logprobs, axis=-1)

@@ -69,6 +69,7 @@ from jupyter_lmsp.engine.messages import (
     WorkerSettings,
 )
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -156,6 +157,8 @@ class _Outbox:
     # Tokens generated so far, resumed ones included: the count final messages report.
     output_tokens: int
     want_logprobs: bool = False
+    # Of the tokens generated here, those speculative decoding proposed and verified.
+    accepted_draft_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -172,6 +175,7 @@ class _Outbox:
         self.text += update.text
         self.logprobs.extend(update.logprobs or [])
         self.output_tokens += len(update.token_ids)
+        self.accepted_draft_tokens += update.drafted
 
     def take(self) -> JobTokens | None:
         if not self.pending:
@@ -217,6 +221,7 @@ class Worker:
         prefill_step: int = DEFAULT_PREFILL_STEP,
         gather_window: float = GATHER_WINDOW,
         gather_limit: float = GATHER_LIMIT,
+        speculation: SpeculationSettings | None = None,
     ) -> None:
         self._conn = conn
         self._gather_window = gather_window
@@ -233,6 +238,7 @@ class Worker:
             PromptCache(prompt_cache_bytes),
             max_batch_size=max_batch_size,
             prefill_step=prefill_step,
+            speculation=speculation,
         )
         self._running: dict[str, _Running] = {}
         self._shutdown = False
@@ -367,7 +373,7 @@ class Worker:
         self._models.move_to_end(result.key)
         while len(self._models) > MAX_CACHED_MODELS:
             old_key, _ = self._models.popitem(last=False)
-            self._scheduler.prompt_cache.clear(old_key)
+            self._scheduler.forget_model(old_key)
             from jupyter_lmsp.engine.constraints import forget_tokenizer
 
             forget_tokenizer(old_key)
@@ -401,7 +407,8 @@ class Worker:
             last_step_at = now
             self._deliver(updates, now)
             if self._token_delay > 0:
-                self._sleep(self._token_delay)
+                # Per token, not per step: a speculating step may bring a job several.
+                self._sleep(self._token_delay * _most_tokens(updates))
             else:
                 self._pump()
             # Hold tokens only while the next ones are expected inside the window.
@@ -553,12 +560,21 @@ class Worker:
             if update.finish_reason is None:
                 continue
             self._flush_outbox(outbox)
-            result = ChoiceResult(update.choice, update.finish_reason, outbox.output_tokens)
+            result = ChoiceResult(
+                update.choice,
+                update.finish_reason,
+                outbox.output_tokens,
+                outbox.accepted_draft_tokens,
+            )
             running.results[update.choice] = result
             if len(running.outboxes) > 1:
                 self._send(
                     ChoiceFinished(
-                        update.job_id, update.choice, update.finish_reason, outbox.output_tokens
+                        update.job_id,
+                        update.choice,
+                        update.finish_reason,
+                        outbox.output_tokens,
+                        outbox.accepted_draft_tokens,
                     )
                 )
             if len(running.results) < len(running.outboxes):
@@ -572,6 +588,7 @@ class Worker:
                     running.input_tokens,
                     sum(choice.output_tokens for choice in choices),
                     choices,
+                    sum(choice.accepted_draft_tokens for choice in choices),
                 )
             )
 
@@ -586,6 +603,15 @@ class Worker:
         message = outbox.take()
         if message is not None:
             self._send(message)
+
+
+def _most_tokens(updates: list[Update]) -> int:
+    """The most tokens one choice of one job got from a step (1 when none got any)."""
+    counts: dict[tuple[str, int], int] = {}
+    for update in updates:
+        key = (update.job_id, update.choice)
+        counts[key] = counts.get(key, 0) + len(update.token_ids)
+    return max(1, *counts.values()) if counts else 1
 
 
 def _resumed_tokens(job: GenerateJob) -> int:
@@ -656,10 +682,12 @@ def worker_main(
 ) -> None:
     """Entry point of the worker process; returns when told to shut down or orphaned.
 
-    `token_delay` > 0 sleeps that long after each step (a test and demo hook that makes
-    generation slow enough to cancel or kill mid-run). `parent_pid` is the server process's
-    pid; the worker exits when its parent changes. `settings` say how many jobs decode at
-    once, the prompt cache's budget (0 turns it off) and how long a burst is gathered.
+    `token_delay` > 0 sleeps that long per token after each step (times the most tokens the
+    step brought one job's choice: a test and demo hook that makes generation slow enough to
+    cancel or kill mid-run, speculating or not). `parent_pid` is the server process's pid;
+    the worker exits when its parent changes. `settings` say how many jobs decode at once,
+    the prompt cache's budget (0 turns it off), how long a burst is gathered and how the
+    worker speculates.
     """
     settings = settings or WorkerSettings()
     _die_with_parent(parent_pid)
@@ -685,6 +713,7 @@ def worker_main(
             prompt_cache_bytes=max(0, settings.prompt_cache_bytes),
             gather_window=settings.gather_window,
             gather_limit=settings.gather_limit,
+            speculation=settings.speculation,
         ).serve()
     except _ParentGone:
         pass

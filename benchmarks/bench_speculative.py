@@ -1,0 +1,550 @@
+"""Speculative decoding benchmark: the service speculating vs `mlx_lm.server`, side by side.
+
+One command, on the demo model (SmolLM2-135M-Instruct, converted on first use):
+
+    .venv/bin/python benchmarks/bench_speculative.py
+
+It starts three servers, all on the BLAS the service's probe chooses (`choose_blas`, as
+`bench_engine.py` does; `--blas-coretype`, `--blas-candidates`), `--blas-threads` threads each:
+
+- **mlx_lm.server**: mlx-lm's own server. Its only speculative decoding needs a draft model
+  (`--draft-model`, a second, smaller model of the same tokenizer: none exists here below the
+  135M demo model) and then decodes one request at a time; it has no draft-free mode, so it
+  runs with its defaults.
+- **service (speculation)**: a `jupyter server` with this extension, as configured by default
+  (`LMSPExtension.speculative_decoding` on).
+- **service (no speculation)**: the same with `--LMSPExtension.speculative_decoding=False`.
+
+and measures, greedy, `--tokens` tokens at most per stream, in `--rounds` interleaved rounds
+(the order of the servers rotating each round, so a change of the machine's load hits all):
+
+- (a) **grounded**, one stream: summarise a given ~480-token text (`tests/texts.py`);
+- (b) **open-ended**, one stream: a story;
+- (a) with `--streams` (8) concurrent streams: eight different instructions about the text.
+
+Every request ends with a nonce after the text, so the text itself may come from each server's
+prompt cache (both have one) but no request is a repeat. Single stream: decode tok/s = (tokens
+- 1) / (last token - first token), end-to-end tok/s = tokens / request time; concurrent:
+aggregate tok/s = all tokens / (last stream done - first request sent). Every ratio is reported
+as the median over the rounds with its spread (min-max of the per-round ratios). The service's
+texts with and without speculation are compared (they must be equal: speculation changes no
+token).
+
+`--cost-table` instead measures what the speculative decoder's cost prior holds
+(`speculative.DEFAULT_STEP_COSTS`): one forward pass of the demo model feeding n = 1..16 (and
+more) tokens, relative to one token, on the worker's BLAS.
+
+Writes `benchmarks/results/speculative.md` and `speculative.json` (or `step_costs.md`/`.json`).
+Every flag of the run is recorded in both. Options: `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench_engine import (
+    MlxServerTarget,
+    Sample,
+    ServiceTarget,
+    aggregate_tps,
+    iter_sse,
+    log,
+    package_versions,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))
+from texts import PASSAGE, STORY  # noqa: E402
+
+DEFAULT_MODEL_DIR = Path.home() / ".cache" / "jupyter-lmsp" / "models"
+
+# Eight tasks about the same text, for the concurrent streams; the first is the single stream's.
+GROUNDED = [
+    "Summarise the text above in a few paragraphs.",
+    "Rewrite the text above in plain English, keeping every fact.",
+    "Proofread the text above and return it in full with any mistakes corrected.",
+    "List the main facts of the text above, one per line.",
+    "Retell the text above for a newspaper.",
+    "Write a short summary of the text above for a guidebook.",
+    "Explain the text above to a child.",
+    "Summarise the text above in three sentences.",
+]
+OPEN = [
+    STORY,
+    "Write a long story about a robot learning to paint.",
+    "Write a long story about a dragon who is afraid of the dark.",
+]
+
+
+def grounded(task: int, nonce: str) -> list[dict[str, str]]:
+    return [
+        {
+            "role": "user",
+            "content": f"{PASSAGE}\n\n{GROUNDED[task % len(GROUNDED)]} (Request {nonce}.)",
+        }
+    ]
+
+
+def open_ended(task: int, nonce: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{OPEN[task % len(OPEN)]} (Request {nonce}.)"}]
+
+
+# --- targets: the bench_engine ones, keeping the text ----------------------------------------
+
+
+class Mlx(MlxServerTarget):
+    def streamed(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[Sample, str]:
+        body = {
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        sent = time.perf_counter()
+        first = last = None
+        text: list[str] = []
+        usage: dict[str, Any] | None = None
+        with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
+            response.raise_for_status()
+            for _event, data in iter_sse(response):
+                if data == "[DONE]":
+                    break
+                payload = json.loads(data)
+                usage = payload.get("usage") or usage
+                for choice in payload.get("choices", []):
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
+                        now = time.perf_counter()
+                        first = now if first is None else first
+                        last = now
+                        text.append(content)
+        done = time.perf_counter()
+        tokens = usage["completion_tokens"] if usage else len(text)
+        return Sample(sent, first, last, done, tokens), "".join(text)
+
+
+class Service(ServiceTarget):
+    def __init__(
+        self,
+        name: str,
+        model: Path,
+        data_dir: Path,
+        max_batch_size: int,
+        traits: dict[str, Any],
+    ) -> None:
+        self.name = name
+        super().__init__(model, data_dir, max_batch_size, traits)
+
+    def streamed(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[Sample, str]:
+        sample, _id, text = self.stream_with_id(messages, max_tokens)
+        return sample, text
+
+
+def concurrently(target: Any, prompts: list[list[dict[str, str]]], max_tokens: int) -> list:
+    """Every prompt as its own stream, released together."""
+    barrier = threading.Barrier(len(prompts))
+    out: list[Any] = [None] * len(prompts)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            barrier.wait()
+            out[i] = target.streamed(prompts[i], max_tokens)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+MLX = "mlx_lm.server"
+ON = "service (speculation)"
+OFF = "service (no speculation)"
+WORKLOADS = ("grounded", "open-ended", "grounded x streams")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(REPO))
+    from jupyter_lmsp.engine.blas import REFERENCE, choose_blas
+    from jupyter_lmsp.engine.blas.candidates import read_cpu
+    from jupyter_lmsp.models.demo import ensure_demo_model
+
+    model = ensure_demo_model(args.model_dir)
+    if args.blas_threads > 0:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+    blas = choose_blas(
+        threads=args.blas_threads, coretype=args.blas_coretype, only=args.blas_candidates
+    )
+    log(f"model {model}; BLAS {blas.name} ({blas.reason})")
+    blas_traits: dict[str, Any] = {"blas_coretype": args.blas_coretype}
+    if blas.name != REFERENCE:
+        blas_traits["blas_candidates"] = blas.name
+    cpu = read_cpu()
+    meta = {
+        "model": model.name,
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "openblas_coretype": blas.coretype or os.environ.get("OPENBLAS_CORETYPE") or "",
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},
+        "cpu": {"model": cpu.model, "avx512": cpu.avx512},
+        "blas_choice": blas.report(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": package_versions(),
+        "load_before": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    samples: dict[str, dict[str, list[Any]]] = {w: {} for w in WORKLOADS}
+    tmp = Path(tempfile.mkdtemp(prefix="lmsp-bench-spec-"))
+    targets: list[Any] = []
+    try:
+        targets.append(Mlx(model, blas.worker_environment(), tmp))
+        max_draft = {"speculative_max_draft": args.max_draft} if args.max_draft else {}
+        targets.append(Service(ON, model, tmp / "on", args.streams, {**blas_traits, **max_draft}))
+        targets.append(
+            Service(
+                OFF,
+                model,
+                tmp / "off",
+                args.streams,
+                {**blas_traits, "speculative_decoding": False},
+            )
+        )
+        log("warming up")
+        for target in targets:
+            target.streamed(open_ended(0, "warm-up"), 8)
+            target.streamed(grounded(0, "warm-up"), 8)
+        for workload in WORKLOADS:
+            for target in targets:
+                samples[workload][target.name] = []
+        for round_ in range(args.rounds):
+            order = targets[round_ % len(targets) :] + targets[: round_ % len(targets)]
+            nonce = uuid.uuid4().hex[:6]
+            for target in order:
+                for workload, make in (("grounded", grounded), ("open-ended", open_ended)):
+                    # The same task every round (a new nonce): the spread is the machine's.
+                    sample, text = target.streamed(make(0, nonce), args.tokens)
+                    samples[workload][target.name].append({**vars(sample), "text": text})
+                    log(
+                        f"r{round_} {workload} {target.name}: {sample.tokens} tok, decode "
+                        f"{sample.decode_tps:.1f} tok/s, e2e {sample.e2e_tps:.1f} tok/s"
+                    )
+            for target in order:
+                prompts = [grounded(i, f"{nonce}-{i}") for i in range(args.streams)]
+                got = concurrently(target, prompts, args.tokens)
+                batch = [{**vars(s), "text": t} for s, t in got]
+                samples["grounded x streams"][target.name].append(batch)
+                log(
+                    f"r{round_} grounded x{args.streams} {target.name}: "
+                    f"{aggregate_tps([s for s, _ in got]):.1f} tok/s"
+                )
+    finally:
+        for target in reversed(targets):
+            target.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    meta["load_after"] = os.getloadavg()
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    return {"meta": meta, "samples": samples}
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _sample(d: dict[str, Any]) -> Sample:
+    return Sample(d["sent"], d["first"], d["last"], d["done"], d["tokens"])
+
+
+def rates(results: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """Per workload and server, one tok/s per round (single: decode; concurrent: aggregate)."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for workload, by_target in results["samples"].items():
+        out[workload] = {}
+        for name, rounds in by_target.items():
+            if workload == "grounded x streams":
+                out[workload][name] = [aggregate_tps([_sample(s) for s in r]) for r in rounds]
+            else:
+                out[workload][name] = [_sample(s).decode_tps for s in rounds]
+    return out
+
+
+def e2e_rates(results: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    return {
+        workload: {name: [_sample(s).e2e_tps for s in rounds] for name, rounds in by.items()}
+        for workload, by in results["samples"].items()
+        if workload != "grounded x streams"
+    }
+
+
+def ratio(a: list[float], b: list[float]) -> dict[str, float]:
+    per_round = [x / y for x, y in zip(a, b, strict=True)]
+    return {
+        "median": statistics.median(per_round),
+        "min": min(per_round),
+        "max": max(per_round),
+    }
+
+
+def same_texts(results: dict[str, Any], workload: str) -> str:
+    on, off = results["samples"][workload][ON], results["samples"][workload][OFF]
+    if workload == "grounded x streams":
+        pairs = [
+            (a["text"], b["text"])
+            for ra, rb in zip(on, off, strict=True)
+            for a, b in zip(ra, rb, strict=True)
+        ]
+    else:
+        pairs = [(a["text"], b["text"]) for a, b in zip(on, off, strict=True)]
+    equal = sum(a == b for a, b in pairs)
+    return f"{equal}/{len(pairs)}"
+
+
+TARGETS = {
+    "grounded": (1.8, 1.5),  # median, and the whole spread above
+    "open-ended": (0.97, None),
+    "grounded x streams": (1.2, None),
+}
+
+
+def summarize(results: dict[str, Any]) -> dict[str, Any]:
+    r = rates(results)
+    e2e = e2e_rates(results)
+    summary: dict[str, Any] = {}
+    for workload, by in r.items():
+        summary[workload] = {
+            "tps": {name: statistics.median(v) for name, v in by.items()},
+            "on/mlx": ratio(by[ON], by[MLX]),
+            "on/off": ratio(by[ON], by[OFF]),
+            "off/mlx": ratio(by[OFF], by[MLX]),
+            "same_text_on_off": same_texts(results, workload),
+        }
+        if workload in e2e:
+            summary[workload]["e2e_tps"] = {
+                n: statistics.median(v) for n, v in e2e[workload].items()
+            }
+            summary[workload]["e2e on/mlx"] = ratio(e2e[workload][ON], e2e[workload][MLX])
+    return summary
+
+
+def _flags(args: dict[str, Any]) -> str:
+    flags = []
+    for name, value in args.items():
+        if value in (None, False, [], ""):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif isinstance(value, list):
+            flags.append(f"{flag} {' '.join(map(str, value))}")
+        else:
+            flags.append(f"{flag} {value}")
+    return " ".join(flags) or "(defaults)"
+
+
+def _r(x: dict[str, float]) -> str:
+    return f"{x['median']:.2f}× ({x['min']:.2f}–{x['max']:.2f})"
+
+
+def render(results: dict[str, Any], summary: dict[str, Any]) -> str:
+    meta = results["meta"]
+    args = meta["args"]
+    lines = [
+        "# Speculative decoding benchmark",
+        "",
+        f"`benchmarks/bench_speculative.py {_flags(args)}`, {meta['started']} – "
+        f"{meta['finished']}. Model `{meta['model']}` (float32), greedy, at most {args['tokens']} "
+        f"output tokens per stream, {args['rounds']} interleaved rounds. Machine: {meta['cpus']} "
+        f"CPUs ({meta['cpu']['model']}), {meta['platform']}, load average "
+        f"{meta['load_before'][0]:.1f} before / {meta['load_after'][0]:.1f} after. Environment: "
+        + (", ".join(f"{k}={v}" for k, v in meta["environment"].items()) or "no OPENBLAS_*")
+        + f". BLAS: {meta['blas_choice'].get('name')} ({meta['blas_choice'].get('config')}). "
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()) + ".",
+        "",
+        "mlx_lm.server has no draft-free speculative decoding (its `--draft-model` needs a "
+        "second, smaller model; none exists here below the demo model) and runs with its "
+        "defaults. Ratios: median over the rounds of the per-round ratio (min–max).",
+        "",
+        "| workload | mlx_lm.server | service, no speculation | service, speculation "
+        "| speculation / mlx_lm.server | target | speculation / none | same text |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for workload in WORKLOADS:
+        s = summary[workload]
+        median_target, spread_target = TARGETS[workload]
+        target = f"≥ {median_target}×" + (f", spread > {spread_target}×" if spread_target else "")
+        ok = s["on/mlx"]["median"] >= median_target and (
+            spread_target is None or s["on/mlx"]["min"] > spread_target
+        )
+        unit = "aggregate tok/s" if workload == "grounded x streams" else "decode tok/s"
+        name = f"{workload} ({args['streams']} streams)" if "streams" in workload else workload
+        lines.append(
+            f"| {name}, {unit} | {s['tps'][MLX]:.1f} | {s['tps'][OFF]:.1f} | {s['tps'][ON]:.1f} "
+            f"| {_r(s['on/mlx'])} | {target} {'✓' if ok else '✗'} | {_r(s['on/off'])} "
+            f"| {s['same_text_on_off']} |"
+        )
+    lines += ["", "End to end (tokens / request time, prefill included), single stream:", ""]
+    lines += ["| workload | mlx_lm.server | no speculation | speculation | speculation / mlx |"]
+    lines += ["|---|---:|---:|---:|---:|"]
+    for workload in ("grounded", "open-ended"):
+        s = summary[workload]
+        lines.append(
+            f"| {workload} | {s['e2e_tps'][MLX]:.1f} | {s['e2e_tps'][OFF]:.1f} "
+            f"| {s['e2e_tps'][ON]:.1f} | {_r(s['e2e on/mlx'])} |"
+        )
+    lines += [
+        "",
+        "Grounded: summarise (single stream) or do one of eight tasks about (concurrent) a "
+        "~480-token text; open-ended: a story. Decode tok/s = (tokens − 1) / (last − first "
+        "token); aggregate = all tokens / (last stream done − first request sent). *Same text*: "
+        "requests whose text with speculation equals the text without.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- the cost table ---------------------------------------------------------------------------
+
+COST_TOKENS = [*range(1, 17), 20, 24, 32, 48, 64]
+
+
+def cost_child(model_path: str, reps: int) -> None:
+    """In a child with the worker's BLAS: one forward pass per token count, interleaved."""
+    import mlx.core as mx
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, _ = load(model_path)
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.random.randint(0, 1000, (1, 600)), cache=cache))
+    times: dict[int, list[float]] = {n: [] for n in COST_TOKENS}
+    for _ in range(reps):
+        for n in COST_TOKENS:
+            tokens = mx.random.randint(0, 1000, (1, n))
+            mx.eval(tokens)
+            start = time.perf_counter()
+            logits = model(tokens, cache=cache)
+            mx.eval((logits - mx.logsumexp(logits, axis=-1, keepdims=True)).argmax(-1))
+            times[n].append(time.perf_counter() - start)
+            for layer in cache:
+                layer.trim(n)
+    print(json.dumps({n: statistics.median(v) for n, v in times.items()}))
+
+
+def cost_table(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(REPO))
+    from jupyter_lmsp.engine.blas import choose_blas
+    from jupyter_lmsp.engine.speculative import DEFAULT_STEP_COSTS
+    from jupyter_lmsp.models.demo import ensure_demo_model
+
+    model = ensure_demo_model(args.model_dir)
+    if args.blas_threads > 0:
+        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
+    blas = choose_blas(
+        threads=args.blas_threads, coretype=args.blas_coretype, only=args.blas_candidates
+    )
+    out = subprocess.run(
+        [sys.executable, __file__, "--cost-child", str(model), str(args.rounds)],
+        env=blas.worker_environment(),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    seconds = {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
+    relative = {n: seconds[n] / seconds[1] for n in COST_TOKENS}
+    lines = [
+        "# Step costs: one forward pass of n tokens, in passes of one token",
+        "",
+        f"`benchmarks/bench_speculative.py {_flags(meta_args(args))}`, "
+        f"{time.strftime('%Y-%m-%d %H:%M')}, BLAS {blas.name}, one token = "
+        f"{seconds[1] * 1000:.1f} ms, 600 tokens of context, medians of {args.rounds} "
+        f"interleaved repetitions, load average {os.getloadavg()[0]:.1f}.",
+        "",
+        "| tokens | measured | prior (`DEFAULT_STEP_COSTS`) |",
+        "|---:|---:|---:|",
+    ]
+    for n in COST_TOKENS:
+        prior = f"{DEFAULT_STEP_COSTS[n - 1]:.2f}" if n <= len(DEFAULT_STEP_COSTS) else ""
+        lines.append(f"| {n} | {relative[n]:.2f} | {prior} |")
+    table = ", ".join(f"{relative[n]:.2f}" for n in range(1, 17))
+    lines += ["", f"As a prior: `step_costs=({table})`.", ""]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "step_costs.md").write_text("\n".join(lines))
+    (args.out / "step_costs.json").write_text(
+        json.dumps({"args": meta_args(args), "seconds": seconds, "relative": relative}, indent=1)
+    )
+    print("\n".join(lines))
+    return 0
+
+
+def meta_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "cost_child"
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument("--tokens", type=int, default=256, help="output tokens per stream, at most")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds (>= 5 for figures)"
+    )
+    parser.add_argument("--streams", type=int, default=8, help="concurrent streams on (a)")
+    parser.add_argument(
+        "--max-draft", type=int, default=0, help="LMSPExtension.speculative_max_draft (0: default)"
+    )
+    parser.add_argument(
+        "--blas-threads", type=int, default=1, help="OPENBLAS_NUM_THREADS for all (0: default)"
+    )
+    parser.add_argument("--blas-coretype", default="", help="OPENBLAS_CORETYPE for all")
+    parser.add_argument("--blas-candidates", nargs="+", default=[])
+    parser.add_argument(
+        "--cost-table",
+        action="store_true",
+        help="measure the forward-pass cost by tokens fed (the prior of the cost model) instead",
+    )
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--cost-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.cost_child:
+        cost_child(args.cost_child[0], int(args.cost_child[1]))
+        return 0
+    if args.cost_table:
+        return cost_table(args)
+    started = time.monotonic()
+    results = run(args)
+    summary = summarize(results)
+    report = render(results, summary)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "speculative.md").write_text(report)
+    (args.out / "speculative.json").write_text(
+        json.dumps({**results, "summary": summary}, indent=1)
+    )
+    print(report)
+    log(f"done in {time.monotonic() - started:.0f} s; wrote {args.out}/speculative.{{md,json}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
