@@ -41,6 +41,7 @@ from .engine.messages import WorkerSettings
 from .engine.speculative import DEFAULT_MAX_DRAFT, MAX_DRAFT_LIMIT, SpeculationSettings
 from .handlers.routes import routes
 from .protocol.errors import LMSPError
+from .services import metrics
 from .services.admission import Admission
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
@@ -249,6 +250,16 @@ class LMSPExtension(ExtensionApp):
         "longest gap and the 99th percentile of gaps between timer callbacks asked for every "
         "5 ms); empty: not measured. For benchmarks and diagnosis.",
     ).tag(config=True)
+    metrics = Bool(
+        True,
+        help="Record the Prometheus metrics (served at /metrics and /lmsp/v1/metrics, "
+        "docs/metrics.md). Off, every metric stays at zero (for measuring what they cost).",
+    ).tag(config=True)
+    metrics_interval = Float(
+        5.0,
+        help="Seconds between refreshes of the metrics read from the database (tasks by "
+        "state), done off the event loop; /lmsp/v1/metrics refreshes them for its answer.",
+    ).tag(config=True)
     freeze_startup_heap = Bool(
         True,
         help="Once the server has started, take the objects alive then out of the garbage "
@@ -271,6 +282,7 @@ class LMSPExtension(ExtensionApp):
     def initialize_settings(self) -> None:
         # Other local users must not read the database or the models (docs/security.md).
         private_folder(self.data_dir)
+        metrics.set_enabled(self.metrics)
         self.db = Database(self.db_url, legacy_owner=server_owner())
         if self.db.schema.upgraded_from is not None:
             self.log.warning(
@@ -288,6 +300,7 @@ class LMSPExtension(ExtensionApp):
         )
         runner_id = self.lease.register()
         report = self.lease.recover()
+        metrics.recovered("startup", report.by_policy)
         for dead, why in report.runners:
             self.log.info("LMSP recovery: tasks of %s (%s)", dead or "no runner", why)
         if report.released_claims:
@@ -367,6 +380,7 @@ class LMSPExtension(ExtensionApp):
             blas=self.blas,
         )
         self._purge_task: asyncio.Task[None] | None = None
+        self._metrics_task: asyncio.Task[None] | None = None
         self.loop_watch: LoopWatch | None = None
 
     def initialize_handlers(self) -> None:
@@ -406,6 +420,8 @@ class LMSPExtension(ExtensionApp):
             self.loop_watch = LoopWatch(self.loop_watch_path)
             self.loop_watch.start(loop)
         self._purge_task = loop.create_task(self._purge_periodically())
+        if self.metrics:
+            self._metrics_task = loop.create_task(self._refresh_metrics_periodically())
 
     def _recovered(self, report: rules.RecoveryReport) -> None:
         """A sweep recovered a dead runner's tasks: this server runs those it adopted."""
@@ -415,6 +431,8 @@ class LMSPExtension(ExtensionApp):
     async def stop_extension(self) -> None:
         if self._purge_task is not None:
             self._purge_task.cancel()
+        if self._metrics_task is not None:
+            self._metrics_task.cancel()
         if self.loop_watch is not None:
             self.loop_watch.stop()
         self.feed.stop()
@@ -467,6 +485,15 @@ class LMSPExtension(ExtensionApp):
             prepare_env=self.blas.worker_env,
             log=self.log,
         )
+
+    async def _refresh_metrics_periodically(self) -> None:
+        while True:
+            # Off the loop: a read that may wait behind another server's checkpoint.
+            try:
+                await asyncio.to_thread(metrics.refresh_from_db, self.db)
+            except Exception:  # a failed refresh leaves the last values; the next one retries
+                self.log.warning("LMSP: could not refresh the metrics", exc_info=True)
+            await asyncio.sleep(self.metrics_interval)
 
     async def _purge_periodically(self) -> None:
         while True:

@@ -18,6 +18,7 @@ ALL_SCOPES = [
     "tasks:read",
     "tasks:write",
     "clients:admin",
+    "metrics:read",
 ]
 TERMINAL_STATES = ("completed", "failed", "cancelled")
 

@@ -468,6 +468,9 @@ def test_prompt_cache_prefix_matching() -> None:
     assert n == 19
     assert pc.fetch("m", tokens[:1]) == (None, 0)
     assert pc.stats().hits == 3
+    # Each reused position took keys and values of every layer: 2 layers x (keys + values) x
+    # 2 heads x 4 dims x 4 bytes (float32), whatever room the arrays kept for more positions.
+    assert pc.stats().reused_bytes == (20 + 12 + 19) * 2 * 2 * 2 * 4 * 4
 
 
 def test_prompt_cache_keeps_the_longest_entry_and_evicts_lru() -> None:

@@ -190,6 +190,65 @@ def test_service_models_and_a_task_followed_live_to_completed(lab: LabServer, pa
     page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
 
 
+def test_activity_sparklines_from_the_metrics(lab: LabServer, page: Any):
+    """The Activity section reads GET /lmsp/v1/metrics on each refresh: a generation shows as
+    throughput and a time to first token in the sparklines; nothing was recovered at start."""
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    panel = page.locator(f"{SIDEBAR} [data-section=activity]")
+    expect(panel.locator("[data-field=recovered]")).to_have_text("nothing to recover")
+    response = start_background(lab, "Count my tokens.", 150)
+    with lab.client() as c:
+        deadline = time.monotonic() + 60
+        while c.get(f"/tasks/{response['task_id']}").json()["state"] != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    # A later interval of the sparkline holds the generation's tokens and first token.
+    page.wait_for_function(
+        """() => {
+          const rate = document.querySelector('[data-section=activity] [data-field=throughput]');
+          const ttft = document.querySelector('[data-section=activity] [data-field=ttft]');
+          return rate && ttft && / ms$/.test(ttft.textContent.trim()) &&
+            Number(rate.textContent.trim()) >= 0 &&
+            document.querySelectorAll('[data-section=activity] polyline').length >= 1;
+        }""",
+        timeout=30_000,
+    )
+    spark = panel.locator("[data-sparkline=throughput]")
+    assert int(spark.get_attribute("data-points")) >= 1
+    expect(panel.locator("[data-field=queue]")).to_have_text("0 waiting, 0 running")
+    shot(page, "activity")
+
+
+def test_new_tasks_arrive_through_the_lifecycle_stream_without_polling(lab: LabServer, page: Any):
+    """While the panel is shown, the task list is listed once and then follows GET /lifecycle:
+    a task created elsewhere appears and reaches its end with no request to list /tasks."""
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    expect(page.locator(".jp-LMSP-sidebar")).to_have_attribute(
+        "data-task-list", "lifecycle", timeout=20_000
+    )
+    listed: list[str] = []
+
+    def on_request(request: Any) -> None:
+        if "/lmsp/v1/tasks?" in request.url:
+            listed.append(request.url)
+
+    page.on("request", on_request)
+    try:
+        response = start_background(lab, "Arrive by lifecycle.", 20)
+        row = task_row(page, response["task_id"])
+        expect(row).to_have_attribute("data-state", "completed", timeout=60_000)
+        # Several refresh periods (2.5 s) passed while it ran: the other sections were
+        # refreshed, the task list was not.
+        time.sleep(3.0)
+    finally:
+        page.remove_listener("request", on_request)
+    assert listed == [], listed
+
+
 def test_cancel_from_the_panel(lab: LabServer, page: Any):
     from playwright.sync_api import expect
 

@@ -26,6 +26,7 @@ ALL_SCOPES = [
     "tasks:read",
     "tasks:write",
     "clients:admin",
+    "metrics:read",
 ]
 
 
@@ -204,6 +205,7 @@ def endpoints(m) -> list[tuple[str, str, str | None, dict | None]]:
             "responses:write",
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1},
         ),
+        ("GET", "/metrics", "metrics:read", None),
         ("GET", "/service", None, None),
     ]
 

@@ -310,6 +310,13 @@ class Client:
                 return out[:limit]
             after = page["last_id"]
 
+    def lifecycle(self, after: int | None = None) -> _HTTPEventStream:
+        """`GET /lifecycle`: every task of this caller created, changing state and ending, as
+        an open stream of event dicts (iterate it; `close()` it from any thread). From now on,
+        or after `after` (an earlier event's `sequence_number`), missing nothing."""
+        headers = {} if after is None else {"Last-Event-ID": str(after)}
+        return self._open_stream("GET", "/lifecycle", headers=headers)
+
     def get_task(self, task_id: str) -> Task:
         return Task.from_wire(self._request("GET", f"/tasks/{task_id}"), self)
 

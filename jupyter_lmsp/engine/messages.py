@@ -146,6 +146,12 @@ class JobStarted:
     # When the job has tools (and tool_choice is not "none"): the call format its output uses,
     # for `toolcalls.ToolCallParser` ("generic" or the mlx-lm parser name, e.g. "json_tools").
     tool_format: str | None = None
+    # For the server's metrics: the prompt cache's size after this job's lookup, the bytes of
+    # key/value cache its reused tokens took from it, and, for the first job started after its
+    # model was verified and loaded, how long that took.
+    cache_bytes: int | None = None
+    cache_reused_bytes: int = 0
+    load_seconds: float | None = None
 
 
 @dataclass
@@ -184,6 +190,9 @@ class JobTokens:
     text: str
     choice: int = 0
     logprobs: list[TokenLogprob] | None = None
+    # For the server's metrics: the batch size (rows decoded together) of each step the worker
+    # took since the last message that carried them.
+    batch_sizes: list[int] = field(default_factory=list)
 
 
 @dataclass

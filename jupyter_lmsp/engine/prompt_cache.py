@@ -77,6 +77,16 @@ def cache_nbytes(cache: Sequence[Any]) -> int:
     return sum(layer.nbytes for layer in cache)
 
 
+def bytes_per_position(cache: Sequence[Any]) -> int:
+    """The bytes one position takes in `cache` (keys and values of every layer); a layer's
+    arrays may hold room for more positions than it uses."""
+    return sum(
+        (layer.keys.nbytes + layer.values.nbytes) // layer.keys.shape[2]
+        for layer in cache
+        if layer.keys is not None and layer.keys.shape[2]
+    )
+
+
 @dataclass
 class _Entry:
     model_key: Hashable
@@ -87,13 +97,15 @@ class _Entry:
 
 @dataclass(frozen=True)
 class CacheStats:
-    """Counters since the cache was made: lookups, hits and reused tokens, entries and bytes now."""
+    """Counters since the cache was made: lookups, hits and reused tokens, entries and bytes now;
+    the bytes of key/value cache the reused tokens took from it."""
 
     lookups: int
     hits: int
     reused_tokens: int
     entries: int
     nbytes: int
+    reused_bytes: int = 0
 
 
 class PromptCache:
@@ -106,6 +118,7 @@ class PromptCache:
         self._lookups = 0
         self._hits = 0
         self._reused = 0
+        self._reused_bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -124,7 +137,9 @@ class PromptCache:
         self._evict()
 
     def stats(self) -> CacheStats:
-        return CacheStats(self._lookups, self._hits, self._reused, len(self), self._nbytes)
+        return CacheStats(
+            self._lookups, self._hits, self._reused, len(self), self._nbytes, self._reused_bytes
+        )
 
     def fetch(self, model_key: Hashable, tokens: Sequence[int]) -> tuple[list[Any] | None, int]:
         """A cache holding the longest cached prefix of `tokens`, and that prefix's length.
@@ -149,6 +164,7 @@ class PromptCache:
         self._entries.move_to_end((best.model_key, best.tokens))
         self._hits += 1
         self._reused += usable
+        self._reused_bytes += usable * bytes_per_position(best.cache)
         return prefix_view(best.cache, usable), usable
 
     def insert(self, model_key: Hashable, tokens: Sequence[int], cache: list[Any]) -> bool:

@@ -245,10 +245,18 @@ class Worker:
         self._loader = ModelLoader()
         # Jobs waiting for their model to be verified and loaded, by model key.
         self._waiting: dict[tuple[Any, ...], list[GenerateJob]] = {}
+        # For the server's metrics: when each model's load was asked for, how long the loads
+        # that finished took (reported with the next job started on the model), and the batch
+        # size of each step not yet reported (sent with the next JobTokens).
+        self._load_asked: dict[tuple[Any, ...], float] = {}
+        self._load_took: dict[tuple[Any, ...], float] = {}
+        self._step_sizes: list[int] = []
 
     # --- pipe ------------------------------------------------------------------------------
 
     def _send(self, message: object) -> None:
+        if isinstance(message, JobTokens) and self._step_sizes:
+            message.batch_sizes, self._step_sizes = self._step_sizes, []
         try:
             self._conn.send(message)
         except (OSError, EOFError) as exc:
@@ -349,10 +357,14 @@ class Worker:
                     self._loader.request(result.key, Path(result.key[0]), jobs[0].expected_files)
                 continue
             if result.code is not None:
+                self._load_asked.pop(result.key, None)
                 for job in jobs:
                     self._send(JobFailed(job.job_id, result.code, result.message))
                 continue
             self._cache_model(result)
+            asked = self._load_asked.pop(result.key, None)
+            if asked is not None:
+                self._load_took[result.key] = time.monotonic() - asked
             self._queue.extendleft(reversed(jobs))
 
     def _cache_model(self, result: LoadResult) -> None:
@@ -387,6 +399,7 @@ class Worker:
                 continue
             if was_idle:
                 self._gather()
+            self._step_sizes.append(self._scheduler.load)
             updates = self._scheduler.step()
             now = time.monotonic()
             if last_step_at is not None:
@@ -435,6 +448,7 @@ class Worker:
                     # Verified and loaded in the loader's thread; the job waits, the batch
                     # goes on decoding.
                     self._waiting.setdefault(key, []).append(job)
+                    self._load_asked.setdefault(key, time.monotonic())
                     self._loader.request(key, Path(key[0]), job.expected_files)
                     continue
                 self._models.move_to_end(key)
@@ -499,6 +513,7 @@ class Worker:
             raise JobError("grammar_invalid", str(exc)) from exc
         except (TypeError, ValueError) as exc:
             raise JobError("grammar_invalid", f"the grammar could not be built: {exc}") from exc
+        reused_before = self._scheduler.prompt_cache.stats().reused_bytes
         try:
             cached_tokens, updates = self._scheduler.add(
                 job, key, model, tokenizer, prompt_ids, grammar
@@ -520,6 +535,10 @@ class Worker:
                 len(prompt_ids),
                 cached_tokens=cached_tokens,
                 tool_format=call_format.name if calls else None,
+                cache_bytes=self._scheduler.prompt_cache.nbytes,
+                cache_reused_bytes=self._scheduler.prompt_cache.stats().reused_bytes
+                - reused_before,
+                load_seconds=self._load_took.pop(key, None),
             )
         )
         self._deliver(updates, time.monotonic())

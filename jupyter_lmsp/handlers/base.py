@@ -47,7 +47,7 @@ from ..auth.scopes import Caller
 from ..protocol.errors import LMSPError, conflict, invalid, too_large, unauthenticated
 from ..protocol.operations import Access, Operation, Reply, RequestHeader
 from ..protocol.validation import parse_json, validate, validate_query, validate_value
-from ..services import idempotency, pairing
+from ..services import idempotency, metrics, pairing
 from ..services.callers import jupyter_caller
 from ..services.context import ServiceContext
 from ..services.follow import TaskEventStream
@@ -99,6 +99,12 @@ def sse_frame(event: dict[str, Any]) -> str:
     if len(_FRAMES) > _FRAME_CACHE_SIZE:
         _FRAMES.popitem(last=False)
     return frame
+
+
+def _retried(headers: Any) -> bool:
+    """Whether the openai SDK says this is a retry (`x-stainless-retry-count` > 0)."""
+    count = headers.get("x-stainless-retry-count", "0")
+    return count.isdigit() and int(count) > 0
 
 
 def redact_uri(uri: str) -> str:
@@ -186,6 +192,8 @@ class LMSPHandler(APIHandler):
     _deferred_error: Exception | None = None
     lmsp_caller: Caller | None = None
     bearer_client: bool = False
+    # The error code of the answer, when it is an error (for the metrics).
+    error_code: str | None = None
 
     def initialize(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -327,6 +335,9 @@ class LMSPHandler(APIHandler):
                 None if raw is None else validate_value(header.adapter, raw, header.name)
             )
         key = self.request.headers.get(idempotency.HEADER)
+        if key is None and self.request.method == "POST" and _retried(self.request.headers):
+            # The openai SDK retried a request that may have done its work already.
+            metrics.unkeyed_retry(op.operation_id)
         if key is not None and not op.idempotent and self.request.method == "POST":
             # A credential-free route keys nothing before the caller is known (and starting a
             # pairing answers a secret, which must never be stored to be replayed).
@@ -385,7 +396,14 @@ class LMSPHandler(APIHandler):
             self.raw_body,
             **({} if parse_error is not None or parsed is _NO_BODY else {"parsed": parsed}),
         )
-        found = await idempotency.begin(self.ctx, self.caller.id, key, digest)
+        try:
+            found = await idempotency.begin(self.ctx, self.caller.id, key, digest)
+        except LMSPError as e:
+            metrics.idempotent(op.operation_id, "mismatch" if e.status == 422 else "conflict")
+            raise
+        metrics.idempotent(
+            op.operation_id, "new" if isinstance(found, idempotency.KeyedRequest) else "replayed"
+        )
         if isinstance(found, idempotency.Replay):
             self.set_header("Idempotent-Replayed", "true")
             for name, value in found.headers.items():
@@ -448,6 +466,7 @@ class LMSPHandler(APIHandler):
         self.set_header("Content-Type", "text/event-stream; charset=utf-8")
         self.set_header("Cache-Control", "no-cache")
         self.set_header("X-Accel-Buffering", "no")
+        metrics.sse_opened(reconnect="Last-Event-ID" in self.request.headers)
         try:
             await self.flush()
             unflushed = 0
@@ -465,6 +484,7 @@ class LMSPHandler(APIHandler):
         except StreamClosedError:
             return False
         finally:
+            metrics.sse_closed()
             await frames.aclose()
         self.finish()
         return True
@@ -490,8 +510,12 @@ class LMSPHandler(APIHandler):
             for name, value in exc.headers.items():
                 self.set_header(name, value)
             body = exc.body()
+            self.error_code = exc.code
         else:
             error_type, code = _STATUS_TYPES.get(status_code, ("server_error", "server_error"))
+            self.error_code = code
+            if status_code == 403 and self.request.method not in ("GET", "HEAD", "OPTIONS"):
+                self.error_code = "xsrf_failed"
             message = (
                 exc.log_message
                 if isinstance(exc, web.HTTPError) and exc.log_message
@@ -507,6 +531,16 @@ class LMSPHandler(APIHandler):
             body = {"error": {"type": error_type, "code": code, "message": message, "param": None}}
         self.set_header("Content-Type", "application/json")
         self.finish(json.dumps(body))
+
+    def on_finish(self) -> None:
+        op = self._operation()
+        metrics.on_request(
+            op.operation_id if op is not None else "unknown",
+            self.request.method or "GET",
+            self.get_status(),
+            self.request.request_time(),
+            self.error_code,
+        )
 
     def allowed_methods(self) -> list[str]:
         """The HTTP methods this handler implements."""

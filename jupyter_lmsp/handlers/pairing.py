@@ -21,7 +21,7 @@ from ..protocol.pairing import (
     PairingTokenRequest,
     StartPairingRequest,
 )
-from ..services import pairing, revocation
+from ..services import metrics, pairing, revocation
 from .base import LMSPHandler, operation
 
 
@@ -36,17 +36,16 @@ class PairingsHandler(LMSPHandler):
     )
     async def post(self, body: StartPairingRequest) -> None:
         self.ctx.pairing_limiter.check(self.remote_address)
-        self.write_json(
-            await self.call(
-                pairing.start,
-                self.ctx.db,
-                body,
-                self.ctx.pairing_ttl,
-                started_by=self.lmsp_caller,
-                max_pending=self.ctx.max_pending_pairings,
-            ),
-            201,
+        started = await self.call(
+            pairing.start,
+            self.ctx.db,
+            body,
+            self.ctx.pairing_ttl,
+            started_by=self.lmsp_caller,
+            max_pending=self.ctx.max_pending_pairings,
         )
+        metrics.pairing_started()
+        self.write_json(started, 201)
 
     @operation(
         "listPairings",
@@ -76,11 +75,11 @@ def _decision(approve: bool) -> type[LMSPHandler]:
         )
         async def post(self, pairing_id: str, body: PairingDecisionRequest | None) -> None:
             scopes = body.scopes if approve and body is not None else None
-            self.write_json(
-                await self.call(
-                    pairing.decide, self.ctx.db, pairing_id, approve, scopes, self.caller
-                )
+            decided = await self.call(
+                pairing.decide, self.ctx.db, pairing_id, approve, scopes, self.caller
             )
+            metrics.pairing_decided(approve)
+            self.write_json(decided)
 
     PairingDecisionHandler.__name__ = f"Pairing{verb.capitalize()}Handler"
     return PairingDecisionHandler

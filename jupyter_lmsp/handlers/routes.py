@@ -18,6 +18,7 @@ from ..services.context import ServiceContext
 from .base import LMSPHandler, operation_of
 from .chat import ChatCompletionsHandler
 from .fallback import FallbackHandler
+from .metrics import MetricsHandler
 from .openapi import OpenAPIHandler
 from .pairing import (
     ClientHandler,
@@ -34,7 +35,13 @@ from .responses import (
     ResponsesHandler,
 )
 from .service import ModelHandler, ModelsHandler, ServiceHandler
-from .tasks import TaskCancelHandler, TaskEventsHandler, TaskHandler, TasksHandler
+from .tasks import (
+    LifecycleHandler,
+    TaskCancelHandler,
+    TaskEventsHandler,
+    TaskHandler,
+    TasksHandler,
+)
 
 PREFIX = "/lmsp/v1"
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -51,6 +58,7 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/tasks/{task_id}", TaskHandler),
     ("/tasks/{task_id}/cancel", TaskCancelHandler),
     ("/tasks/{task_id}/events", TaskEventsHandler),
+    ("/lifecycle", LifecycleHandler),
     ("/pairings", PairingsHandler),
     ("/pairings/{pairing_id}/approve", PairingApproveHandler),
     ("/pairings/{pairing_id}/deny", PairingDenyHandler),
@@ -59,6 +67,7 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/clients/{client_id}", ClientHandler),
     ("/chat/completions", ChatCompletionsHandler),
     ("/openapi.json", OpenAPIHandler),
+    ("/metrics", MetricsHandler),
 ]
 
 # An id in a path: the characters ids have (protocol.fields.ID_PATTERN).

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator
+
 from ..protocol.fields import SequenceNumber
-from ..protocol.operations import Reply, RequestHeader
-from ..protocol.tasks import EventPage, ListTasksQuery, Task, TaskEventsQuery, TaskList
+from ..protocol.operations import EventStream, Reply, RequestHeader
+from ..protocol.tasks import (
+    EventPage,
+    LifecycleEvent,
+    LifecycleQuery,
+    ListTasksQuery,
+    Task,
+    TaskEventsQuery,
+    TaskList,
+)
 from ..services import tasks
-from .base import LMSPHandler, operation
+from ..services.lifecycle import LifecycleStream
+from .base import LMSPHandler, operation, sse_frame
 from .responses import EVENTS
 
 LAST_EVENT_ID = RequestHeader(
@@ -99,3 +110,50 @@ class TaskEventsHandler(LMSPHandler):
                     tasks.event_page, self.ctx, task_id, self.caller, query.after, query.limit
                 )
             )
+
+
+LIFECYCLE = EventStream(
+    "LifecycleStreamItem",
+    (LifecycleEvent,),
+    description="One transition of one of the caller's tasks: `id` is its sequence number "
+    "(across all tasks), `event` its type, `data` the LifecycleEvent as JSON. Keep-alives are "
+    "`:` comment lines.",
+)
+
+
+class LifecycleHandler(LMSPHandler):
+    @operation(
+        "followLifecycle",
+        "Every task of the caller created, changing state and ending, as SSE",
+        "tasks",
+        access="tasks:read",
+        replies={
+            200: Reply(
+                "SSE frames `id`, `event`, `data` (a LifecycleEvent), in commit order, until "
+                "the client goes away; `: keep-alive` comments while idle.",
+                stream=LIFECYCLE,
+            )
+        },
+        headers=(LAST_EVENT_ID,),
+        description="A board of tasks lists `/tasks` once, then follows this stream instead "
+        "of polling; a reconnect with `Last-Event-ID` misses and repeats nothing.",
+    )
+    async def get(self, query: LifecycleQuery, last_event_id: int | None) -> None:
+        stream = LifecycleStream(
+            self.ctx.db,
+            self.ctx.bus,
+            self.caller,
+            self.ctx.offload,
+            last_event_id if last_event_id is not None else query.after,
+            idle=self.ctx.keepalive_interval,
+        )
+        await stream.start()
+
+        async def frames() -> AsyncGenerator[str, None]:
+            try:
+                async for event in stream:
+                    yield ": keep-alive\n\n" if event is None else sse_frame(event)
+            finally:
+                await stream.aclose()
+
+        await self.stream_sse(frames(), lambda: stream.ready)

@@ -244,6 +244,8 @@ def _reply(reply: Reply, ref: Any) -> dict[str, Any]:
         content[JSON] = {"schema": ref(reply.model, "serialization")}
     elif reply.schema is not None:
         content[JSON] = {"schema": dict(reply.schema)}
+    if reply.text is not None:
+        content[reply.text] = {"schema": {"type": "string"}}
     if reply.stream is not None:
         # OpenAPI 3.1 has no standard way to describe a stream; `schema` describes each
         # event, read as an object of its fields (`id`, `event`, `data`), as OpenAPI 3.2's

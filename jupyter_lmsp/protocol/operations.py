@@ -41,13 +41,15 @@ class ResponseHeader:
 @dataclass(frozen=True)
 class Reply:
     """One success status of an operation: a JSON body (`model`, or a raw `schema`), and/or an
-    event stream, with its response headers."""
+    event stream, or a `text` body, with its response headers."""
 
     description: str
     model: type[BaseModel] | None = None
     schema: Mapping[str, Any] | None = None
     stream: EventStream | None = None
     headers: Mapping[str, ResponseHeader] = field(default_factory=dict)
+    # A text body of this media type (e.g. `text/plain` for the metrics) instead of JSON.
+    text: str | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Scope = Literal[
     "tasks:read",
     "tasks:write",
     "clients:admin",
+    "metrics:read",
 ]
 
 SCOPES: tuple[Scope, ...] = get_args(Scope)

@@ -65,3 +65,50 @@ class TaskEventsQuery(Query):
     starting_after: SequenceNumber | None = Field(
         None, description="With `stream`: same as `after`."
     )
+
+
+# What each lifecycle event of a task's log moves the task to (docs/protocol.md, "Task states
+# and events"); every other event (text, progress) is no transition.
+LIFECYCLE_STATES: dict[str, TaskState] = {
+    "response.created": TaskState.QUEUED,
+    "response.queued": TaskState.QUEUED,
+    "response.loading": TaskState.LOADING,
+    "response.in_progress": TaskState.RUNNING,
+    "response.cancelling": TaskState.CANCELLING,
+    "response.completed": TaskState.COMPLETED,
+    "response.incomplete": TaskState.COMPLETED,
+    "response.failed": TaskState.FAILED,
+    "response.cancelled": TaskState.CANCELLED,
+    "task.created": TaskState.QUEUED,
+    "task.queued": TaskState.QUEUED,
+    "task.loading": TaskState.LOADING,
+    "task.running": TaskState.RUNNING,
+    "task.cancelling": TaskState.CANCELLING,
+    "task.completed": TaskState.COMPLETED,
+    "task.failed": TaskState.FAILED,
+    "task.cancelled": TaskState.CANCELLED,
+}
+
+
+class LifecycleEvent(WireObject):
+    """One transition of one of the caller's tasks (`GET /lifecycle`): created, changing state,
+    ending. `sequence_number` orders every task's transitions together (it is the SSE `id`,
+    for `Last-Event-ID`); `type` is the task log's own event type."""
+
+    type: str = Field(examples=["response.created", "response.completed", "task.completed"])
+    sequence_number: Annotated[int, Field(ge=0)]
+    task_id: Annotated[str, Field(pattern="^task_")]
+    task_sequence_number: Annotated[int, Field(ge=0)]
+    state: TaskState
+    kind: str
+    model: str | None
+    response_id: str | None
+    created_at: float
+
+
+class LifecycleQuery(Query):
+    after: SequenceNumber | None = Field(
+        None,
+        description="Transitions after this sequence number (an earlier `sequence_number`); "
+        "absent: only those from now on. `Last-Event-ID` wins over it.",
+    )

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import metrics
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -111,8 +113,12 @@ class Committer:
             if job is _STOP:
                 return
             fn, args, kwargs, then, future = job
+            began = time.monotonic()
             try:
                 result = self._attempt(fn, args, kwargs)
+                metrics.transaction(
+                    getattr(fn, "__name__", "job").lstrip("_"), time.monotonic() - began
+                )
             except BaseException as exc:
                 if future is not None:
                     self._resolve(future, exc=exc)

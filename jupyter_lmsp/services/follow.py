@@ -16,6 +16,7 @@ from typing import Any
 from ..protocol.events import is_terminal
 from ..store import queries
 from ..store.database import Database
+from . import metrics
 from .bus import CLOSED, EventBus, Subscription
 
 Event = dict[str, Any]
@@ -66,6 +67,7 @@ class TaskEventStream:
             self._sub = sub
             last = self.after
             self._replay.extend(queries.list_events(self.db, self.task_id, last))
+            metrics.events_replayed(len(self._replay))
             # What the replay holds is read: the feed (events other servers commit) goes on
             # from there.
             sub.seen(self._replay[-1]["sequence_number"] if self._replay else last)
@@ -94,6 +96,7 @@ class TaskEventStream:
                         if missing["sequence_number"] >= seq:
                             break
                         last = missing["sequence_number"]
+                        metrics.events_replayed(1)
                         yield missing
                 last = seq
                 yield event

@@ -39,6 +39,7 @@ from ..protocol.states import RestartPolicy, TaskState
 from ..store import models as model_store
 from ..store import queries, rules
 from ..store.tables import Model, Task
+from . import metrics
 from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -113,6 +114,7 @@ class ModelRegistrar:
         """Commit a registration task (queued) off the loop (its source is resolved on the
         file system there too), then start it."""
         committed = await offload(self._commit, request, caller)
+        metrics.task_created("model", committed.task.model)
         self.bus.publish(committed.task.id, committed.events)
         self.submit(committed.task.id)
         return task_object(committed.task)

@@ -25,7 +25,7 @@ from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries, rules
 from ..store.dialect import Cursor
 from ..store.tables import Model, Response, Task
-from . import generation
+from . import generation, metrics
 from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
@@ -167,6 +167,7 @@ async def create_response(
         location_prefix,
         _Admitted(model, conversation, plan, admit),
     )
+    metrics.task_created("response", committed.task.model)
     ctx.runner.publish(committed)
     ctx.runner.submit(committed.task.id, caller.id, spec.generation.n)
     return body

@@ -62,6 +62,7 @@ from ..protocol.states import TaskState
 from ..store import queries, rules
 from ..store.database import Database
 from ..store.tables import Response, Task
+from . import metrics
 from .assembly import OutputAssembler, ToolCallError
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -82,6 +83,8 @@ class _Output:
     assembler: OutputAssembler | None = None
     ended: set[int] = field(default_factory=set)
     pending: Batch = field(default_factory=Batch)
+    # When the oldest of the pending tokens arrived (monotonic), for the snapshot commit lag.
+    pending_since: float = field(default_factory=time.monotonic)
     # Why the task fails, once its output could not be read (a malformed tool call).
     broken: dict[str, str] | None = None
 
@@ -94,6 +97,7 @@ class _Start:
     job: GenerateJob | None = None
     generation: Generation | None = None
     owner: str = ""
+    model: str = ""
     committed: list[rules.Committed] = field(default_factory=list)
 
 
@@ -149,6 +153,8 @@ class TaskRunner:
         # Tasks whose generation is being paused to free a slot for another owner.
         self.pausing: set[str] = set()
         self.worker_info: dict[str, Any] = {"state": "stopped"}
+        # Queue waits, token latencies, durations and the worker's figures (services.metrics).
+        self.clock = metrics.RunnerClock()
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
         # Called with the loop when the runner starts (the lease's heartbeat, the feed).
@@ -210,6 +216,7 @@ class TaskRunner:
         for task in tasks:
             if task.id not in self.active:
                 self.queue.push(task.id, task.owner)
+                self.clock.queued(task.id)
         self._dispatch()
 
     def holds(self, task_id: str) -> bool:
@@ -238,6 +245,7 @@ class TaskRunner:
         if rows > 1:
             self.wide[task_id] = (rows, owner)
         self.queue.push(task_id, owner)
+        self.clock.submitted(task_id)
         if len(self.active) + len(self.queue) <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of
             # jobs waits for it instead of starting without it.
@@ -287,6 +295,7 @@ class TaskRunner:
     def _dispatch(self) -> None:
         self._fill()
         self._rebalance()
+        self.clock.slots(len(self.queue), len(self.active))
 
     def _rebalance(self) -> None:
         """Pause one generation of an owner holding more than its share of the slots while
@@ -324,6 +333,7 @@ class TaskRunner:
         self.running_since.pop(task_id, None)
         owner = self.owner_of.pop(task_id, task.owner)
         self.queue.push_paused(task_id, owner)
+        self.clock.queued(task_id)
         self._dispatch()
 
     def _used_rows(self) -> int:
@@ -357,6 +367,7 @@ class TaskRunner:
             if self.runner_id is not None and task.runner_id != self.runner_id:
                 return start  # not ours (any more)
             start.owner = task.owner
+            start.model = task.model
             state = TaskState(task.state)
             if state == TaskState.QUEUED:
                 committed = rules.append_events(
@@ -407,6 +418,8 @@ class TaskRunner:
     def _begin(self, start: _Start) -> None:
         for committed in start.committed:
             self.publish(committed)
+            # A task that could not start ended in its claim.
+            self.clock.ended(committed.task.id, committed.task.model, str(committed.task.state))
         if start.job is None or start.generation is None:
             self.active.discard(start.task_id)
             self.rows.pop(start.task_id, None)
@@ -424,6 +437,11 @@ class TaskRunner:
         )
         self.rows[start.task_id] = start.generation.n
         self.owner_of[start.task_id] = start.owner
+        self.clock.handed(
+            start.task_id,
+            start.model,
+            sum(len(point.token_ids) for point in start.job.resume_points()),
+        )
         self.engine.submit(start.job)
 
     # -- messages from the engine ----------------------------------------------------------
@@ -446,6 +464,14 @@ class TaskRunner:
                 job_id=task_id, input_tokens=n, cached_tokens=cached, tool_format=tool_format
             ):
                 self.cached_tokens[task_id] = cached
+                self.clock.started(
+                    task_id,
+                    n,
+                    cached,
+                    message.cache_bytes,
+                    message.load_seconds,
+                    message.cache_reused_bytes,
+                )
                 if task_id in self.active:
                     self.running_since[task_id] = time.monotonic()
                 output = self.outputs.get(task_id)
@@ -463,6 +489,10 @@ class TaskRunner:
                     then=self._committed,
                 )
             case JobTokens(job_id=task_id, text=text) as tokens:
+                self.clock.tokens(task_id, len(tokens.token_ids), tokens.batch_sizes)
+                output = self.outputs.get(task_id)
+                if output is not None and not output.pending:
+                    output.pending_since = time.monotonic()
                 if not self._read(task_id, lambda a: a.tokens(tokens)):
                     return
                 assert self.loop is not None
@@ -531,7 +561,12 @@ class TaskRunner:
                         then=functools.partial(self._paused, task_id, o),
                     )
                     return
-                self._finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=o)
+                self._finish(
+                    task_id,
+                    rules.Outcome(TaskState.CANCELLED),
+                    output_tokens=o,
+                    cached_tokens=self.cached_tokens.get(task_id, 0),
+                )
             case WorkerExited(job_ids=job_ids, exitcode=code):
                 self._on_worker_exit(list(job_ids), code)
 
@@ -580,21 +615,24 @@ class TaskRunner:
     def _flush(self, *task_ids: str) -> None:
         """Commit the output held for these tasks, in one transaction."""
         outputs = {}
+        oldest = float("inf")
         for task_id in task_ids:
             output = self.outputs.get(task_id)
             if output is not None and output.pending:
                 outputs[task_id] = output.pending
                 output.pending = Batch()
+                oldest = min(oldest, output.pending_since)
         if outputs:
             self.committer.run(
                 rules.append_outputs,
                 self.db,
                 outputs,
                 runner_id=self.runner_id,
-                then=self._committed_outputs,
+                then=functools.partial(self._committed_outputs, oldest),
             )
 
-    def _committed_outputs(self, committed: list[rules.Committed]) -> None:
+    def _committed_outputs(self, oldest: float, committed: list[rules.Committed]) -> None:
+        self.clock.committed_snapshot(oldest)
         for one in committed:
             self._committed(one)
 
@@ -609,12 +647,14 @@ class TaskRunner:
         *,
         output_tokens: int | None = None,
         corrupt: bool = False,
+        cached_tokens: int = 0,
     ) -> None:
         self.committer.run(
             self._end,
             task_id,
             outcome,
             output_tokens=output_tokens,
+            cached_tokens=cached_tokens,
             corrupt=corrupt,
             then=self._finished,
         )
@@ -626,6 +666,7 @@ class TaskRunner:
         *,
         output_tokens: int | None = None,
         corrupt: bool = False,
+        cached_tokens: int = 0,
     ) -> rules.Committed:
         """(database thread) A task's terminal transaction, with what it needs read first."""
         if corrupt or output_tokens is not None or outcome.error is not None:
@@ -639,12 +680,14 @@ class TaskRunner:
                 self.catalog.mark(task.model, "corrupt")
             if task is not None and output_tokens is not None:
                 input_tokens = snapshot_of(task).get("input_tokens", 0)
-                outcome.usage = usage_object(input_tokens, output_tokens)
+                outcome.usage = usage_object(input_tokens, output_tokens, cached_tokens)
         return rules.finish(self.db, task_id, outcome, runner_id=self.runner_id)
 
     def _finished(self, committed: rules.Committed) -> None:
         task_id = committed.task.id
         self.publish(committed)
+        self.clock.ended(task_id, committed.task.model, str(committed.task.state))
+        self.clock.forget(task_id)  # also when the end was refused (another runner's now)
         self.active.discard(task_id)
         self.rows.pop(task_id, None)
         self.wide.pop(task_id, None)
@@ -660,6 +703,7 @@ class TaskRunner:
     def _on_worker_exit(self, job_ids: list[str], exitcode: int | None) -> None:
         log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
         self.worker_info = {"state": "restarting", "last_exit_code": exitcode}
+        self.clock.worker_restarted()
         held = sorted(set(job_ids) | self.active)
         self._flush(*held)
         self.active.difference_update(held)
@@ -681,11 +725,15 @@ class TaskRunner:
         self.engine.restart()
 
     def _after_worker_exit(self, report: rules.RecoveryReport) -> None:
+        metrics.recovered("worker_exit", report.by_policy)
         for committed in report.committed:
             self.publish(committed)
+            # Those the restart policy ended (`fail`) end here.
+            self.clock.ended(committed.task.id, committed.task.model, str(committed.task.state))
         for task_id in reversed(report.adopted):
             if task_id not in self.active:
                 self.queue.push_front(task_id, report.owners[task_id])
+                self.clock.queued(task_id)
         self._dispatch()
 
     # -- recoveries and a lost lease (from services.lease) ----------------------------------
@@ -693,6 +741,7 @@ class TaskRunner:
     def recovered(self, report: rules.RecoveryReport) -> None:
         """A recovery (this server's sweep) committed: publish what it wrote, and run the
         tasks it adopted."""
+        metrics.recovered("sweep", report.by_policy)
         for committed in report.committed:
             self.publish(committed)
         if report.adopted:

@@ -123,3 +123,63 @@ def service_identity(db: Database) -> str:
             row = ServiceConfig(key="service_id", value=json.dumps(f"svc_{secrets.token_hex(16)}"))
             session.add(row)
         return json.loads(row.value)
+
+
+TASK_STATES: tuple[str, ...] = tuple(str(s) for s in TaskState)
+
+
+def count_tasks_by_state(db: Database) -> dict[str, int]:
+    """How many tasks the database holds in each state (every server's)."""
+    with db.read() as session:
+        rows = session.connection().exec_driver_sql(
+            "SELECT state, COUNT(*) FROM tasks GROUP BY state"
+        )
+        return {str(state): int(n) for state, n in rows}
+
+
+@dataclass
+class LifecycleRow:
+    """A lifecycle event of some task, with what the caller-wide stream tells of its task."""
+
+    id: int
+    task_id: str
+    sequence_number: int
+    type: str
+    created_at: float
+    owner: str
+    kind: str
+    model: str | None
+    response_id: str | None
+
+
+def last_event_id(db: Database) -> int:
+    """The row id of the newest event (every task's), -1 when there is none."""
+    with db.read() as session:
+        found = session.connection().exec_driver_sql("SELECT MAX(id) FROM task_events").scalar()
+        return -1 if found is None else int(found)
+
+
+def lifecycle_events(
+    db: Database, after: int, types: tuple[str, ...], limit: int = 500
+) -> tuple[list[LifecycleRow], int]:
+    """Events of these `types` (every task's) with a row id above `after`, oldest first, and
+    the row id the read covered: the last event's when `limit` rows came, else the newest
+    event's (the next read starts there, not again over the text events in between). Row ids
+    follow commit order (one writer at a time), so no event appears later below it."""
+    marks = ", ".join("?" * len(types))
+    with db.read() as session:
+        conn = session.connection()
+        top = conn.exec_driver_sql("SELECT MAX(id) FROM task_events").scalar()
+        if top is None or top <= after:
+            return [], after
+        rows = [
+            LifecycleRow(*row)
+            for row in conn.exec_driver_sql(
+                "SELECT e.id, e.task_id, e.sequence_number, e.type, e.created_at, t.owner,"
+                " t.kind, t.model, t.response_id FROM task_events e JOIN tasks t"
+                f" ON t.id = e.task_id WHERE e.id > ? AND e.id <= ? AND e.type IN ({marks})"
+                " ORDER BY e.id LIMIT ?",
+                (after, top, *types, limit),
+            )
+        ]
+        return rows, rows[-1].id if len(rows) == limit else int(top)

@@ -118,12 +118,16 @@ class RecoveryReport:
     # and whose each of them is.
     adopted: list[str] = field(default_factory=list)
     owners: dict[str, str] = field(default_factory=dict)
+    # The tasks examined by (state found, restart policy, state left in), for the metrics.
+    by_policy: dict[tuple[str, str, str], int] = field(default_factory=dict)
 
     def add(self, other: RecoveryReport) -> None:
         self.examined += other.examined
         self.released_claims += other.released_claims
         for key, n in other.transitions.items():
             self.transitions[key] = self.transitions.get(key, 0) + n
+        for key3, n in other.by_policy.items():
+            self.by_policy[key3] = self.by_policy.get(key3, 0) + n
         self.committed.extend(other.committed)
         self.runners.extend(other.runners)
         self.adopted.extend(other.adopted)
@@ -758,6 +762,8 @@ def _apply_table(
         target = RECOVERY_TABLE[found_state][RestartPolicy(task.on_restart)]
         key = f"{found_state}->{target}"
         report.transitions[key] = report.transitions.get(key, 0) + 1
+        by = (str(found_state), str(task.on_restart), str(target))
+        report.by_policy[by] = report.by_policy.get(by, 0) + 1
         response = responses.get(task.response_id) if task.response_id else None
         if target in (TaskState.QUEUED, TaskState.RUNNING):
             report.adopted.append(task.id)

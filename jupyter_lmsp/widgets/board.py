@@ -1,9 +1,11 @@
 """`TaskBoard`: every task of the service, live, filterable by state; a row opens a TaskWatcher.
 
-The service has no stream of all tasks, so a daemon thread polls `GET /tasks` (newest first,
-every page up to `max_rows`, with the chosen state filter applied by the server) every
-`interval` seconds and sets the table's rows. Clicking a row (or `board.open_task(task_id)`) shows a
-`TaskWatcher` for it under the table.
+A daemon thread follows the caller-wide lifecycle stream (`GET /lifecycle`): once it is open
+the tasks are listed (`GET /tasks`, newest first, up to `max_rows`, the state filter applied by
+the server), and from then on each transition of a task re-reads that task alone. A new filter
+lists again. While the stream cannot be had (an older service, a network error) the thread
+polls `GET /tasks` every `interval` seconds instead, and tries the stream again. Clicking a row
+(or `board.open_task(task_id)`) shows a `TaskWatcher` for it under the table.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class TaskTable(anywidget.AnyWidget):
 
 
 class TaskBoard(ipywidgets.VBox):
-    """All tasks, refreshed every `interval` seconds; `state` filters ("running", a list, …)."""
+    """All tasks, live (the lifecycle stream; else polled every `interval` seconds); `state`
+    filters ("running", a list, …)."""
 
     def __init__(
         self,
@@ -90,10 +93,15 @@ class TaskBoard(ipywidgets.VBox):
         self._wake = threading.Event()
         self._polled = threading.Condition()
         self._thread: threading.Thread | None = None
+        # "lifecycle" while the stream is open, else "poll"; the stream, to close it.
+        self.mode = "poll"
+        self._stream: Any = None
+        self._cursor: int | None = None
+        self._rows_lock = threading.Lock()
         if state:
             self.state_filter = state if isinstance(state, str) else ",".join(state)
         self.table.on_msg(self._on_frontend_msg)
-        self.table.observe(lambda _change: self._wake.set(), names="state_filter")
+        self.table.observe(lambda _change: self._filter_changed(), names="state_filter")
         if start:
             self.start()
 
@@ -124,21 +132,53 @@ class TaskBoard(ipywidgets.VBox):
         except Exception as exc:
             self.table.connection = f"unreachable: {type(exc).__name__}"
             raise
-        self.tasks = tasks
-        rows = [task_row(t) for t in tasks]
-        with self.table.hold_sync():
-            if rows != self.table.rows:
-                self.table.rows = rows
-            self.table.connection = "live"
+        with self._rows_lock:
+            self._show(tasks)
         with self._polled:
             self.polls += 1
             self._completed = max(self._completed, number)
             self._polled.notify_all()
         return tasks
 
+    def _show(self, tasks: list[Task]) -> None:
+        self.tasks = tasks
+        rows = [task_row(t) for t in tasks]
+        with self.table.hold_sync():
+            if rows != self.table.rows:
+                self.table.rows = rows
+            self.table.connection = "live"
+
+    def _apply(self, event: dict[str, Any]) -> None:
+        """A transition from the lifecycle stream: read that task again and place it."""
+        try:
+            task = self.client.get_task(str(event["task_id"]))
+        except Exception:
+            return  # gone (deleted) meanwhile, or unreachable: the next list shows it
+        states = [s for s in self.table.state_filter.split(",") if s]
+        with self._rows_lock:
+            tasks = [t for t in self.tasks if t.id != task.id]
+            if not states or task.state in states:
+                tasks.append(task)
+            tasks.sort(key=lambda t: (t.created_at, t.id), reverse=True)
+            self._show(tasks[: self.max_rows])
+
+    def _filter_changed(self) -> None:
+        if self.mode == "lifecycle":
+            # The stream goes on; the list under the new filter is read once, off this thread.
+            threading.Thread(target=self._refresh_quietly, daemon=True).start()
+        else:
+            self._wake.set()
+
+    def _refresh_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self.refresh()
+
     def wait_for_poll(self, timeout: float = 10.0) -> None:
         """Block until a poll that started after this call has finished, so that it saw every
         change made before it (a new filter, new tasks). For scripts and tests."""
+        if self.mode == "lifecycle":
+            self.refresh()  # nothing polls while the stream is open: list now
+            return
         with self._polled:
             target = self._started + 1
             self._wake.set()
@@ -159,6 +199,10 @@ class TaskBoard(ipywidgets.VBox):
         if hasattr(self, "_stopped"):
             self._stopped.set()
             self._wake.set()
+            stream = self._stream
+            if stream is not None:
+                with contextlib.suppress(Exception):
+                    stream.close()
         watcher: TaskWatcher | None = getattr(self, "watcher", None)
         if watcher is not None:
             watcher.close()
@@ -168,11 +212,46 @@ class TaskBoard(ipywidgets.VBox):
 
     def _run(self) -> None:
         while not self._stopped.is_set():
+            if self._follow_lifecycle():
+                # The stream ended: open it again (from where it stopped), not in a tight
+                # loop if the service keeps closing it.
+                self._wake.wait(min(self.interval, 1.0))
+                self._wake.clear()
+                continue
             # A failure shows in the table's status; the next poll tries again.
             with contextlib.suppress(Exception):
                 self.refresh()
             self._wake.wait(self.interval)
             self._wake.clear()
+
+    def _follow_lifecycle(self) -> bool:
+        """Follow the lifecycle stream until it ends; False if it could not be opened."""
+        opener = getattr(self.client, "lifecycle", None)
+        if opener is None:
+            return False
+        try:
+            self._stream = opener(self._cursor)
+        except Exception:
+            return False
+        try:
+            if self._stopped.is_set():
+                return True
+            self.mode = "lifecycle"
+            if self._cursor is None:
+                self.refresh()  # where every task stands; transitions from now on follow
+            for event in self._stream:
+                if self._stopped.is_set():
+                    break
+                self._cursor = int(event["sequence_number"])
+                self._apply(event)
+            return True
+        except Exception:
+            return False
+        finally:
+            self.mode = "poll"
+            with contextlib.suppress(Exception):
+                self._stream.close()
+            self._stream = None
 
     def _on_frontend_msg(self, _widget: Any, content: dict[str, Any], _buffers: Any) -> None:
         if content.get("type") == "open" and content.get("task_id"):

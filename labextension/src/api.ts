@@ -118,6 +118,15 @@ export class LMSPClient {
     );
   }
 
+  /** The Prometheus metrics (GET /lmsp/v1/metrics, text): the owner holds `metrics:read`. */
+  async metrics(): Promise<string> {
+    const response = await this.fetch('metrics', { cache: 'no-store' });
+    if (!response.ok) {
+      throw await errorFrom(response);
+    }
+    return response.text();
+  }
+
   models(): Promise<IModelList> {
     return this.request('GET', 'models');
   }

@@ -12,15 +12,35 @@ import { Signal } from '@lumino/signaling';
 import type { ISignal } from '@lumino/signaling';
 
 import { LMSPClient } from './api';
-import { TaskFollower } from './sse';
+import { parseExposition, pointsOf, scrapeOf, startupRecovery } from './metrics';
+import type { IPoint, IRecovered, IScrape } from './metrics';
+import { LifecycleFollower, TaskFollower } from './sse';
 import type { FollowMode } from './sse';
 import { isTerminal, stateAfterEvent } from './taskstate';
-import type { IClient, IModel, IPairing, IService, ITask, ITaskEvent } from './types';
+import type {
+  IClient,
+  ILifecycleEvent,
+  IModel,
+  IPairing,
+  IService,
+  ITask,
+  ITaskEvent
+} from './types';
 
 export const MAX_STREAMS = 4;
 const REFRESH_MS = 2500;
 const PAIRING_POLL_MS = 3000;
 const TASK_PAGE = 20;
+/** How far back the activity sparklines reach. */
+export const ACTIVITY_WINDOW_MS = 5 * 60 * 1000;
+
+/** The activity view: figures over the last minutes, from the service's metrics. */
+export interface IActivity {
+  points: IPoint[];
+  queueDepth: number;
+  active: number;
+  recovered: IRecovered[];
+}
 
 /** A task as the sidebar shows it. */
 export interface ITaskView {
@@ -64,6 +84,7 @@ export class SidebarModel {
   models: ISection<IModel[]> = section([]);
   pairings: ISection<IPairing[]> = section([]);
   clients: ISection<IClient[]> = section([]);
+  activity: ISection<IActivity | null> = section(null);
   /** The last outcome of a user action (register, cancel, approve, …). */
   message: IMessage | null = null;
   /** Keys of actions in flight (e.g. `cancel:task_…`), to disable their buttons. */
@@ -71,6 +92,11 @@ export class SidebarModel {
 
   private readonly followers = new Map<string, TaskFollower>();
   private readonly views = new Map<string, ITaskView>();
+  private scrapes: IScrape[] = [];
+  /** The caller-wide lifecycle stream, while the panel is shown: the task list is not polled
+   * while it is connected. */
+  private lifecycle: LifecycleFollower | null = null;
+  private lifecycleConnected = false;
   private readonly seenPairings = new Set<string>();
   private active = false;
   private pairingFailures = 0;
@@ -137,10 +163,21 @@ export class SidebarModel {
     }
     this.active = active;
     if (active) {
-      void this.refresh();
+      // The list of tasks comes once the lifecycle stream is open (`onOpen`), then from it.
+      void this.refresh(false);
+      this.lifecycle = new LifecycleFollower({
+        client: this.client,
+        onOpen: () => void this.refreshTasks(),
+        onEvent: event => this.onLifecycle(event),
+        onConnected: connected => {
+          this.lifecycleConnected = connected;
+          this.emit();
+        }
+      }).start();
       this.refreshTimer = setInterval(() => {
         if (document.visibilityState !== 'hidden') {
-          void this.refresh();
+          // Tasks are polled only while the lifecycle stream is down.
+          void this.refresh(!this.lifecycleConnected);
         }
       }, REFRESH_MS);
       this.tickTimer = setInterval(() => this.emit(), 1000);
@@ -151,6 +188,9 @@ export class SidebarModel {
         }
       }
       this.refreshTimer = this.tickTimer = null;
+      this.lifecycle?.stop();
+      this.lifecycle = null;
+      this.lifecycleConnected = false;
       this.stopFollowers();
     }
   }
@@ -165,14 +205,34 @@ export class SidebarModel {
     Signal.clearData(this);
   }
 
-  async refresh(): Promise<void> {
+  /** Whether the task list follows the lifecycle stream (else it is polled). */
+  get tasksLive(): boolean {
+    return this.lifecycleConnected;
+  }
+
+  async refresh(tasks = true): Promise<void> {
     await Promise.all([
       this.load('service', () => this.client.service()),
-      this.refreshTasks(),
+      tasks ? this.refreshTasks() : Promise.resolve(),
       this.load('models', async () => (await this.client.models()).data),
       this.refreshPairings(),
-      this.load('clients', async () => (await this.client.clients()).data)
+      this.load('clients', async () => (await this.client.clients()).data),
+      this.load('activity', () => this.scrapeMetrics())
     ]);
+  }
+
+  /** Read the metrics once more: the sparklines gain the interval since the last read. */
+  private async scrapeMetrics(): Promise<IActivity> {
+    const samples = parseExposition(await this.client.metrics());
+    const now = Date.now();
+    const scrape = scrapeOf(samples, now);
+    this.scrapes = [...this.scrapes.filter(s => now - s.at <= ACTIVITY_WINDOW_MS), scrape];
+    return {
+      points: pointsOf(this.scrapes),
+      queueDepth: scrape.queueDepth,
+      active: scrape.active,
+      recovered: startupRecovery(samples)
+    };
   }
 
   // -- tasks -------------------------------------------------------------------------------
@@ -183,6 +243,52 @@ export class SidebarModel {
       return page.data.map(task => this.merge(task));
     });
     this.follow();
+  }
+
+  /** A transition of one of the caller's tasks (the lifecycle stream). */
+  private onLifecycle(event: ILifecycleEvent): void {
+    const view = this.views.get(event.task_id);
+    const listed = view !== undefined && this.tasks.data.includes(view);
+    if (!view || !listed) {
+      // A task the list does not show yet (new, or older than the page): its object.
+      void this.client
+        .task(event.task_id)
+        .then(task => {
+          const fresh = this.merge(task);
+          if (!this.tasks.data.includes(fresh)) {
+            this.tasks.data = [fresh, ...this.tasks.data]
+              .sort((a, b) => b.task.created_at - a.task.created_at)
+              .slice(0, TASK_PAGE);
+          }
+          this.follow();
+          this.emit();
+        })
+        .catch(() => undefined); // gone already (deleted): nothing to show
+      return;
+    }
+    if (event.task_sequence_number > view.task.last_sequence_number) {
+      view.task = {
+        ...view.task,
+        state: event.state,
+        last_sequence_number: event.task_sequence_number,
+        updated_at: Date.now() / 1000
+      };
+    }
+    if (isTerminal(event.state) && !this.followers.has(event.task_id)) {
+      // Its object, for finished_at, usage and error (a followed task gets it on its end).
+      void this.client
+        .task(event.task_id)
+        .then(task => {
+          this.merge(task);
+          this.emit();
+        })
+        .catch(() => undefined);
+      if (view.task.kind === 'model') {
+        void this.load('models', async () => (await this.client.models()).data);
+      }
+    }
+    this.follow();
+    this.emit();
   }
 
   /** The view of a task with a (possibly stale) task object from a list or a POST. */
@@ -393,7 +499,9 @@ export class SidebarModel {
 
   // -- plumbing ----------------------------------------------------------------------------
 
-  private async load<K extends 'service' | 'tasks' | 'models' | 'pairings' | 'clients'>(
+  private async load<
+    K extends 'service' | 'tasks' | 'models' | 'pairings' | 'clients' | 'activity'
+  >(
     key: K,
     get: () => Promise<this[K]['data']>
   ): Promise<boolean> {

@@ -6,6 +6,7 @@ import * as React from 'react';
 
 import type { SidebarModel } from './model';
 import type { IClient } from './types';
+import { ActivityView } from './views/activity';
 import { ClientsView } from './views/clients';
 import { ErrorLine } from './views/common';
 import { ModelsView } from './views/models';
@@ -22,7 +23,10 @@ export interface ISidebarOptions {
 function Sidebar(props: ISidebarOptions): React.ReactElement {
   const { model } = props;
   return (
-    <div className="jp-LMSP-sidebar">
+    <div
+      className="jp-LMSP-sidebar"
+      data-task-list={model.tasksLive ? 'lifecycle' : 'poll'}
+    >
       <header className="jp-LMSP-header">
         <span className="jp-LMSP-title">Language models</span>
         <button
@@ -57,6 +61,7 @@ function Sidebar(props: ISidebarOptions): React.ReactElement {
       ) : null}
       <PairingsView model={model} />
       <ServiceView model={model} />
+      <ActivityView model={model} />
       <TasksView model={model} openLog={props.openLog} />
       <ModelsView model={model} />
       <ClientsView model={model} confirmRevoke={props.confirmRevoke} />

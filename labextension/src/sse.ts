@@ -8,7 +8,7 @@
 import type { LMSPClient } from './api';
 import { LMSPError, errorFrom } from './api';
 import { isTerminalEvent } from './taskstate';
-import type { ITaskEvent } from './types';
+import type { ILifecycleEvent, ITaskEvent } from './types';
 
 export interface ISSEMessage {
   id: string | null;
@@ -225,6 +225,108 @@ export class TaskFollower {
       }
       more = page.has_more && page.data.length > 0;
     }
+  }
+}
+
+export interface ILifecycleOptions {
+  client: LMSPClient;
+  /** Each transition of one of the caller's tasks, once, in commit order. */
+  onEvent: (event: ILifecycleEvent) => void;
+  /** The stream is (again) connected: transitions from now on arrive (list the tasks now,
+   * once, to know where they all stand). */
+  onOpen: () => void;
+  /** The stream is lost (the caller polls meanwhile) or back. */
+  onConnected?: (connected: boolean) => void;
+}
+
+/**
+ * Follows `GET /lmsp/v1/lifecycle` (every task of the caller created, changing state, ending)
+ * until `stop()`, reconnecting with `Last-Event-ID` after a drop, so no transition is missed
+ * or delivered twice. Replaces polling `/tasks` while it is connected.
+ */
+export class LifecycleFollower {
+  private readonly abort = new AbortController();
+  private after: number | null = null;
+  private failures = 0;
+
+  constructor(private readonly options: ILifecycleOptions) {}
+
+  start(): this {
+    void this.run();
+    return this;
+  }
+
+  stop(): void {
+    this.abort.abort();
+  }
+
+  /** (A method: the state changes across awaits.) */
+  isStopped(): boolean {
+    return this.abort.signal.aborted;
+  }
+
+  private async run(): Promise<void> {
+    while (!this.isStopped()) {
+      try {
+        await this.stream();
+      } catch {
+        if (this.isStopped()) {
+          return;
+        }
+      }
+      this.options.onConnected?.(false);
+      this.failures += 1;
+      await sleep(Math.min(10000, 250 * 2 ** this.failures), this.abort.signal).catch(
+        () => undefined
+      );
+    }
+  }
+
+  private async stream(): Promise<void> {
+    const headers: Record<string, string> = { Accept: 'text/event-stream' };
+    if (this.after !== null) {
+      headers['Last-Event-ID'] = String(this.after);
+    }
+    const response = await this.options.client.fetch('lifecycle', {
+      headers,
+      signal: this.abort.signal,
+      cache: 'no-store'
+    });
+    if (!response.ok) {
+      throw await errorFrom(response);
+    }
+    const body = response.body;
+    if (!body) {
+      throw new Error('the lifecycle stream has no body');
+    }
+    this.options.onConnected?.(true);
+    if (this.after === null) {
+      // From now on: where every task stands comes from one list.
+      this.options.onOpen();
+    }
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    const parser = new SSEParser();
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) {
+          break;
+        }
+        for (const message of parser.push(value)) {
+          const event = JSON.parse(message.data) as ILifecycleEvent;
+          if (this.after !== null && event.sequence_number <= this.after) {
+            continue;
+          }
+          this.after = event.sequence_number;
+          this.failures = 0;
+          this.options.onEvent(event);
+        }
+      }
+    } finally {
+      reader.cancel().catch(() => undefined);
+    }
+    // Closed by the server. (With nothing received yet, the reconnect starts from "now"
+    // again and lists the tasks again: nothing is missed either way.)
   }
 }
 

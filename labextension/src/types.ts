@@ -18,6 +18,8 @@ export type IErrorObject = Schemas['ErrorDetail'];
 /** One event of a task's log; lifecycle events of a response carry `response`. */
 export type ITaskEvent = Schemas['Event'];
 export type IEventPage = Schemas['EventPage'];
+/** One transition of one of the caller's tasks (GET /lifecycle). */
+export type ILifecycleEvent = Schemas['LifecycleEvent'];
 export type IModel = Schemas['Model'];
 export type IModelList = Schemas['ModelList'];
 export type IPairing = Schemas['Pairing'];

@@ -233,6 +233,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/lifecycle": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Every task of the caller created, changing state and ending, as SSE
+         * @description Requires the `tasks:read` scope. A board of tasks lists `/tasks` once, then follows this stream instead of polling; a reconnect with `Last-Event-ID` misses and repeats nothing.
+         */
+        get: operations["followLifecycle"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/pairings": {
         parameters: {
             query?: never;
@@ -380,6 +400,26 @@ export interface paths {
         };
         /** This document */
         get: operations["getOpenAPI"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/metrics": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The service's Prometheus metrics
+         * @description Requires the `metrics:read` scope. The gauges read from the database (`lmsp_tasks`) are read for this answer; every other metric counts what this server did since it started.
+         */
+        get: operations["getMetrics"];
         put?: never;
         post?: never;
         delete?: never;
@@ -723,7 +763,7 @@ export interface components {
              */
             object: "client";
             name: string;
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
             created_at: number;
             last_used_at: number | null;
             revoked_at: number | null;
@@ -1468,6 +1508,34 @@ export interface components {
             cached_tokens: number;
             cache_write_tokens: number;
         };
+        /**
+         * LifecycleEvent
+         * @description One transition of one of the caller's tasks (`GET /lifecycle`): created, changing state,
+         *     ending. `sequence_number` orders every task's transitions together (it is the SSE `id`,
+         *     for `Last-Event-ID`); `type` is the task log's own event type.
+         */
+        LifecycleEvent: {
+            /**
+             * @example response.created
+             * @example response.completed
+             * @example task.completed
+             */
+            type: string;
+            sequence_number: number;
+            task_id: string;
+            task_sequence_number: number;
+            state: components["schemas"]["TaskState"];
+            kind: string;
+            model: string | null;
+            response_id: string | null;
+            created_at: number;
+        };
+        /** @description One transition of one of the caller's tasks: `id` is its sequence number (across all tasks), `event` its type, `data` the LifecycleEvent as JSON. Keep-alives are `:` comment lines. */
+        LifecycleStreamItem: {
+            id?: string;
+            event?: string;
+            data: string;
+        };
         /** Limits */
         Limits: {
             max_body_bytes: number;
@@ -1583,8 +1651,8 @@ export interface components {
              */
             object: "pairing";
             client_name: string;
-            requested_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
-            granted_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[] | null;
+            requested_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
+            granted_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[] | null;
             user_code: string;
             /**
              * @example pending
@@ -1603,7 +1671,7 @@ export interface components {
              * @description Approve only these (a subset of the requested scopes).
              * @default null
              */
-            scopes?: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[] | null;
+            scopes?: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[] | null;
         };
         /** PairingList */
         PairingList: {
@@ -1632,7 +1700,7 @@ export interface components {
             expires_at: number;
             /** @description Seconds between polls. */
             interval: number;
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
         };
         /**
          * PairingToken
@@ -1651,7 +1719,7 @@ export interface components {
              * @constant
              */
             token_type: "Bearer";
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
         };
         /** PairingTokenRequest */
         PairingTokenRequest: {
@@ -1779,7 +1847,7 @@ export interface components {
             /** @description Shown to the owner when they approve or deny the pairing. */
             client_name: string;
             /** @description The scopes the client asks for. */
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
         };
         /** StreamOptions */
         StreamOptions: {
@@ -2461,6 +2529,35 @@ export interface operations {
             404: components["responses"]["NotFound"];
         };
     };
+    followLifecycle: {
+        parameters: {
+            query?: {
+                /** @description Transitions after this sequence number (an earlier `sequence_number`); absent: only those from now on. `Last-Event-ID` wins over it. */
+                after?: number | null;
+            };
+            header?: {
+                /** @description An SSE reconnect: resume after this sequence number (wins over the query). */
+                "Last-Event-ID"?: number;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description SSE frames `id`, `event`, `data` (a LifecycleEvent), in commit order, until the client goes away; `: keep-alive` comments while idle. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": components["schemas"]["LifecycleStreamItem"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+        };
+    };
     listPairings: {
         parameters: {
             query?: never;
@@ -2718,6 +2815,28 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
+        };
+    };
+    getMetrics: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Every LMSP metric (docs/metrics.md), in the Prometheus text format 0.0.4. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/plain": string;
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
         };
     };
 }
