@@ -289,7 +289,12 @@ def test_revocation_from_the_command_line_keeps_tasks_from_resuming(lmsp_data):
         with bearer(server, c["access_token"]) as client:
             response = client.post(
                 "/responses",
-                json={"input": "Tell me a story.", "background": True, "max_output_tokens": 2000},
+                json={
+                    "input": "Tell me a story.",
+                    "background": True,
+                    "max_output_tokens": 2000,
+                    "temperature": 0,
+                },
             ).json()
             assert response["on_restart"] == "resume"
             wait_task(
