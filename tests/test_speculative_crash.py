@@ -64,3 +64,42 @@ def test_a_speculating_server_killed_mid_task_resumes_to_the_text_without_specul
         assert final["output"][0]["content"][0]["text"] == expected_text
         assert final["usage"]["output_tokens"] == expected["response"]["usage"]["output_tokens"]
         assert events(c, resp["task_id"]) == whole
+
+
+def test_usage_and_metrics_count_the_accepted_draft_tokens(lmsp_data):
+    """`usage.output_tokens_details.accepted_draft_tokens` (Responses) and
+    `completion_tokens_details.accepted_draft_tokens` (Chat) say how many output tokens came
+    from verified drafts, and `lmsp_accepted_draft_tokens_total` sums them; with speculation
+    off they are 0 and the texts are the same."""
+    from test_metrics import lmsp_metrics, value
+
+    request = {"input": PROMPT, "max_output_tokens": 120, "temperature": 0, "background": False}
+    chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 120, "temperature": 0}
+    texts = {}
+    for speculating in (True, False):
+        folder = lmsp_data / f"speculating-{speculating}"
+        (folder / "models").mkdir(parents=True)
+        (folder / "models" / "tiny").symlink_to((lmsp_data / "models" / "tiny").resolve())
+        with (
+            ServerProcess(folder, speculative_decoding=speculating).start() as server,
+            server.client() as c,
+        ):
+            r = c.post("/responses", json=request)
+            assert r.status_code == 200, r.text
+            response = r.json()
+            usage = response["usage"]
+            drafted = usage["output_tokens_details"]["accepted_draft_tokens"]
+            r = c.post("/chat/completions", json=chat)
+            assert r.status_code == 200, r.text
+            completion = r.json()
+            chat_drafted = completion["usage"]["completion_tokens_details"]["accepted_draft_tokens"]
+            texts[speculating] = response["output"][0]["content"][0]["text"]
+            if speculating:
+                # The test model repeats itself on this prompt: drafts are proposed and verified.
+                assert 0 < drafted <= usage["output_tokens"]
+                assert 0 < chat_drafted <= completion["usage"]["completion_tokens"]
+            else:
+                assert drafted == chat_drafted == 0
+            total = value(lmsp_metrics(server), "lmsp_accepted_draft_tokens_total", model="tiny")
+            assert total == drafted + chat_drafted
+    assert texts[True] == texts[False]

@@ -352,6 +352,11 @@ class CompletionTokensDetails(WireObject):
     audio_tokens: int
     accepted_prediction_tokens: int
     rejected_prediction_tokens: int
+    accepted_draft_tokens: int = Field(
+        default=0,
+        description="LMSP extension: completion tokens speculative decoding proposed and the "
+        "model verified (as the Responses usage's output_tokens_details).",
+    )
 
 
 class ChatUsage(WireObject):
@@ -471,6 +476,7 @@ def chat_usage(usage: dict[str, Any] | None) -> ChatUsage:
     prompt = usage.get("input_tokens", 0)
     completion = usage.get("output_tokens", 0)
     cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+    drafted = (usage.get("output_tokens_details") or {}).get("accepted_draft_tokens", 0)
     return ChatUsage(
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -481,6 +487,7 @@ def chat_usage(usage: dict[str, Any] | None) -> ChatUsage:
             audio_tokens=0,
             accepted_prediction_tokens=0,
             rejected_prediction_tokens=0,
+            accepted_draft_tokens=drafted,
         ),
     )
 

@@ -466,6 +466,12 @@ class InputTokensDetails(WireObject):
 
 class OutputTokensDetails(WireObject):
     reasoning_tokens: Annotated[int, Field(ge=0)]
+    accepted_draft_tokens: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="LMSP extension: of the output tokens, how many speculative decoding "
+        "proposed and the model verified (ordinary output tokens, exactly those decoding "
+        "without speculation gives; a resumed task counts those of its last attempt).",
+    )
 
 
 class Usage(WireObject):

@@ -518,6 +518,7 @@ class TaskRunner:
                 ]
                 for choice, reason in ends:
                     self._end_choice(task_id, choice, reason)
+                self.clock.accepted_drafts(task_id, message.accepted_draft_tokens)
                 self._flush(task_id)
                 broken = self._broken(task_id)
                 if broken is not None:
@@ -529,7 +530,12 @@ class TaskRunner:
                     rules.Outcome(
                         TaskState.COMPLETED,
                         incomplete_reason="max_output_tokens" if cut else None,
-                        usage=usage_object(i, o, self.cached_tokens.get(task_id, 0)),
+                        usage=usage_object(
+                            i,
+                            o,
+                            self.cached_tokens.get(task_id, 0),
+                            message.accepted_draft_tokens,
+                        ),
                     ),
                 )
             case JobFailed(job_id=task_id, code=code, message=text):

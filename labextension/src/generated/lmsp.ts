@@ -783,6 +783,11 @@ export interface components {
             audio_tokens: number;
             accepted_prediction_tokens: number;
             rejected_prediction_tokens: number;
+            /**
+             * @description LMSP extension: completion tokens speculative decoding proposed and the model verified (as the Responses usage's output_tokens_details).
+             * @default 0
+             */
+            accepted_draft_tokens: number;
         };
         /**
          * CreateChatCompletionRequest
@@ -1638,6 +1643,11 @@ export interface components {
         /** OutputTokensDetails */
         OutputTokensDetails: {
             reasoning_tokens: number;
+            /**
+             * @description LMSP extension: of the output tokens, how many speculative decoding proposed and the model verified (ordinary output tokens, exactly those decoding without speculation gives; a resumed task counts those of its last attempt).
+             * @default 0
+             */
+            accepted_draft_tokens: number;
         };
         /**
          * Pairing
