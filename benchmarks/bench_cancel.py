@@ -10,7 +10,12 @@ one's slot is free. Each round, on fresh prompts (a nonce first, so the prompt c
 helps):
 
 1. **step**: a greedy task of `--tokens` tokens streamed to the end: one decode step =
-   (last delta − first delta) / (output tokens − 1);
+   (last delta − first delta) / (the worker's forward steps in that time). The steps are
+   counted from the service's own `lmsp_batch_size_count` (one observation per forward step,
+   read from `/lmsp/v1/metrics` before and after), less the prefill step before the first
+   token. Speculative decoding (on by default) emits several tokens from one verify step, so
+   the time per *token* is shorter than the step a cancel may find in flight; the time per
+   token is reported beside it;
 2. **chunk**: a task with a ~`--prompt-tokens` prompt run to its first token: one prefill chunk
    = (first delta − in_progress) / the number of 128-token chunks of its prompt;
 3. **decode**: a long task decoding, a short one queued behind it; the first is cancelled
@@ -161,13 +166,35 @@ def long_prompt(tokens: int, nonce: str) -> list[dict[str, str]]:
     return chat(FILLER * max(1, tokens // 44) + "\nSummarise the rules above.", nonce)
 
 
-def measure_step(service: Service, tokens: int, nonce: str) -> float:
+def forward_steps(service: Service) -> float:
+    """The worker's forward steps so far: `lmsp_batch_size` is observed once per step."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = service.client.get("/metrics")
+    response.raise_for_status()
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name == "lmsp_batch_size_count":
+                return sample.value
+    return 0.0
+
+
+def measure_step(service: Service, tokens: int, nonce: str) -> tuple[float, float]:
+    """(one forward decode step, time per output token), in seconds."""
+    before = forward_steps(service)
     watch = service.create(chat(STORY, nonce), tokens)
     watch.done.wait(600)
+    # Reported with the next tokens: give the last step's figure time to reach the runner.
+    time.sleep(0.2)
+    steps = forward_steps(service) - before
     produced = (watch.final.get("usage") or {}).get("output_tokens", 0)
-    if produced < 3 or len(watch.deltas) < 2:
-        raise RuntimeError(f"step measurement produced {produced} tokens")
-    return (watch.deltas[-1] - watch.deltas[0]) / (produced - 1)
+    if produced < 3 or len(watch.deltas) < 2 or steps < 3:
+        raise RuntimeError(f"step measurement produced {produced} tokens in {steps} steps")
+    span = watch.deltas[-1] - watch.deltas[0]
+    # Less the prefill step and the step of the first token: the steps between the first and
+    # the last delta. Counting one step too many (tokens coalesced into one delta) only makes
+    # the step shorter and the target harder.
+    return span / max(1.0, steps - 2), span / (produced - 1)
 
 
 def measure_chunk(service: Service, prompt_tokens: int, nonce: str) -> tuple[float, int]:
@@ -237,7 +264,9 @@ def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
         f"{meta['platform']}, load average {meta['load_before'][0]:.1f} before / "
         f"{meta['load_after'][0]:.1f} after.",
         "",
-        f"One decode step: {spread(step)} ms. One prefill chunk ({PREFILL_STEP} tokens of a "
+        f"One decode step (a forward pass): {spread(step)} ms; time per output token "
+        f"{spread([r['per_token'] for r in rounds])} ms (shorter when speculative drafts are "
+        "accepted). One prefill chunk ({PREFILL_STEP} tokens of a "
         f"{statistics.median(r['prompt_tokens'] for r in rounds):.0f}-token prompt): "
         f"{spread(chunk)} ms.",
         "",
@@ -300,7 +329,7 @@ def main() -> None:
             service.create(chat("Hi", "warm-up"), 2).done.wait(600)
             for i in range(args.rounds):
                 nonce = uuid.uuid4().hex[:8]
-                step = measure_step(service, args.tokens, nonce + "s")
+                step, per_token = measure_step(service, args.tokens, nonce + "s")
                 chunk, prompt = measure_chunk(service, args.prompt_tokens, nonce + "c")
                 decode = cancel_during_decode(service, nonce + "d", args.decode_tokens)
                 prefill = cancel_during_prefill(
@@ -309,6 +338,7 @@ def main() -> None:
                 rounds.append(
                     {
                         "step": step,
+                        "per_token": per_token,
                         "chunk": chunk,
                         "prompt_tokens": prompt,
                         "decode": decode,

@@ -77,15 +77,18 @@ VARIANTS = {"none": None, "json string": STRING_SCHEMA, "json structured": STRUC
 class Engine:
     """The worker process, with a record of every message's arrival time."""
 
-    def __init__(self, env: dict[str, str] | None, streams: int) -> None:
+    def __init__(self, env: dict[str, str] | None, streams: int, speculation: bool) -> None:
         from jupyter_lmsp.engine.client import EngineClient
-        from jupyter_lmsp.engine.messages import WorkerReady
+        from jupyter_lmsp.engine.messages import WorkerReady, WorkerSettings
+        from jupyter_lmsp.engine.speculative import OFF, SpeculationSettings
 
         self._lock = threading.Condition()
         self.messages: list[tuple[float, Any]] = []
-        env = dict(env or {})
-        env["LMSP_MAX_BATCH_SIZE"] = str(streams)
-        self.client = EngineClient(self._on_message, env=env)
+        settings = WorkerSettings(
+            max_batch_size=streams,
+            speculation=SpeculationSettings() if speculation else OFF,
+        )
+        self.client = EngineClient(self._on_message, env=env, settings=settings)
         self.client.start()
         self.wait(lambda m: isinstance(m, WorkerReady))
 
@@ -190,19 +193,24 @@ def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
         f"`benchmarks/bench_constrained.py`, {meta['started']} – {meta['finished']}. Model "
         f"`{meta['model']}`, {meta['streams']} concurrent streams, greedy, {meta['tokens']} "
         f"tokens each, {meta['rounds']} interleaved round(s), median (min–max). BLAS: "
-        f"{meta['blas']}, OPENBLAS_NUM_THREADS={meta['blas_threads']}. Machine: "
+        f"{meta['blas']}, OPENBLAS_NUM_THREADS={meta['blas_threads']}, speculative decoding "
+        f"{meta.get('speculation', 'on')} (`--speculation`). Machine: "
         f"{meta['cpus']} CPUs, {meta['platform']}, load average "
         f"{meta['load_before'][0]:.1f} before / {meta['load_after'][0]:.1f} after.",
         "",
-        "| streams constrained by | aggregate tok/s | / none | decode tok/s | / none "
-        "| tokens per stream (fewest) |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| streams constrained by | aggregate tok/s | / none | / none per round (min–max) "
+        "| decode tok/s | / none | tokens per stream (fewest) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    none_by_round = {r.get("round"): r for r in by["none"]}
     for variant, rows in by.items():
         agg = [r["aggregate_tps"] for r in rows]
         dec = [r["decode_tps"] for r in rows]
+        # Each round's ratio: the variant against `none` of the same round.
+        ratios = [r["aggregate_tps"] / none_by_round[r.get("round")]["aggregate_tps"] for r in rows]
         lines.append(
             f"| {variant} | {spread(agg)} | {statistics.median(agg) / base:.2f}× "
+            f"| {min(ratios):.2f}–{max(ratios):.2f}× "
             f"| {spread(dec)} | {statistics.median(dec) / base_decode:.2f}× "
             f"| {min(r['min_tokens'] for r in rows)} |"
         )
@@ -224,6 +232,13 @@ def main() -> None:
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--blas-threads", default=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
+    parser.add_argument(
+        "--speculation",
+        choices=("on", "off"),
+        default="on",
+        help="the worker's speculative decoding (on: the service's default; constrained rows "
+        "never speculate, unconstrained ones may)",
+    )
     args = parser.parse_args()
 
     from jupyter_lmsp.engine.blas import choose_blas
@@ -248,7 +263,8 @@ def main() -> None:
         "platform": platform.platform(),
         "load_before": os.getloadavg(),
     }
-    engine = Engine(env, args.streams)
+    meta["speculation"] = args.speculation
+    engine = Engine(env, args.streams, args.speculation == "on")
     rounds = []
     try:
         one_round(engine, model, "none", 2, 4)  # load the model, warm up
@@ -257,7 +273,8 @@ def main() -> None:
         for i in range(args.rounds):
             order = names[i % len(names) :] + names[: i % len(names)]
             for variant in order:
-                rounds.append(one_round(engine, model, variant, args.streams, args.tokens))
+                row = one_round(engine, model, variant, args.streams, args.tokens)
+                rounds.append({"round": i, **row})
                 print(json.dumps(rounds[-1]), flush=True)
     finally:
         engine.client.stop()

@@ -163,6 +163,14 @@ class LMSPExtension(ExtensionApp):
         f"(1-{MAX_DRAFT_LIMIT}).",
     ).tag(config=True)
 
+    speculative_learn_costs = Bool(
+        True,
+        help="Whether the worker learns what its forward steps cost on this machine from the "
+        "steps it runs, and speculates only where that pays here. False: the built-in cost "
+        "prior alone, so the same job speculates the same way on every machine (reproducible "
+        "benchmarks and tests); slower where the prior does not fit the machine.",
+    ).tag(config=True)
+
     @validate("speculative_max_draft")
     def _valid_max_draft(self, proposal: Any) -> int:
         value = int(proposal["value"])
@@ -474,7 +482,9 @@ class LMSPExtension(ExtensionApp):
             gather_window=self.gather_window,
             gather_limit=self.gather_limit,
             speculation=SpeculationSettings(
-                enabled=self.speculative_decoding, max_draft=self.speculative_max_draft
+                enabled=self.speculative_decoding,
+                max_draft=self.speculative_max_draft,
+                learn_costs=self.speculative_learn_costs,
             ),
         )
         return EngineClient(

@@ -19,6 +19,7 @@ from jupyter_lmsp.engine.messages import (
     JobCancelled,
     JobFinished,
     JobTokens,
+    WorkerSettings,
 )
 from jupyter_lmsp.engine.sampling import choice_seed
 from jupyter_lmsp.engine.speculative import OFF
@@ -139,7 +140,7 @@ def test_cancelling_a_job_removes_all_its_rows(tiny) -> None:
 
 
 def test_choices_through_the_worker(test_model_dir: Path) -> None:
-    eng = start_engine(test_model_dir, env={"LMSP_MAX_BATCH_SIZE": "4"})
+    eng = start_engine(test_model_dir, settings=WorkerSettings(max_batch_size=4))
     try:
         job_id = new_id("n3")
         eng.client.submit(eng.job(job_id, n=3, max_tokens=24, stop=["\x00"], **SEEDED))

@@ -191,6 +191,8 @@ def test_the_extension_traits_set_the_workers_speculation() -> None:
     chosen = worker_settings(speculative_decoding=False, speculative_max_draft=3).speculation
     assert not chosen.active and chosen.max_draft == 3
     assert worker_settings(speculative_max_draft=64).speculation.max_draft == 64
+    assert default.learn_costs
+    assert not worker_settings(speculative_learn_costs=False).speculation.learn_costs
     for bad in (0, 65):
         with pytest.raises(TraitError, match="speculative_max_draft"):
             LMSPExtension(speculative_max_draft=bad)
