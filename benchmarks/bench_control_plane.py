@@ -61,14 +61,18 @@ def prepare_data_dir(base: Path) -> Path:
 
 
 # 1 -------------------------------------------------------------------------------------------
-def bench_creates(base: Path, n_seq: int, n_conc: int, env: dict[str, str] | None = None) -> dict:
+# One generation slot and a slow worker: the first task occupies it and the rest stay queued,
+# so `time_creates` measures the create path (parse, commit, 202) rather than how fast the
+# worker then runs thousands of tasks on the same two CPUs.
+SLOW_SLOT = {"max_batch_size": 1, "engine_token_delay": 60}
+
+
+def time_creates(server: ServerProcess, n_seq: int, per_thread: int) -> tuple[list[float], float]:
+    """Background creates against `server` (started with `SLOW_SLOT`): the latencies (ms) of
+    `n_seq` sequential POSTs after 20 warm-up ones, then the rate (per second) of 8 concurrent
+    clients posting `per_thread` each."""
     body = {"input": "hi", "background": True, "max_output_tokens": 1, "temperature": 0}
-    # One generation slot and a slow worker: the first task occupies it and the rest stay
-    # queued, so this measures the create path (parse, commit, 202) rather than how fast the
-    # worker then runs thousands of tasks on the same two CPUs.
-    slow = {"max_batch_size": 1, "engine_token_delay": 60}
-    data = prepare_data_dir(Path(tempfile.mkdtemp(dir=base, prefix="creates-")))
-    with ServerProcess(data, env=env, **slow) as server, server.client() as c:
+    with server.client() as c:
         for _ in range(20):  # warm up connections and code paths
             c.post("/responses", json=body)
         latencies = []
@@ -77,7 +81,6 @@ def bench_creates(base: Path, n_seq: int, n_conc: int, env: dict[str, str] | Non
             r = c.post("/responses", json=body)
             latencies.append((time.perf_counter() - t) * 1000)
             assert r.status_code == 202, r.text
-        per_thread = n_conc // 8
         barrier = threading.Barrier(8)
 
         def worker() -> None:
@@ -93,11 +96,18 @@ def bench_creates(base: Path, n_seq: int, n_conc: int, env: dict[str, str] | Non
         for th in threads:
             th.join()
         elapsed = time.perf_counter() - start
+    return latencies, per_thread * 8 / elapsed
+
+
+def bench_creates(base: Path, n_seq: int, n_conc: int, env: dict[str, str] | None = None) -> dict:
+    data = prepare_data_dir(Path(tempfile.mkdtemp(dir=base, prefix="creates-")))
+    with ServerProcess(data, env=env, **SLOW_SLOT) as server:
+        latencies, concurrent_rate = time_creates(server, n_seq, n_conc // 8)
     return {
         "p50_ms": statistics.median(latencies),
         "p99_ms": pct(latencies, 0.99),
         "sequential_rate": n_seq / (sum(latencies) / 1000),
-        "concurrent_rate": per_thread * 8 / elapsed,
+        "concurrent_rate": concurrent_rate,
         "latencies": latencies,
     }
 
@@ -293,11 +303,47 @@ async def _reader(
                     received.append((int(line[4:]), now))
 
 
+async def watch_one_task(
+    creator: httpx.AsyncClient, watcher: httpx.AsyncClient, readers: int, tokens: int
+) -> tuple[list[list[tuple[int, float]]], str]:
+    """Create one greedy background task of `tokens` tokens through `creator` and read its
+    events with `readers` concurrent SSE readers through `watcher`: what each reader received
+    (sequence number, receive time), and the task's id."""
+    r = await creator.post(
+        "/responses",
+        json={
+            "input": "go",
+            "background": True,
+            "max_output_tokens": tokens,
+            "temperature": 0,
+        },
+    )
+    task_id = r.json()["task_id"]
+    got: list[list[tuple[int, float]]] = [[] for _ in range(readers)]
+    ready, counter = asyncio.Event(), [0]
+    await asyncio.gather(
+        *(
+            _reader(watcher, f"/tasks/{task_id}/events", got[i], ready, counter, readers)
+            for i in range(readers)
+        )
+    )
+    return got, task_id
+
+
+def delivery(
+    got: list[list[tuple[int, float]]], committed: dict[int, float], start: float
+) -> tuple[list[float], bool]:
+    """The delivery lags (ms: receive time − commit time) of the events committed from `start`
+    on, over every reader of `got`, and whether every reader got every event once, in order."""
+    lags = [(t - committed[seq]) * 1000 for g in got for seq, t in g if committed[seq] >= start]
+    return lags, all([s for s, _ in g] == sorted(committed) for g in got)
+
+
 def bench_sse(base: Path, readers: int, tokens: int) -> dict:
     data = prepare_data_dir(base / "sse")
     with ServerProcess(data, engine_token_delay=0.05, snapshot_interval=0.0) as server:
 
-        async def run() -> list[list[tuple[int, float]]]:
+        async def run() -> tuple[list[list[tuple[int, float]]], str]:
             limits = httpx.Limits(max_connections=readers + 10)
             async with httpx.AsyncClient(
                 base_url=server.api,
@@ -305,25 +351,7 @@ def bench_sse(base: Path, readers: int, tokens: int) -> dict:
                 timeout=120,
                 limits=limits,
             ) as client:
-                r = await client.post(
-                    "/responses",
-                    json={
-                        "input": "go",
-                        "background": True,
-                        "max_output_tokens": tokens,
-                        "temperature": 0,
-                    },
-                )
-                task_id = r.json()["task_id"]
-                got: list[list[tuple[int, float]]] = [[] for _ in range(readers)]
-                ready, counter = asyncio.Event(), [0]
-                await asyncio.gather(
-                    *(
-                        _reader(client, f"/tasks/{task_id}/events", got[i], ready, counter, readers)
-                        for i in range(readers)
-                    )
-                )
-                return got, task_id
+                return await watch_one_task(client, client, readers, tokens)
 
         got, task_id = asyncio.run(run())
     conn = sqlite3.connect(data / "lmsp.sqlite")
@@ -335,9 +363,7 @@ def bench_sse(base: Path, readers: int, tokens: int) -> dict:
     conn.close()
     # Only events committed after every reader was connected measure delivery (earlier ones
     # are replays from the database, read as fast as the reader connects).
-    start = max(min(t for _, t in g) for g in got)
-    lags = [(t - committed[seq]) * 1000 for g in got for seq, t in g if committed[seq] >= start]
-    complete = all([s for s, _ in g] == sorted(committed) for g in got)
+    lags, complete = delivery(got, committed, start=max(min(t for _, t in g) for g in got))
     return {
         "readers": readers,
         "events": len(committed),

@@ -297,6 +297,11 @@ class MlxServerTarget:
         wait_until(lambda: self.client.get("/v1/models").status_code == 200, self.proc)
 
     def stream(self, messages: list[dict[str, str]], max_tokens: int) -> Sample:
+        return self.stream_with_text(messages, max_tokens)[0]
+
+    def stream_with_text(
+        self, messages: list[dict[str, str]], max_tokens: int
+    ) -> tuple[Sample, str]:
         body = {
             "messages": messages,
             "max_tokens": max_tokens,
@@ -306,7 +311,7 @@ class MlxServerTarget:
         }
         sent = time.perf_counter()
         first = last = None
-        chunks = 0
+        text: list[str] = []
         usage: dict[str, Any] | None = None
         with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
             response.raise_for_status()
@@ -316,17 +321,18 @@ class MlxServerTarget:
                 payload = json.loads(data)
                 usage = payload.get("usage") or usage
                 for choice in payload.get("choices", []):
-                    if (choice.get("delta") or {}).get("content"):
+                    content = (choice.get("delta") or {}).get("content")
+                    if content:
                         now = time.perf_counter()
                         first = now if first is None else first
                         last = now
-                        chunks += 1
+                        text.append(content)
         done = time.perf_counter()
-        tokens = usage["completion_tokens"] if usage else chunks
+        tokens = usage["completion_tokens"] if usage else len(text)
         cached = None
         if usage and usage.get("prompt_tokens_details"):
             cached = usage["prompt_tokens_details"].get("cached_tokens")
-        return Sample(sent, first, last, done, tokens, cached)
+        return Sample(sent, first, last, done, tokens, cached), "".join(text)
 
     def close(self) -> None:
         self.client.close()
@@ -432,30 +438,36 @@ def wait_until(ready: Callable[[], bool], proc: subprocess.Popen, timeout: float
     raise RuntimeError(f"{proc.args[:3]} did not come up")
 
 
-def concurrently(
-    stream: Callable[[list[dict[str, str]], int], Sample], n: int, max_tokens: int
-) -> list[Sample]:
-    """n streams at once, each its own (never seen) prompt, released together."""
-    barrier = threading.Barrier(n)
-    samples: list[Sample | None] = [None] * n
+def release_together(calls: list[Callable[[], Any]]) -> list[Any]:
+    """Every call in a thread of its own, released together (a barrier); their results in
+    order, or the first error raised."""
+    barrier = threading.Barrier(len(calls))
+    out: list[Any] = [None] * len(calls)
     errors: list[BaseException] = []
-
-    nonce = uuid.uuid4().hex[:6]
 
     def one(i: int) -> None:
         try:
             barrier.wait()
-            samples[i] = stream(story(i, nonce), max_tokens)
+            out[i] = calls[i]()
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+    return out
+
+
+def concurrently(
+    stream: Callable[[list[dict[str, str]], int], Sample], n: int, max_tokens: int
+) -> list[Sample]:
+    """n streams at once, each its own (never seen) prompt, released together."""
+    nonce = uuid.uuid4().hex[:6]
+    samples = release_together([lambda i=i: stream(story(i, nonce), max_tokens) for i in range(n)])
     return [s for s in samples if s is not None]
 
 
@@ -537,27 +549,56 @@ def second_turn(
     return cold, warm, first.tokens
 
 
-def run(args: argparse.Namespace) -> Results:
+def model_and_blas(args: argparse.Namespace) -> tuple[Path, Any]:
+    """The demo model (converted on first use into `--model-dir`) and the BLAS the service's
+    probe chooses, probed once (or read from the cache the service reads too) with the
+    service's settings (`--blas-threads`, `--blas-coretype`, `--blas-candidates`)."""
     sys.path.insert(0, str(REPO))
-    from jupyter_lmsp.engine.blas import REFERENCE, choose_blas
-    from jupyter_lmsp.engine.blas.candidates import read_cpu
+    from jupyter_lmsp.engine.blas import choose_blas
     from jupyter_lmsp.models.demo import ensure_demo_model
 
     model = ensure_demo_model(args.model_dir)
     if args.blas_threads > 0:
-        # Inherited by all three: the children below, and the service's worker through the
-        # jupyter server's environment.
+        # Inherited by every child process, and by the service's worker through the jupyter
+        # server's environment.
         os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
-    # Probed once (or read from the cache the service reads too) with the service's settings.
     blas = choose_blas(
         threads=args.blas_threads, coretype=args.blas_coretype, only=args.blas_candidates
     )
+    return model, blas
+
+
+def service_blas_traits(args: argparse.Namespace, blas: Any) -> dict[str, Any]:
+    """The service's settings that hold it to the same library as `blas` (it still probes it:
+    a rejected one is not used)."""
+    from jupyter_lmsp.engine.blas import REFERENCE
+
+    traits: dict[str, Any] = {"blas_coretype": args.blas_coretype}
+    if blas.name != REFERENCE:
+        traits["blas_candidates"] = blas.name
+    return traits
+
+
+def machine_meta(blas: Any) -> dict[str, Any]:
+    """What a run's results record of the BLAS choice, the machine and its load at the start."""
+    return {
+        "blas_choice": blas.report(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": package_versions(),
+        "load_before": os.getloadavg(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def run(args: argparse.Namespace) -> Results:
+    model, blas = model_and_blas(args)  # puts this checkout first on sys.path
+    from jupyter_lmsp.engine.blas.candidates import read_cpu
+
     blas_env = blas.worker_environment()
     log(f"model {model}; BLAS for mlx-lm children: {blas.name} ({blas.reason})")
-    # The service is held to the same library (it still probes it: a rejected one is not used).
-    blas_traits: dict[str, Any] = {"blas_coretype": args.blas_coretype}
-    if blas.name != REFERENCE:
-        blas_traits["blas_candidates"] = blas.name
+    blas_traits = service_blas_traits(args, blas)
     cpu = read_cpu()
     results = Results()
     results.meta = {
@@ -576,13 +617,7 @@ def run(args: argparse.Namespace) -> Results:
             "avx512": cpu.avx512,
             "simd_flags": sorted(f for f in cpu.flags if f.startswith(("avx", "fma", "sse4"))),
         },
-        "blas_choice": blas.report(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": package_versions(),
-        "load_before": os.getloadavg(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **machine_meta(blas),
     }
     tmp = Path(tempfile.mkdtemp(prefix="lmsp-bench-"))
     targets: list[Any] = []
@@ -770,7 +805,9 @@ def _issue_11(summary: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def _flags(args: dict[str, Any]) -> list[str]:
+def cli_flags(args: dict[str, Any]) -> list[str]:
+    """The command-line flags that give a run's `args` (recorded in its results), defaults
+    left out."""
     flags = []
     for name, value in args.items():
         if name == "bare_child" or value in (None, False, [], ""):
@@ -804,7 +841,7 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         f"{meta['cpu']['model']}, AVX-512 {'yes' if meta['cpu']['avx512'] else 'no'}"
         f" ({' '.join(meta['cpu']['simd_flags'])}). Service: "
         f"`--LMSPExtension.max_batch_size={meta['max_batch_size']}`, default prompt cache. "
-        "Flags: `" + " ".join(_flags(meta["args"])) + "`.",
+        "Flags: `" + " ".join(cli_flags(meta["args"])) + "`.",
         "",
         "## Single stream",
         "",

@@ -28,7 +28,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_control_plane import _reader, pct, prepare_data_dir  # noqa: E402
+from bench_control_plane import (  # noqa: E402
+    SLOW_SLOT,
+    delivery,
+    pct,
+    prepare_data_dir,
+    time_creates,
+    watch_one_task,
+)
 from pgcluster import PgCluster, start_cluster  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 from storehelpers import make_task, make_tasks, usage  # noqa: E402
@@ -68,38 +74,13 @@ class Urls:
 
 # 1 -------------------------------------------------------------------------------------------
 def bench_creates(base: Path, db_url: str, n_seq: int, n_conc: int) -> dict:
-    body = {"input": "hi", "background": True, "max_output_tokens": 1, "temperature": 0}
-    slow = {"max_batch_size": 1, "engine_token_delay": 60}
     data = prepare_data_dir(Path(tempfile.mkdtemp(dir=base, prefix="creates-")))
-    with ServerProcess(data, db_url=db_url, **slow) as server, server.client() as c:
-        for _ in range(20):
-            c.post("/responses", json=body)
-        latencies = []
-        for _ in range(n_seq):
-            t = time.perf_counter()
-            r = c.post("/responses", json=body)
-            latencies.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 202, r.text
-        per_thread = max(1, n_conc // 8)
-        barrier = threading.Barrier(8)
-
-        def client() -> None:
-            with server.client() as cc:
-                barrier.wait()
-                for _ in range(per_thread):
-                    assert cc.post("/responses", json=body).status_code == 202
-
-        threads = [threading.Thread(target=client) for _ in range(8)]
-        start = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        elapsed = time.perf_counter() - start
+    with ServerProcess(data, db_url=db_url, **SLOW_SLOT) as server:
+        latencies, concurrent_rate = time_creates(server, n_seq, max(1, n_conc // 8))
     return {
         "p50_ms": statistics.median(latencies),
         "p99_ms": pct(latencies, 0.99),
-        "concurrent_rate": per_thread * 8 / elapsed,
+        "concurrent_rate": concurrent_rate,
     }
 
 
@@ -135,25 +116,7 @@ def bench_cross_server_sse(base: Path, db_url: str, watchers: int, tokens: int) 
                     base_url=b.api, headers=b.headers, timeout=120, limits=limits
                 ) as cb,
             ):
-                r = await ca.post(
-                    "/responses",
-                    json={
-                        "input": "go",
-                        "background": True,
-                        "max_output_tokens": tokens,
-                        "temperature": 0,
-                    },
-                )
-                task_id = r.json()["task_id"]
-                got: list[list[tuple[int, float]]] = [[] for _ in range(watchers)]
-                ready, counter = asyncio.Event(), [0]
-                await asyncio.gather(
-                    *(
-                        _reader(cb, f"/tasks/{task_id}/events", got[i], ready, counter, watchers)
-                        for i in range(watchers)
-                    )
-                )
-                return got, task_id
+                return await watch_one_task(ca, cb, watchers, tokens)
 
         got, task_id = asyncio.run(run())
     db = Database(db_url)
@@ -165,9 +128,7 @@ def bench_cross_server_sse(base: Path, db_url: str, watchers: int, tokens: int) 
             committed = {int(seq): float(at) for seq, at in rows}
     finally:
         db.dispose()
-    start = max(min(t for _, t in g) for g in got if g)
-    lags = [(t - committed[seq]) * 1000 for g in got for seq, t in g if committed[seq] >= start]
-    complete = all([s for s, _ in g] == sorted(committed) for g in got)
+    lags, complete = delivery(got, committed, start=max(min(t for _, t in g) for g in got if g))
     return {
         "watchers": watchers,
         "events": len(committed),

@@ -43,13 +43,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -60,9 +58,12 @@ from bench_engine import (
     Sample,
     ServiceTarget,
     aggregate_tps,
-    iter_sse,
+    cli_flags,
     log,
-    package_versions,
+    machine_meta,
+    model_and_blas,
+    release_together,
+    service_blas_traits,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -108,34 +109,7 @@ def open_ended(task: int, nonce: str) -> list[dict[str, str]]:
 
 class Mlx(MlxServerTarget):
     def streamed(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[Sample, str]:
-        body = {
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-        sent = time.perf_counter()
-        first = last = None
-        text: list[str] = []
-        usage: dict[str, Any] | None = None
-        with self.client.stream("POST", "/v1/chat/completions", json=body) as response:
-            response.raise_for_status()
-            for _event, data in iter_sse(response):
-                if data == "[DONE]":
-                    break
-                payload = json.loads(data)
-                usage = payload.get("usage") or usage
-                for choice in payload.get("choices", []):
-                    content = (choice.get("delta") or {}).get("content")
-                    if content:
-                        now = time.perf_counter()
-                        first = now if first is None else first
-                        last = now
-                        text.append(content)
-        done = time.perf_counter()
-        tokens = usage["completion_tokens"] if usage else len(text)
-        return Sample(sent, first, last, done, tokens), "".join(text)
+        return self.stream_with_text(messages, max_tokens)
 
 
 class Service(ServiceTarget):
@@ -157,25 +131,7 @@ class Service(ServiceTarget):
 
 def concurrently(target: Any, prompts: list[list[dict[str, str]]], max_tokens: int) -> list:
     """Every prompt as its own stream, released together."""
-    barrier = threading.Barrier(len(prompts))
-    out: list[Any] = [None] * len(prompts)
-    errors: list[BaseException] = []
-
-    def one(i: int) -> None:
-        try:
-            barrier.wait()
-            out[i] = target.streamed(prompts[i], max_tokens)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return out
+    return release_together([lambda p=p: target.streamed(p, max_tokens) for p in prompts])
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -187,21 +143,11 @@ WORKLOADS = ("grounded", "open-ended", "grounded x streams")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    sys.path.insert(0, str(REPO))
-    from jupyter_lmsp.engine.blas import REFERENCE, choose_blas
+    model, blas = model_and_blas(args)  # puts this checkout first on sys.path
     from jupyter_lmsp.engine.blas.candidates import read_cpu
-    from jupyter_lmsp.models.demo import ensure_demo_model
 
-    model = ensure_demo_model(args.model_dir)
-    if args.blas_threads > 0:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
-    blas = choose_blas(
-        threads=args.blas_threads, coretype=args.blas_coretype, only=args.blas_candidates
-    )
     log(f"model {model}; BLAS {blas.name} ({blas.reason})")
-    blas_traits: dict[str, Any] = {"blas_coretype": args.blas_coretype}
-    if blas.name != REFERENCE:
-        blas_traits["blas_candidates"] = blas.name
+    blas_traits = service_blas_traits(args, blas)
     cpu = read_cpu()
     meta = {
         "model": model.name,
@@ -209,13 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "openblas_coretype": blas.coretype or os.environ.get("OPENBLAS_CORETYPE") or "",
         "environment": {k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_")},
         "cpu": {"model": cpu.model, "avx512": cpu.avx512},
-        "blas_choice": blas.report(),
-        "cpus": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "versions": package_versions(),
-        "load_before": os.getloadavg(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **machine_meta(blas),
     }
     samples: dict[str, dict[str, list[Any]]] = {w: {} for w in WORKLOADS}
     tmp = Path(tempfile.mkdtemp(prefix="lmsp-bench-spec-"))
@@ -349,18 +289,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def _flags(args: dict[str, Any]) -> str:
-    flags = []
-    for name, value in args.items():
-        if value in (None, False, [], ""):
-            continue
-        flag = "--" + name.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif isinstance(value, list):
-            flags.append(f"{flag} {' '.join(map(str, value))}")
-        else:
-            flags.append(f"{flag} {value}")
-    return " ".join(flags) or "(defaults)"
+    return " ".join(cli_flags(args)) or "(defaults)"
 
 
 def _r(x: dict[str, float]) -> str:
@@ -452,17 +381,9 @@ def cost_child(model_path: str, reps: int) -> None:
 
 
 def cost_table(args: argparse.Namespace) -> int:
-    sys.path.insert(0, str(REPO))
-    from jupyter_lmsp.engine.blas import choose_blas
+    model, blas = model_and_blas(args)  # puts this checkout first on sys.path
     from jupyter_lmsp.engine.speculative import DEFAULT_STEP_COSTS
-    from jupyter_lmsp.models.demo import ensure_demo_model
 
-    model = ensure_demo_model(args.model_dir)
-    if args.blas_threads > 0:
-        os.environ["OPENBLAS_NUM_THREADS"] = str(args.blas_threads)
-    blas = choose_blas(
-        threads=args.blas_threads, coretype=args.blas_coretype, only=args.blas_candidates
-    )
     out = subprocess.run(
         [sys.executable, __file__, "--cost-child", str(model), str(args.rounds)],
         env=blas.worker_environment(),

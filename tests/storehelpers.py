@@ -81,6 +81,24 @@ STATUS_FOR_STATE = {
     "cancelled": {"cancelled"},
 }
 
+# Section 11.3, the recovery table: (state found, `on_restart`) -> the state the task moves to.
+# Written out literally as the seed states it, not imported from the code under test.
+TABLE = {
+    ("queued", "fail"): "failed",
+    ("queued", "retry"): "queued",
+    ("queued", "resume"): "queued",
+    ("loading", "fail"): "failed",
+    ("loading", "retry"): "queued",
+    ("loading", "resume"): "queued",
+    ("running", "fail"): "failed",
+    ("running", "retry"): "queued",
+    ("running", "resume"): "running",
+    ("cancelling", "fail"): "cancelled",
+    ("cancelling", "retry"): "cancelled",
+    ("cancelling", "resume"): "cancelled",
+}
+assert len(TABLE) == 12
+
 OUTPUT = [([11, 12], "Hello"), ([13], " world")]
 OUTPUT_TEXT = "".join(text for _, text in OUTPUT)
 OUTPUT_TOKENS = [t for ids, _ in OUTPUT for t in ids]

@@ -50,6 +50,13 @@ def create(client, **body):
     return r.json()
 
 
+def create_short(server, prompt, on_restart):
+    """A greedy background task of 8 tokens created through `server` on a client of its own
+    (so that several threads may create at once)."""
+    with server.client() as c:
+        return create(c, input=prompt, max_output_tokens=8, temperature=0, on_restart=on_restart)
+
+
 def events(client, task_id):
     r = client.get(f"/tasks/{task_id}/events", params={"limit": 1000})
     assert r.status_code == 200, r.text
@@ -94,6 +101,48 @@ def check_log(log):
 def final_text(log):
     output = log[-1]["response"]["output"]
     return output[0]["content"][0]["text"] if output else ""
+
+
+def check_greedy_text(log, prompt, expected, task_id):
+    """A completed task of 8 greedy tokens generated nothing twice: the text the events of its
+    last attempt carry is the final text, which is the greedy text of its prompt (the same for
+    every task of that prompt: `expected`, by prompt, is filled as tasks are checked)."""
+    types = [e["type"] for e in log]
+    final = final_text(log)
+    last_attempt = len(log) - 1 - types[::-1].index("response.output_item.added")
+    assert text_of(log[last_attempt:]) == final
+    expected.setdefault(prompt, final)
+    assert final == expected[prompt], (task_id, final, expected[prompt])
+    assert log[-1]["response"]["usage"]["output_tokens"] == 8
+
+
+def check_resumed_as_uninterrupted(
+    client, results, seen, max_output_tokens, timeout=90.0, same_usage=False
+):
+    """The `resume` tasks of a recovery, greedy (`"resume"`) and seeded (`"seeded"`: temperature
+    0.9, seed 77), continued where the last commit left off: each log in `results` only grew
+    from what was `seen` before the kill, has one output item, and ends with the text an
+    uninterrupted run of the same request gives (run now, through `client`); with
+    `same_usage`, the same number of output tokens too."""
+    for name, temperature, seed in (("resume", 0, None), ("seeded", 0.9, 77)):
+        log = results[name]
+        assert log[: len(seen[name])] == seen[name]  # the log only grew
+        assert [e["type"] for e in log].count("response.output_item.added") == 1
+        extra = {"seed": seed} if seed is not None else {}
+        ref = create(
+            client,
+            max_output_tokens=max_output_tokens,
+            temperature=temperature,
+            on_restart="fail",
+            **extra,
+        )
+        _, ref_log = wait_for(client, ref["task_id"], finished, timeout=timeout)
+        assert text_of(log) == final_text(log) == final_text(ref_log), name
+        if same_usage:
+            assert (
+                log[-1]["response"]["usage"]["output_tokens"]
+                == (ref_log[-1]["response"]["usage"]["output_tokens"])
+            )
 
 
 def stream(server, task_id, after=-1):
@@ -242,20 +291,9 @@ def test_a_second_server_leaves_live_tasks_alone_then_recovers_them_when_the_fir
 
             # `resume` continued where A's last commit left off, with the text an uninterrupted
             # run gives (run now, on B).
-            for name, temperature, seed in (("resume", 0, None), ("seeded", 0.9, 77)):
-                log = results[name]
-                assert log[: len(seen[name])] == seen[name]  # the log only grew
-                assert [e["type"] for e in log].count("response.output_item.added") == 1
-                extra = {"seed": seed} if seed is not None else {}
-                ref = create(
-                    cb, max_output_tokens=150, temperature=temperature, on_restart="fail", **extra
-                )
-                _, ref_log = wait_for(cb, ref["task_id"], finished)
-                assert text_of(log) == final_text(log) == final_text(ref_log), name
-                assert (
-                    log[-1]["response"]["usage"]["output_tokens"]
-                    == (ref_log[-1]["response"]["usage"]["output_tokens"])
-                )
+            check_resumed_as_uninterrupted(
+                cb, results, seen, max_output_tokens=150, same_usage=True
+            )
     finally:
         a.kill()
 
@@ -310,17 +348,7 @@ def test_two_servers_two_hundred_tasks_one_killed_midway_and_restarted(lmsp_data
 
         def make(i: int) -> tuple[str, dict]:
             name = "ab"[i % 2]
-            body = {
-                "input": prompts[i % len(prompts)],
-                "background": True,
-                "max_output_tokens": 8,
-                "temperature": 0,
-                "on_restart": POLICIES[i % 3],
-            }
-            with servers[name].client() as c:
-                r = c.post("/responses", json=body)
-            assert r.status_code == 202, r.text
-            return name, r.json()
+            return name, create_short(servers[name], prompts[i % len(prompts)], POLICIES[i % 3])
 
         with ThreadPoolExecutor(8) as pool:
             created += pool.map(make, range(100))
@@ -349,18 +377,11 @@ def test_two_servers_two_hundred_tasks_one_killed_midway_and_restarted(lmsp_data
                     assert last["response"]["error"]["code"] == "server_restarted"
                     continue
                 assert task["state"] == "completed", task
-                # Nothing generated twice: the text the events carry is the final text, which
-                # is the greedy text of its prompt (the same for every task of that prompt).
                 types = [e["type"] for e in log]
                 attempts = types.count("response.output_item.added")
                 assert 1 <= attempts <= 1 + types.count("response.queued"), types
-                final = final_text(log)
-                last_attempt = len(log) - 1 - types[::-1].index("response.output_item.added")
-                assert text_of(log[last_attempt:]) == final
-                prompt = prompts[i % len(prompts)]
-                expected.setdefault(prompt, final)
-                assert final == expected[prompt], (resp["task_id"], final, expected[prompt])
-                assert last["response"]["usage"]["output_tokens"] == 8
+                # Nothing generated twice (see `check_greedy_text`).
+                check_greedy_text(log, prompts[i % len(prompts)], expected, resp["task_id"])
             assert recovered > 0  # the kill did land in the middle of the work
             for (thread, result), task_id in zip(watchers, followed, strict=True):
                 thread.join(120)

@@ -29,6 +29,7 @@ from storehelpers import (
     OUTPUT_TEXT,
     OUTPUT_TOKENS,
     POLICIES,
+    TABLE,
     TERMINAL,
     TERMINAL_EVENT_TYPES,
     UNFINISHED,
@@ -50,23 +51,6 @@ from storehelpers import (
 )
 
 from jupyter_lmsp.store import rules
-
-# Section 11.3, as the seed states it.
-TABLE = {
-    ("queued", "fail"): "failed",
-    ("queued", "retry"): "queued",
-    ("queued", "resume"): "queued",
-    ("loading", "fail"): "failed",
-    ("loading", "retry"): "queued",
-    ("loading", "resume"): "queued",
-    ("running", "fail"): "failed",
-    ("running", "retry"): "queued",
-    ("running", "resume"): "running",
-    ("cancelling", "fail"): "cancelled",
-    ("cancelling", "retry"): "cancelled",
-    ("cancelling", "resume"): "cancelled",
-}
-assert len(TABLE) == 12
 
 
 @pytest.fixture

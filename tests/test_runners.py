@@ -31,6 +31,7 @@ import pytest
 from storehelpers import (
     OUTPUT,
     POLICIES,
+    TABLE,
     UNFINISHED,
     check_log,
     dump,
@@ -46,22 +47,6 @@ from storehelpers import (
 
 from jupyter_lmsp.store import idempotency, rules, runners
 from jupyter_lmsp.store.tables import Runner
-
-# Section 11.3, as the seed states it (as in test_recovery_table.py).
-TABLE = {
-    ("queued", "fail"): "failed",
-    ("queued", "retry"): "queued",
-    ("queued", "resume"): "queued",
-    ("loading", "fail"): "failed",
-    ("loading", "retry"): "queued",
-    ("loading", "resume"): "queued",
-    ("running", "fail"): "failed",
-    ("running", "retry"): "queued",
-    ("running", "resume"): "running",
-    ("cancelling", "fail"): "cancelled",
-    ("cancelling", "retry"): "cancelled",
-    ("cancelling", "resume"): "cancelled",
-}
 
 
 @pytest.fixture

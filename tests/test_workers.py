@@ -33,15 +33,17 @@ from serverproc import MODEL, ServerProcess
 from storehelpers import make_tasks, open_db, task_row
 from test_multi_server import (
     POLICIES,
+    check_greedy_text,
     check_log,
+    check_resumed_as_uninterrupted,
     create,
+    create_short,
     deltas,
     events,
     final_text,
     finished,
     in_thread,
     stream,
-    text_of,
     wait_for,
 )
 
@@ -266,16 +268,7 @@ def test_a_worker_killed_midway_its_tasks_follow_the_table_and_resume_on_another
         assert "response.queued" in [e["type"] for e in results["retry"]]
 
         # `resume` continued on the second worker with the text of an uninterrupted run.
-        for name, temperature, seed in (("resume", 0, None), ("seeded", 0.9, 77)):
-            log = results[name]
-            assert log[: len(seen[name])] == seen[name]  # the log only grew
-            assert [e["type"] for e in log].count("response.output_item.added") == 1
-            extra = {"seed": seed} if seed is not None else {}
-            ref = create(
-                c, max_output_tokens=120, temperature=temperature, on_restart="fail", **extra
-            )
-            _, ref_log = wait_for(c, ref["task_id"], finished, timeout=120)
-            assert text_of(log) == final_text(log) == final_text(ref_log), name
+        check_resumed_as_uninterrupted(c, results, seen, max_output_tokens=120, timeout=120)
 
 
 def test_three_servers_two_workers_three_hundred_tasks_a_worker_and_a_server_killed(
@@ -311,17 +304,7 @@ def test_three_servers_two_workers_three_hundred_tasks_a_worker_and_a_server_kil
 
         def make(i: int) -> tuple[str, dict]:
             name = rng.choice(alive)
-            body = {
-                "input": prompts[i % len(prompts)],
-                "background": True,
-                "max_output_tokens": 8,
-                "temperature": 0,
-                "on_restart": POLICIES[i % 3],
-            }
-            with servers[name].client() as c:
-                r = c.post("/responses", json=body)
-            assert r.status_code == 202, r.text
-            return name, r.json()
+            return name, create_short(servers[name], prompts[i % len(prompts)], POLICIES[i % 3])
 
         with ThreadPoolExecutor(8) as pool:
             created += pool.map(make, range(150))
@@ -356,13 +339,7 @@ def test_three_servers_two_workers_three_hundred_tasks_a_worker_and_a_server_kil
                 assert 1 <= attempts <= 1 + types.count("response.queued"), types
                 if resp["on_restart"] == "resume":
                     assert attempts == 1, types  # resumed in place, never started over
-                final = final_text(log)
-                last_attempt = len(log) - 1 - types[::-1].index("response.output_item.added")
-                assert text_of(log[last_attempt:]) == final
-                prompt = prompts[i % len(prompts)]
-                expected.setdefault(prompt, final)
-                assert final == expected[prompt], (resp["task_id"], final, expected[prompt])
-                assert last["response"]["usage"]["output_tokens"] == 8
+                check_greedy_text(log, prompts[i % len(prompts)], expected, resp["task_id"])
             assert interrupted > 0  # the worker's death did land in the middle of the work
             for task_id, (thread, result) in watched:
                 thread.join(120)
