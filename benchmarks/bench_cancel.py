@@ -266,7 +266,7 @@ def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
         "",
         f"One decode step (a forward pass): {spread(step)} ms; time per output token "
         f"{spread([r['per_token'] for r in rounds])} ms (shorter when speculative drafts are "
-        "accepted). One prefill chunk ({PREFILL_STEP} tokens of a "
+        f"accepted). One prefill chunk ({PREFILL_STEP} tokens of a "
         f"{statistics.median(r['prompt_tokens'] for r in rounds):.0f}-token prompt): "
         f"{spread(chunk)} ms.",
         "",

@@ -55,6 +55,7 @@ from jupyter_lmsp.store.database import Database, sqlite_url  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = ("sqlite", "postgresql")
+PARTS = ("creates", "appends", "sse", "claims")
 
 
 class Urls:
@@ -156,38 +157,45 @@ def _claimer(db_url: str, runner_id: str, start: Any, done: Any) -> None:
     db.dispose()
 
 
-def bench_claims(urls: Urls, backend: str, n_tasks: int, counts: tuple[int, ...]) -> dict:
-    out = {}
-    ctx = multiprocessing.get_context("spawn")
-    for k in counts:
-        db_url = urls.new(backend)
-        db = Database(db_url)
-        make_tasks(db, n_tasks, "queued")
-        with db.write_cursor() as cursor:
-            for i in range(k):
-                cursor.execute(
-                    "INSERT INTO runners (id, kind, host, boot_id, pid, process_started_at,"
-                    " label, started_at, heartbeat_at, lease_expires_at)"
-                    " VALUES (?, 'worker', 'bench', 'bench', ?, 0, '', 0, 0, 1e12)",
-                    (f"w{i}", i + 1),
-                )
-        start, done = ctx.Event(), ctx.Queue()
-        procs = [
-            ctx.Process(target=_claimer, args=(db_url, f"w{i}", start, done)) for i in range(k)
-        ]
-        for p in procs:
-            p.start()
-        time.sleep(3.0)  # every process imported and connected
-        t = time.perf_counter()
-        start.set()
-        total = sum(done.get(timeout=600) for _ in procs)
-        elapsed = time.perf_counter() - t
-        for p in procs:
-            p.join(60)
-        assert total == n_tasks, (total, n_tasks)
-        db.dispose()
-        out[k] = total / elapsed
+def bench_claims(
+    urls: Urls, backend: str, n_tasks: int, counts: tuple[int, ...], rounds: int = 1
+) -> dict:
+    """Claims/s with each number of workers in `counts`: one list of rates per count, the
+    counts interleaved round by round (so a change of the machine's load hits all)."""
+    out: dict[int, list[float]] = {k: [] for k in counts}
+    for _ in range(rounds):
+        for k in counts:
+            out[k].append(_claims_once(urls, backend, n_tasks, k))
     return out
+
+
+def _claims_once(urls: Urls, backend: str, n_tasks: int, k: int) -> float:
+    ctx = multiprocessing.get_context("spawn")
+    db_url = urls.new(backend)
+    db = Database(db_url)
+    make_tasks(db, n_tasks, "queued")
+    with db.write_cursor() as cursor:
+        for i in range(k):
+            cursor.execute(
+                "INSERT INTO runners (id, kind, host, boot_id, pid, process_started_at,"
+                " label, started_at, heartbeat_at, lease_expires_at)"
+                " VALUES (?, 'worker', 'bench', 'bench', ?, 0, '', 0, 0, 1e12)",
+                (f"w{i}", i + 1),
+            )
+    start, done = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(db_url, f"w{i}", start, done)) for i in range(k)]
+    for p in procs:
+        p.start()
+    time.sleep(3.0)  # every process imported and connected
+    t = time.perf_counter()
+    start.set()
+    total = sum(done.get(timeout=600) for _ in procs)
+    elapsed = time.perf_counter() - t
+    for p in procs:
+        p.join(60)
+    assert total == n_tasks, (total, n_tasks)
+    db.dispose()
+    return total / elapsed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,6 +203,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
     parser.add_argument("--watchers", type=int, default=200)
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="which measurements to run (default: all; results are written only for all)",
+    )
+    parser.add_argument("--claim-rounds", type=int, default=3, help="interleaved claim rounds")
     args = parser.parse_args()
     q = args.quick
     cluster = start_cluster(fsync=True)
@@ -206,21 +222,29 @@ def main() -> None:
     try:
         for backend in BACKENDS:
             r = results[backend]
-            r["creates"] = bench_creates(
-                base, urls.new(backend), 30 if q else 300, 40 if q else 800
-            )
-            r["appends"] = bench_appends(urls.new(backend), 100 if q else 2000)
-            r["sse"] = bench_cross_server_sse(
-                base,
-                urls.new(backend),
-                10 if q else args.watchers,
-                8 if q else 64,
-            )
-            r["claims"] = bench_claims(urls, backend, 60 if q else 2000, (1, 2, 4))
+            if "creates" in args.parts:
+                r["creates"] = bench_creates(
+                    base, urls.new(backend), 30 if q else 300, 40 if q else 800
+                )
+            if "appends" in args.parts:
+                r["appends"] = bench_appends(urls.new(backend), 100 if q else 2000)
+            if "sse" in args.parts:
+                r["sse"] = bench_cross_server_sse(
+                    base,
+                    urls.new(backend),
+                    10 if q else args.watchers,
+                    8 if q else 64,
+                )
+            if "claims" in args.parts:
+                r["claims"] = bench_claims(
+                    urls, backend, 60 if q else 2000, (1, 2, 4), 1 if q else args.claim_rounds
+                )
             print(backend, json.dumps(r, indent=1), flush=True)
     finally:
         cluster.stop()
-    table = render(results)
+    if set(args.parts) != set(PARTS):
+        return
+    table = render(results, args.watchers)
     print(table)
     if not q:
         RESULTS.mkdir(exist_ok=True)
@@ -228,7 +252,11 @@ def main() -> None:
         (RESULTS / "postgres.json").write_text(json.dumps(results, indent=1))
 
 
-def render(results: dict) -> str:
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+
+
+def render(results: dict, watchers: int) -> str:
     s, p = results["sqlite"], results["postgresql"]
     rows = [
         ("create → 202 p50 (ms)", "creates", "p50_ms"),
@@ -252,11 +280,25 @@ def render(results: dict) -> str:
         f"{p['sse']['every_watcher_got_every_event_once_in_order']} |"
     )
     for k in (1, 2, 4):
-        lines.append(f"| claims/s, {k} worker(s) | {s['claims'][k]:.0f} | {p['claims'][k]:.0f} |")
+        lines.append(
+            f"| claims/s, {k} worker(s), median (min–max) | {_spread(s['claims'][k])} "
+            f"| {_spread(p['claims'][k])} |"
+        )
+
+    def scaling(claims: dict) -> str:
+        ratios = [two / one for one, two in zip(claims[1], claims[2], strict=True)]
+        return f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}×)"
+
     lines.append(
-        f"| claim scaling 1 → 2 | {s['claims'][2] / s['claims'][1]:.2f}× | "
-        f"{p['claims'][2] / p['claims'][1]:.2f}× |"
+        f"| claim scaling 1 → 2, per round (min–max) | {scaling(s['claims'])} "
+        f"| {scaling(p['claims'])} |"
     )
+    rounds = len(p["claims"][1])
+    lines += [
+        "",
+        f"{watchers} SSE watchers; claims: 2,000 empty tasks per count, {rounds} interleaved "
+        "rounds. PostgreSQL with fsync and synchronous_commit on.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -163,6 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         targets.append(Mlx(model, blas.worker_environment(), tmp))
         max_draft = {"speculative_max_draft": args.max_draft} if args.max_draft else {}
+        if args.no_learn_costs:
+            max_draft["speculative_learn_costs"] = False
         targets.append(Service(ON, model, tmp / "on", args.streams, {**blas_traits, **max_draft}))
         targets.append(
             Service(
@@ -434,6 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams on (a)")
     parser.add_argument(
         "--max-draft", type=int, default=0, help="LMSPExtension.speculative_max_draft (0: default)"
+    )
+    parser.add_argument(
+        "--no-learn-costs",
+        action="store_true",
+        help="the speculating service with LMSPExtension.speculative_learn_costs=False (its "
+        "decisions from the cost prior alone)",
     )
     parser.add_argument(
         "--blas-threads", type=int, default=1, help="OPENBLAS_NUM_THREADS for all (0: default)"
