@@ -49,8 +49,9 @@ class Subscription:
             return None
 
     def seen(self, sequence_number: int) -> None:
-        """The watcher has read the task's log up to `sequence_number` from the database:
-        later events are the ones to deliver (the feed reads from there)."""
+        """The watcher has read the task's log up to `sequence_number` from the database.
+        If it is the task's first watcher, later events are the ones to deliver (the feed
+        reads from there); otherwise nothing changes (`EventBus.seen`)."""
         self.bus.seen(self.task_id, sequence_number)
 
     def close(self) -> None:
@@ -66,8 +67,8 @@ class Subscription:
 class EventBus:
     def __init__(self) -> None:
         self._subscribers: dict[str, set[Subscription]] = defaultdict(set)
-        # For each watched task: the highest sequence number delivered (or known to have been
-        # read by its watchers), None until one is.
+        # For each watched task: the highest sequence number published to its watchers (or,
+        # before anything was, the end of its first watcher's replay), None until one is.
         self._delivered: dict[str, int | None] = {}
         self._lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -116,11 +117,14 @@ class EventBus:
                     self._delivered.pop(sub.task_id, None)
 
     def seen(self, task_id: str, sequence_number: int) -> None:
+        # Only the first watcher's replay sets where delivery starts. A later watcher whose
+        # replay read further must not move it on: the watchers already here have had only
+        # what was published, and the events between that and the newcomer's replay would
+        # reach none of them (with nothing after them, e.g. a task that ended meanwhile, they
+        # would wait forever). The newcomer drops what it replayed already.
         with self._lock:
-            if task_id in self._delivered:
-                known = self._delivered[task_id]
-                if known is None or sequence_number > known:
-                    self._delivered[task_id] = sequence_number
+            if task_id in self._delivered and self._delivered[task_id] is None:
+                self._delivered[task_id] = sequence_number
 
     def publish(self, task_id: str, events: list[Event]) -> None:
         if not events:
