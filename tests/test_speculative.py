@@ -137,26 +137,40 @@ def test_step_costs_are_learned_from_the_steps_taken() -> None:
     assert costs.ratio(1, 3) == pytest.approx(prior)
     assert costs.prior(40) == pytest.approx(settings.step_costs[-1] + 24 * settings.cost_slope)
     for seconds in (0.10, 0.11, 0.09, 5.0):  # one outlier (a stall) among them
-        costs.record(1, False, seconds)
-    assert costs.ratio(1, 3) == pytest.approx(prior)  # the wide step is not measured yet
+        costs.record(1, seconds)
+    # The wide step is not measured yet: the prior, scaled as the one-token step measured.
+    scale = 0.105 / settings.step_costs[0]
+    assert costs.ratio(1, 3) == pytest.approx(prior)
     for seconds in (0.30, 0.31, 0.29):
-        costs.record(4, True, seconds)
-    assert costs.measured(1, False) == pytest.approx(0.105)
-    assert costs.ratio(1, 3) == pytest.approx(0.30 / 0.105)
+        costs.record(4, seconds)
+    assert costs.measured(1) == pytest.approx(0.105)
+    scale = (scale + 0.30 / settings.step_costs[3]) / 2  # the median of both steps' scales
+    assert costs.ratio(1, 3) == pytest.approx((0.30 + settings.sync_cost * scale) / 0.105)
+    # The gap of a call that looked, once measured, is what looking costs.
+    for seconds in (0.03, 0.02, 0.04):
+        costs.record_gap(1, seconds)
+    assert costs.ratio(1, 3) == pytest.approx((0.30 + 0.03) / 0.105)
+    assert costs.ratio(1, 0) == pytest.approx((0.105 + 0.03) / 0.105)
     fixed = StepCosts(SpeculationSettings(learn_costs=False))
     for seconds in (0.1, 0.1, 0.1):
-        fixed.record(1, False, seconds)
-        fixed.record(4, True, seconds * 9)
+        fixed.record(1, seconds)
+        fixed.record(4, seconds * 9)
+        fixed.record_gap(1, seconds)
     assert fixed.ratio(1, 3) == pytest.approx(prior)
-    # Every step synced (speculating all along): the pipelined step is never measured, and is
-    # estimated from its prior scaled as the measured steps compare with theirs.
-    synced = StepCosts(settings)
-    for _ in range(3):
-        synced.record(1, True, 0.113)
-        synced.record(4, True, 0.138)
-    scale = (0.113 / synced.prior(1, True) + 0.138 / synced.prior(4, True)) / 2
-    assert synced.cost(1, False) == pytest.approx(settings.step_costs[0] * scale)
-    assert synced.ratio(1, 3) == pytest.approx(0.138 / (settings.step_costs[0] * scale))
+
+
+def test_a_slow_gap_makes_speculation_pay_less() -> None:
+    """On a CPU where building a step in Python takes a fifth of a step (the Zen 3 of the
+    benchmarks: an ordinary pipelined step 140 ms, one that waited first 173 ms), a verify of
+    proposals accepted one time in five loses; on one where the gap is small, it wins."""
+    settings = SpeculationSettings()
+    for gap, speculates in ((0.033, False), (0.004, True)):
+        costs = StepCosts(settings)
+        for _ in range(3):
+            costs.record(1, 0.140)
+            costs.record(4, 0.143)
+            costs.record_gap(1, gap)
+        assert (plan([(3, 0.2)], 1, settings, costs) > 0) is speculates
 
 
 def test_settings_are_checked() -> None:
@@ -331,7 +345,7 @@ def test_step_costs_are_kept_from_batch_to_batch(tiny) -> None:
     sched = scheduler()
     run(model, tok, jobs_of(QUESTIONS[:1], max_tokens=40), sched=sched)
     costs = sched.step_costs("m")
-    assert costs is not None and costs.measured(1, False) is not None
+    assert costs is not None and costs.measured(1) is not None
     run(model, tok, jobs_of(QUESTIONS[1:2], max_tokens=40), sched=sched)
     assert sched.step_costs("m") is costs
     sched.forget_model("m")
@@ -374,8 +388,8 @@ def test_steps_sharing_the_model_with_a_prefill_are_not_timed(tiny) -> None:
     assert results[("reader", 0)].finish_reason == "length"
     costs = sched.step_costs("m")
     assert costs is not None
-    recorded = [t for samples in costs._samples.values() for t in samples]
-    assert recorded and max(recorded) < 0.25
+    recorded = [costs.measured(tokens) for tokens in range(1, 20)]
+    assert any(recorded) and max(t for t in recorded if t is not None) < 0.25
 
 
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])

@@ -306,11 +306,15 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self.stats = SpeculationStats()
         # The model's step costs (the scheduler keeps them from batch to batch).
         self.costs = costs if costs is not None else StepCosts(settings)
-        # The step queued by the last `next()` (tokens fed, synced) and when that returned.
-        self._timing: tuple[int, bool, float] | None = None
+        # The step queued by the last `next()` (tokens fed) and when that returned.
+        self._timing: tuple[int, float] | None = None
         self._rows: dict[int, _Row] = {}
         # The verify step in flight, by uid (rows that joined after it was queued have none).
         self._flight: dict[int, _InFlight] = {}
+        # When `_resolve` last found the verify step in flight done, and when the last step
+        # this batch built was handed to MLX.
+        self._ready_at = 0.0
+        self._dispatched_at = 0.0
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -348,12 +352,17 @@ class SpeculativeGenerationBatch(GenerationBatch):
         after it): its time says nothing about its cost."""
         self._timing = None
 
-    def _timed(self, tokens: int, synced: bool) -> None:
+    def _timed(self, tokens: int, gap: float) -> None:
+        """This call queued a step of `tokens` tokens; it looked and so kept the model idle for
+        `gap` seconds (0: it did not look). What the step before took is the time since the
+        last call returned, less that gap (see `StepCosts`)."""
         now = time.perf_counter()
         if self._timing is not None:
-            last_tokens, last_synced, last_at = self._timing
-            self.costs.record(last_tokens, last_synced, now - last_at)
-        self._timing = (tokens, synced, now)
+            last_tokens, last_at = self._timing
+            self.costs.record(last_tokens, now - last_at - gap)
+        if gap > 0:
+            self.costs.record_gap(len(self.uids), gap)
+        self._timing = (tokens, now)
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
@@ -363,6 +372,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         settings = self.settings
         if self._flight:
             inputs, input_logprobs, kept = self._resolve()
+            ready = self._ready_at
         else:
             eligible = self._eligible() if settings.active else []
             if not eligible or not self._worth_looking(eligible):
@@ -371,10 +381,11 @@ class SpeculativeGenerationBatch(GenerationBatch):
                     row.found += (1.0 - row.found) * row.acceptance.relax
                 rows = len(self.uids)
                 responses = self._ordinary()
-                self._timed(rows, False)
+                self._timed(rows, 0.0)
                 return responses
             # Wait for the step in flight: its tokens are what the proposals continue.
             mx.eval(self._next_tokens)
+            ready = time.perf_counter()
             inputs = _ints(self._next_tokens)
             input_logprobs = list(self._next_logprobs)
             kept = [[] for _ in inputs]
@@ -404,7 +415,10 @@ class SpeculativeGenerationBatch(GenerationBatch):
             self._queue_ordinary(inputs)
         else:
             self._queue_verify(inputs, proposals, width)
-        self._timed(len(self.uids) * (1 + width), True)
+        # From the step in flight being done to this one's dispatch, the model had nothing to
+        # do. (Not to the return of `async_eval`: on the CPU it returns only once most of the
+        # step has been computed.)
+        self._timed(len(self.uids) * (1 + width), self._dispatched_at - ready)
         return self._emit(inputs, input_logprobs, kept)
 
     def _eligible(self) -> list[int]:
@@ -450,6 +464,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         after the step was queued have their first token in `_next_tokens`."""
         flight, self._flight = self._flight, {}
         mx.eval([f.draws for f in flight.values()], self._next_tokens)
+        self._ready_at = time.perf_counter()
         joined = _ints(self._next_tokens)
         inputs: list[int] = []
         input_logprobs: list[mx.array] = []
@@ -515,6 +530,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
             sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)])
         self._next_tokens = sampled
         self._next_logprobs = list(logprobs)
+        self._dispatched_at = time.perf_counter()
         mx.async_eval(self._next_tokens, self._next_logprobs)
 
     def _queue_verify(self, inputs: list[int], proposals: dict[int, Proposal], width: int) -> None:
@@ -562,6 +578,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 sampler if keyed else None,
                 start if keyed else None,
             )
+        self._dispatched_at = time.perf_counter()
         mx.async_eval(draws, logprobs)
         self.stats.verify_steps += 1
         self.stats.widths[width] = self.stats.widths.get(width, 0) + 1

@@ -18,9 +18,9 @@ This module is pure Python (no MLX), so it can be tested and reasoned about alon
 - `plan`: for one step of a batch, how many draft tokens D (0 = an ordinary decode step) make
   the most tokens per second, given every row's proposal and estimate and the cost of feeding
   1 + D tokens to every row (rows share the step's width: a row with fewer drafts is padded).
-- `StepCosts`: that cost, learned as the batch runs (the time each step took, by the tokens it
-  fed and whether it had to wait for the step before it), from a prior measured on this
-  project's demo model on one CPU core: decode of a small batch reads every weight once per
+- `StepCosts`: that cost, learned as the batch runs (the compute of each step, by the tokens
+  it fed, and apart from it the time a call that looked kept the model idle), from a prior
+  measured on this project's demo model on one CPU core: decode of a small batch reads every weight once per
   step whatever the tokens, so a verify step of 2, 4, 8 or 16 tokens cost 1.09, 1.06-1.10,
   1.4 and 1.9 one-token steps there (3, 5 or 7 tokens cost more than 4 or 8: OpenBLAS's
   kernels take four rows at a time), and a step of 8 rows x 2 tokens 1.3 steps of 8 rows.
@@ -256,64 +256,99 @@ def expected_accepted(chance: float, proposed: int) -> float:
 class StepCosts:
     """What a step costs, by the tokens it feeds: learned as the batch runs, from a prior.
 
-    A step is *pipelined* (an ordinary step queued before the one in flight was read) or
-    *synced* (queued after waiting for the one in flight: every verify step, and an ordinary
-    step after looking for proposals). `record` takes the seconds between the returns of two
-    consecutive steps, which in the pipeline is what the first of them cost, the time lost to
-    a sync included. `ratio` is the cost of a synced step of `rows` x (1 + width) tokens in
-    pipelined steps of `rows` tokens: from the medians of the recent samples where both are
-    known, else from the prior (`step_costs` and `cost_slope`, `sync_cost` for a synced step).
+    Two parts, learned apart:
+
+    - **compute**: the forward pass of a step of n tokens (rows x positions). An ordinary step
+      is queued before the one in flight is read (mlx-lm's pipeline), so the model never
+      waits for Python between two of them.
+    - **gap**: what a call costs that *looks* (for proposals, or to resolve a verify step): it
+      waits for the step in flight, then proposes and builds the next step while the model has
+      nothing to do. On a fast CPU the gap is a few percent of a step; on a slow one building
+      a step's graph in Python costs a fifth of it (measured on a Zen 3 without AVX-512:
+      173 vs 140 ms for the demo model), which decides whether speculating pays.
+
+    `record` takes the seconds between the returns of two consecutive calls less the gap of
+    the second (which, if it looked, it spent before queueing its step): what the step in
+    flight between them cost. `record_gap` takes that gap. So every step measures the compute
+    of its width whether or not the calls around it looked (a batch that speculates all along
+    still knows what an ordinary step costs), and the gap is measured where it happens.
+    Before enough samples, both come from the prior (`step_costs`, `cost_slope` and
+    `sync_cost`, in one-token steps), scaled as the measured steps compare with theirs.
     """
 
     def __init__(self, settings: SpeculationSettings, window: int = 9, enough: int = 3) -> None:
         self._settings = settings
         self._window = window
         self._enough = enough
-        self._samples: dict[tuple[int, bool], deque[float]] = {}
+        self._compute: dict[int, deque[float]] = {}
+        self._gaps: dict[int, deque[float]] = {}
 
-    def prior(self, tokens: int, synced: bool = False) -> float:
+    def prior(self, tokens: int) -> float:
+        """The prior compute cost of a step of `tokens` tokens, in one-token steps."""
         table = self._settings.step_costs
         if tokens <= len(table):
-            cost = table[tokens - 1]
-        else:
-            cost = table[-1] + self._settings.cost_slope * (tokens - len(table))
-        return cost + (self._settings.sync_cost if synced else 0.0)
+            return table[tokens - 1]
+        return table[-1] + self._settings.cost_slope * (tokens - len(table))
 
-    def record(self, tokens: int, synced: bool, seconds: float) -> None:
-        samples = self._samples.get((tokens, synced))
-        if samples is None:
-            samples = self._samples[(tokens, synced)] = deque(maxlen=self._window)
-        samples.append(seconds)
+    def _add(self, samples: dict[int, deque[float]], key: int, seconds: float) -> None:
+        found = samples.get(key)
+        if found is None:
+            found = samples[key] = deque(maxlen=self._window)
+        found.append(seconds)
 
-    def measured(self, tokens: int, synced: bool) -> float | None:
-        """The median of the recent samples, if there are enough of them."""
-        samples = self._samples.get((tokens, synced))
-        if samples is None or len(samples) < self._enough:
+    def record(self, tokens: int, seconds: float) -> None:
+        """A step of `tokens` tokens took `seconds` of compute (see the class docstring)."""
+        self._add(self._compute, tokens, max(0.0, seconds))
+
+    def record_gap(self, rows: int, seconds: float) -> None:
+        """A call on `rows` rows that looked kept the model idle for `seconds`."""
+        self._add(self._gaps, rows, max(0.0, seconds))
+
+    def _median(self, samples: dict[int, deque[float]], key: int) -> float | None:
+        if not self._settings.learn_costs:
             return None
-        return statistics.median(samples)
+        found = samples.get(key)
+        if found is None or len(found) < self._enough:
+            return None
+        return statistics.median(found)
 
-    def cost(self, tokens: int, synced: bool) -> float:
-        """A step's cost in seconds: measured, or the prior scaled by how the measured steps
+    def measured(self, tokens: int) -> float | None:
+        """The median compute of the recent steps of `tokens` tokens, if enough."""
+        return self._median(self._compute, tokens)
+
+    def measured_gap(self, rows: int) -> float | None:
+        """The median gap of the recent calls on `rows` rows that looked, if enough."""
+        return self._median(self._gaps, rows)
+
+    def cost(self, tokens: int) -> float:
+        """A step's compute in seconds: measured, or the prior scaled by how the measured steps
         compare with theirs (in prior units when nothing is measured yet)."""
-        found = self.measured(tokens, synced) if self._settings.learn_costs else None
+        found = self.measured(tokens)
         if found is not None:
             return found
-        return self.prior(tokens, synced) * self._scale()
+        return self.prior(tokens) * self._scale()
+
+    def gap(self, rows: int) -> float:
+        """What looking costs a call on `rows` rows, in seconds (or prior units)."""
+        found = self.measured_gap(rows)
+        if found is not None:
+            return found
+        return self._settings.sync_cost * self._scale()
 
     def _scale(self) -> float:
         if not self._settings.learn_costs:
             return 1.0
         scales = [
-            found / self.prior(tokens, synced)
-            for (tokens, synced) in self._samples
-            if (found := self.measured(tokens, synced)) is not None
+            found / self.prior(tokens)
+            for tokens in self._compute
+            if (found := self.measured(tokens)) is not None
         ]
         return statistics.median(scales) if scales else 1.0
 
     def ratio(self, rows: int, width: int) -> float:
-        """A synced step of `rows` x (1 + `width`) tokens, in pipelined steps of `rows` tokens
-        (`width` 0: an ordinary step after looking)."""
-        return self.cost(rows * (1 + width), True) / self.cost(rows, False)
+        """A call that looks and queues a step of `rows` x (1 + `width`) tokens, in ordinary
+        pipelined steps of `rows` tokens (`width` 0: an ordinary step after looking)."""
+        return (self.cost(rows * (1 + width)) + self.gap(rows)) / self.cost(rows)
 
 
 def plan(
