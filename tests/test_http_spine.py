@@ -146,6 +146,41 @@ async def test_cancel_queued_and_running(jp_fetch):
     assert status == 200 and again["state"] == "cancelled"
 
 
+@pytest.mark.token_delay(0.05)
+async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, lmsp_data):
+    """One slot: the task queued behind a running one is claimed as soon as the running one
+    is cancelled, not after the cancel's own commit (the worker takes both in one turn)."""
+    ids = []
+    for text in ("First", "Second"):
+        _, resp, _ = await call(
+            jp_fetch,
+            "POST",
+            "responses",
+            {"input": text, "background": True, "max_output_tokens": 5000, "temperature": 0},
+        )
+        ids.append(resp["task_id"])
+    await wait_state(jp_fetch, ids[0], {"running"})
+    _, second, _ = await call(jp_fetch, "GET", f"tasks/{ids[1]}")
+    assert second["state"] == "queued"
+    await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
+    await wait_state(jp_fetch, ids[1], {"running"})
+    first = await wait_state(jp_fetch, ids[0], {"cancelled"})
+    assert first["state"] == "cancelled"
+    with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
+        (loading,) = conn.execute(
+            "select id from task_events where task_id = ? and type = 'response.loading'",
+            (ids[1],),
+        ).fetchone()
+        (cancelled,) = conn.execute(
+            "select id from task_events where task_id = ? and type = 'response.cancelled'",
+            (ids[0],),
+        ).fetchone()
+    # The next task's claim was committed first.
+    assert loading < cancelled
+    await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
+    assert (await wait_state(jp_fetch, ids[1], {"cancelled"}))["state"] == "cancelled"
+
+
 async def test_task_list_filters_and_pages(jp_fetch):
     created = []
     for i in range(3):

@@ -275,7 +275,13 @@ class TaskRunner:
 
     def notice_cancelled(self, task_ids: Iterable[str]) -> None:
         """These tasks were committed `cancelling` (here or by another server): stop their
-        generation. Only the tasks this runner holds matter; each is told once."""
+        generation. Only the tasks this runner holds matter; each is told once.
+
+        A cancelled generation's rows count as free at once (`_used_rows`): the next queued
+        task is claimed while the worker finishes the step in flight, and its job reaches the
+        worker right behind the cancel, so the worker lets one go and takes the other in the
+        same turn instead of after the cancel's commit and the next claim's."""
+        told = False
         for task_id in task_ids:
             if task_id in self.cancelling:
                 continue
@@ -287,8 +293,11 @@ class TaskRunner:
             if task_id in self.active and self.engine is not None:
                 self.cancelling.add(task_id)
                 self.engine.cancel(task_id)
+                told = True
             for listener in self.cancel_listeners:
                 listener(task_id)
+        if told and self.loop is not None:
+            self._dispatch()
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -337,7 +346,9 @@ class TaskRunner:
         self._dispatch()
 
     def _used_rows(self) -> int:
-        return sum(self.rows.get(t, 1) for t in self.active)
+        """The batch rows the running generations take; a cancelled one's are free already
+        (the worker takes a job that comes while the row is still busy in its own queue)."""
+        return sum(self.rows.get(t, 1) for t in self.active if t not in self.cancelling)
 
     def _fill(self) -> None:
         while self.queue and self._used_rows() < self.max_active:
