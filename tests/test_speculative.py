@@ -160,9 +160,8 @@ def test_step_costs_are_learned_from_the_steps_taken() -> None:
 
 
 def test_a_slow_gap_makes_speculation_pay_less() -> None:
-    """On a CPU where building a step in Python takes a fifth of a step (the Zen 3 of the
-    benchmarks: an ordinary pipelined step 140 ms, one that waited first 173 ms), a verify of
-    proposals accepted one time in five loses; on one where the gap is small, it wins."""
+    """Where looking costs a fifth of a step, a verify of proposals accepted one time in five
+    loses; where the gap is small, it wins."""
     settings = SpeculationSettings()
     for gap, speculates in ((0.033, False), (0.004, True)):
         costs = StepCosts(settings)
@@ -388,8 +387,9 @@ def test_steps_sharing_the_model_with_a_prefill_are_not_timed(tiny) -> None:
     assert results[("reader", 0)].finish_reason == "length"
     costs = sched.step_costs("m")
     assert costs is not None
-    recorded = [costs.measured(tokens) for tokens in range(1, 20)]
-    assert any(recorded) and max(t for t in recorded if t is not None) < 0.25
+    recorded = [t for samples in costs._compute.values() for t in samples]
+    recorded += [t for samples in costs._gaps.values() for t in samples]
+    assert recorded and max(recorded) < 0.25
 
 
 @pytest.mark.parametrize("sampling", [{}, SEEDED], ids=["greedy", "seeded"])

@@ -311,10 +311,6 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self._rows: dict[int, _Row] = {}
         # The verify step in flight, by uid (rows that joined after it was queued have none).
         self._flight: dict[int, _InFlight] = {}
-        # When `_resolve` last found the verify step in flight done, and when the last step
-        # this batch built was handed to MLX.
-        self._ready_at = 0.0
-        self._dispatched_at = 0.0
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -371,8 +367,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self.stats.steps += 1
         settings = self.settings
         if self._flight:
-            inputs, input_logprobs, kept = self._resolve()
-            ready = self._ready_at
+            inputs, input_logprobs, kept, ready = self._resolve()
         else:
             eligible = self._eligible() if settings.active else []
             if not eligible or not self._worth_looking(eligible):
@@ -412,13 +407,13 @@ class SpeculativeGenerationBatch(GenerationBatch):
         if width == 0:
             for row in self._rows.values():
                 row.acceptance.idle()
-            self._queue_ordinary(inputs)
+            dispatched = self._queue_ordinary(inputs)
         else:
-            self._queue_verify(inputs, proposals, width)
+            dispatched = self._queue_verify(inputs, proposals, width)
         # From the step in flight being done to this one's dispatch, the model had nothing to
         # do. (Not to the return of `async_eval`: on the CPU it returns only once most of the
         # step has been computed.)
-        self._timed(len(self.uids) * (1 + width), self._dispatched_at - ready)
+        self._timed(len(self.uids) * (1 + width), dispatched - ready)
         return self._emit(inputs, input_logprobs, kept)
 
     def _eligible(self) -> list[int]:
@@ -458,13 +453,16 @@ class SpeculativeGenerationBatch(GenerationBatch):
             row.acceptance.idle()
         return super().next()
 
-    def _resolve(self) -> tuple[list[int], list[mx.array], list[list[tuple[int, mx.array]]]]:
+    def _resolve(
+        self,
+    ) -> tuple[list[int], list[mx.array], list[list[tuple[int, mx.array]]], float]:
         """Wait for the verify step in flight; per row: its next input and that token's
-        log-probabilities, and the proposed tokens it kept (with theirs). Rows that joined
-        after the step was queued have their first token in `_next_tokens`."""
+        log-probabilities, and the proposed tokens it kept (with theirs); and when the step
+        was found done. Rows that joined after the step was queued have their first token in
+        `_next_tokens`."""
         flight, self._flight = self._flight, {}
         mx.eval([f.draws for f in flight.values()], self._next_tokens)
-        self._ready_at = time.perf_counter()
+        ready = time.perf_counter()
         joined = _ints(self._next_tokens)
         inputs: list[int] = []
         input_logprobs: list[mx.array] = []
@@ -499,7 +497,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
             lengths[e] -= f.fed - 1 - accepted
         for layer in self.prompt_cache:
             layer.rewind(lengths)
-        return inputs, input_logprobs, kept
+        return inputs, input_logprobs, kept, ready
 
     def _process_first(self, fed: mx.array, logits: mx.array) -> list[mx.array]:
         """Each row's logits at its first position, through its logits processors (mlx-lm's
@@ -515,8 +513,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
             firsts.append(first)
         return firsts
 
-    def _queue_ordinary(self, inputs: list[int]) -> None:
-        """mlx-lm's decode step on known inputs (their tokens are emitted by `_emit`)."""
+    def _queue_ordinary(self, inputs: list[int]) -> float:
+        """mlx-lm's decode step on known inputs (their tokens are emitted by `_emit`); returns
+        when it was handed to MLX."""
         fed = mx.array(inputs, dtype=mx.uint32)
         self._current_tokens = fed
         logits = self.model(fed[:, None], cache=self.prompt_cache)[:, -1, :]
@@ -530,12 +529,14 @@ class SpeculativeGenerationBatch(GenerationBatch):
             sampled = mx.concatenate([s(logprobs[e : e + 1]) for e, s in enumerate(samplers)])
         self._next_tokens = sampled
         self._next_logprobs = list(logprobs)
-        self._dispatched_at = time.perf_counter()
+        dispatched = time.perf_counter()
         mx.async_eval(self._next_tokens, self._next_logprobs)
+        return dispatched
 
-    def _queue_verify(self, inputs: list[int], proposals: dict[int, Proposal], width: int) -> None:
+    def _queue_verify(self, inputs: list[int], proposals: dict[int, Proposal], width: int) -> float:
         """Feed every row its input and its draft, padded to 1 + `width` positions, and draw
-        each row's token at each of its positions as an ordinary step would draw it there."""
+        each row's token at each of its positions as an ordinary step would draw it there;
+        returns when the step was handed to MLX."""
         count = len(self.uids)
         drafts = [proposals[i].tokens[:width] if i in proposals else [] for i in range(count)]
         # Padding: any valid token id; its positions are forgotten whatever it gives.
@@ -578,10 +579,11 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 sampler if keyed else None,
                 start if keyed else None,
             )
-        self._dispatched_at = time.perf_counter()
+        dispatched = time.perf_counter()
         mx.async_eval(draws, logprobs)
         self.stats.verify_steps += 1
         self.stats.widths[width] = self.stats.widths.get(width, 0) + 1
+        return dispatched
 
     def _emit(
         self,

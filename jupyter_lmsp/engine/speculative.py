@@ -20,8 +20,8 @@ This module is pure Python (no MLX), so it can be tested and reasoned about alon
   1 + D tokens to every row (rows share the step's width: a row with fewer drafts is padded).
 - `StepCosts`: that cost, learned as the batch runs (the compute of each step, by the tokens
   it fed, and apart from it the time a call that looked kept the model idle), from a prior
-  measured on this project's demo model on one CPU core: decode of a small batch reads every weight once per
-  step whatever the tokens, so a verify step of 2, 4, 8 or 16 tokens cost 1.09, 1.06-1.10,
+  measured on this project's demo model on one CPU core: decode of a small batch reads every
+  weight once per step whatever the tokens, so a verify step of 2, 4, 8 or 16 tokens cost 1.09, 1.06-1.10,
   1.4 and 1.9 one-token steps there (3, 5 or 7 tokens cost more than 4 or 8: OpenBLAS's
   kernels take four rows at a time), and a step of 8 rows x 2 tokens 1.3 steps of 8 rows.
   How much verify steps cost moves with the machine's load (4 tokens: 1.06 on a quiet machine,
@@ -263,9 +263,10 @@ class StepCosts:
       waits for Python between two of them.
     - **gap**: what a call costs that *looks* (for proposals, or to resolve a verify step): it
       waits for the step in flight, then proposes and builds the next step while the model has
-      nothing to do. On a fast CPU the gap is a few percent of a step; on a slow one building
-      a step's graph in Python costs a fifth of it (measured on a Zen 3 without AVX-512:
-      173 vs 140 ms for the demo model), which decides whether speculating pays.
+      nothing to do. On a fast CPU the gap is a few percent of a step; on a slow one it
+      decides whether speculating pays (a Zen 3 without AVX-512, the demo model: ~10 ms
+      before each dispatch of a ~170-ms step, and a step that waited first took 1.04-1.21x
+      one that did not).
 
     `record` takes the seconds between the returns of two consecutive calls less the gap of
     the second (which, if it looked, it spent before queueing its step): what the step in

@@ -296,7 +296,7 @@ class TaskRunner:
                 told = True
             for listener in self.cancel_listeners:
                 listener(task_id)
-        if told and self.loop is not None:
+        if told:
             self._dispatch()
 
     # -- dispatch --------------------------------------------------------------------------
@@ -628,6 +628,7 @@ class TaskRunner:
             log.warning("task %s is held by another runner now; stopping its generation", task_id)
             self.cancelling.add(task_id)
             self.engine.cancel(task_id)
+            self._dispatch()  # its rows are free now (`_used_rows`), as after a cancel
 
     def _flush(self, *task_ids: str) -> None:
         """Commit the output held for these tasks, in one transaction."""
