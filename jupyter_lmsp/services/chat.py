@@ -161,7 +161,13 @@ async def cancel(ctx: ServiceContext, run: ChatRun) -> None:
 
 def _events(ctx: ServiceContext, run: ChatRun) -> TaskEventStream:
     return TaskEventStream(
-        ctx.db, ctx.bus, run.task_id, -1, idle=ctx.keepalive_interval, caller=run.caller
+        ctx.db,
+        ctx.bus,
+        run.task_id,
+        -1,
+        idle=ctx.keepalive_interval,
+        caller=run.caller,
+        offload=ctx.offload,
     )
 
 

@@ -3,7 +3,8 @@
 The subscription is opened before the replay query, so an event committed between the two is
 in the queue; anything at or below the last sequence number already yielded is dropped. The
 result is every event after `after`, exactly once, in order, with no gap, until the terminal
-event. Whichever server drives the task: events another server commits reach this server's
+event. Both reads of the log (the replay, and a gap's fill) run through `offload`, on a database
+thread: the IOLoop never waits on the database. Whichever server drives the task: events another server commits reach this server's
 bus through `services.feed`, from the end of the replay on.
 """
 
@@ -18,6 +19,7 @@ from ..store import queries
 from ..store.database import Database
 from . import metrics
 from .bus import CLOSED, EventBus, Subscription
+from .lifecycle import Offload
 
 Event = dict[str, Any]
 
@@ -40,8 +42,11 @@ class TaskEventStream:
         after: int = -1,
         idle: float = 15.0,
         caller: str | None = None,
+        *,
+        offload: Offload,
     ) -> None:
         self.db, self.bus, self.task_id, self.after, self.idle = db, bus, task_id, after, idle
+        self.offload = offload
         self.caller = caller
         # Set when the stream ended because its caller was revoked (no terminal event came).
         self.revoked = False
@@ -66,7 +71,9 @@ class TaskEventStream:
         with self.bus.subscribe(self.task_id, self.caller) as sub:
             self._sub = sub
             last = self.after
-            self._replay.extend(queries.list_events(self.db, self.task_id, last))
+            self._replay.extend(
+                await self.offload(queries.list_events, self.db, self.task_id, last)
+            )
             metrics.events_replayed(len(self._replay))
             # What the replay holds is read: the feed (events other servers commit) goes on
             # from there.
@@ -92,7 +99,8 @@ class TaskEventStream:
                 if seq > last + 1:
                     # Published events are contiguous, so a gap means this watcher fell behind
                     # a replay boundary; the database has the missing ones.
-                    for missing in queries.list_events(self.db, self.task_id, last):
+                    missed = await self.offload(queries.list_events, self.db, self.task_id, last)
+                    for missing in missed:
                         if missing["sequence_number"] >= seq:
                             break
                         last = missing["sequence_number"]

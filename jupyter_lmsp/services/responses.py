@@ -379,7 +379,13 @@ async def response_events(
 ) -> TaskEventStream:
     _, task = await ctx.offload(_find, ctx, response_id, caller)
     return TaskEventStream(
-        ctx.db, ctx.bus, task.id, after, idle=ctx.keepalive_interval, caller=caller.id
+        ctx.db,
+        ctx.bus,
+        task.id,
+        after,
+        idle=ctx.keepalive_interval,
+        caller=caller.id,
+        offload=ctx.offload,
     )
 
 

@@ -79,5 +79,11 @@ async def task_events(
 ) -> TaskEventStream:
     await ctx.offload(_find, ctx, task_id, caller)
     return TaskEventStream(
-        ctx.db, ctx.bus, task_id, after, idle=ctx.keepalive_interval, caller=caller.id
+        ctx.db,
+        ctx.bus,
+        task_id,
+        after,
+        idle=ctx.keepalive_interval,
+        caller=caller.id,
+        offload=ctx.offload,
     )
