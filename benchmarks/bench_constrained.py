@@ -171,8 +171,29 @@ def one_round(
         "min_tokens": min(produced.values()),
         "seconds": ended - sent,
         "aggregate_tps": total / (ended - sent),
+        "decode_tokens": after_first,
+        "decode_seconds": max(1e-9, max(lasts.values()) - all_started),
         "decode_tps": after_first / max(1e-9, max(lasts.values()) - all_started),
     }
+
+
+def pooled(rows: list[dict[str, Any]]) -> dict[str, dict[Any, dict[str, float]]]:
+    """Per variant and round: aggregate and decode tok/s over the round's blocks (tokens summed
+    over seconds summed)."""
+    out: dict[str, dict[Any, dict[str, float]]] = {}
+    for row in rows:
+        acc = out.setdefault(row["variant"], {}).setdefault(
+            row.get("round"), {"tokens": 0, "seconds": 0, "dtokens": 0, "dseconds": 0}
+        )
+        acc["tokens"] += row["tokens"]
+        acc["seconds"] += row["seconds"]
+        acc["dtokens"] += row.get("decode_tokens", row["decode_tps"])
+        acc["dseconds"] += row.get("decode_seconds", 1.0)
+    for by_round in out.values():
+        for acc in by_round.values():
+            acc["aggregate_tps"] = acc["tokens"] / acc["seconds"]
+            acc["decode_tps"] = acc["dtokens"] / acc["dseconds"]
+    return out
 
 
 def spread(values: list[float]) -> str:
@@ -182,37 +203,42 @@ def spread(values: list[float]) -> str:
 
 
 def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
-    by: dict[str, list[dict[str, Any]]] = {}
-    for row in rounds:
-        by.setdefault(row["variant"], []).append(row)
-    base = statistics.median(r["aggregate_tps"] for r in by["none"])
-    base_decode = statistics.median(r["decode_tps"] for r in by["none"])
+    by = pooled(rounds)
+    fewest = {v: min(r["min_tokens"] for r in rounds if r["variant"] == v) for v in by}
     lines = [
         "# Constrained decoding benchmark",
         "",
         f"`benchmarks/bench_constrained.py`, {meta['started']} – {meta['finished']}. Model "
         f"`{meta['model']}`, {meta['streams']} concurrent streams, greedy, {meta['tokens']} "
-        f"tokens each, {meta['rounds']} interleaved round(s), median (min–max). BLAS: "
+        f"tokens each, {meta['rounds']} round(s) of {meta.get('blocks', 1)} block(s) per "
+        "variant in palindromic order (A B C C B A, the start rotating by round; a round's "
+        "figure pools its blocks), median over rounds (min–max). BLAS: "
         f"{meta['blas']}, OPENBLAS_NUM_THREADS={meta['blas_threads']}, speculative decoding "
         f"{meta.get('speculation', 'on')} (`--speculation`). Machine: "
         f"{meta['cpus']} CPUs, {meta['platform']}, load average "
         f"{meta['load_before'][0]:.1f} before / {meta['load_after'][0]:.1f} after.",
         "",
-        "| streams constrained by | aggregate tok/s | / none | / none per round (min–max) "
+        "| streams constrained by | aggregate tok/s | / none (median of rounds) "
+        "| / none per round (min–max) "
         "| decode tok/s | / none | tokens per stream (fewest) |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    none_by_round = {r.get("round"): r for r in by["none"]}
-    for variant, rows in by.items():
-        agg = [r["aggregate_tps"] for r in rows]
-        dec = [r["decode_tps"] for r in rows]
+    for variant, by_round in by.items():
+        agg = [r["aggregate_tps"] for r in by_round.values()]
+        dec = [r["decode_tps"] for r in by_round.values()]
         # Each round's ratio: the variant against `none` of the same round.
-        ratios = [r["aggregate_tps"] / none_by_round[r.get("round")]["aggregate_tps"] for r in rows]
+        ratios = [
+            r["aggregate_tps"] / by["none"][round_]["aggregate_tps"]
+            for round_, r in by_round.items()
+        ]
+        dec_ratios = [
+            r["decode_tps"] / by["none"][round_]["decode_tps"] for round_, r in by_round.items()
+        ]
         lines.append(
-            f"| {variant} | {spread(agg)} | {statistics.median(agg) / base:.2f}× "
+            f"| {variant} | {spread(agg)} | {statistics.median(ratios):.2f}× "
             f"| {min(ratios):.2f}–{max(ratios):.2f}× "
-            f"| {spread(dec)} | {statistics.median(dec) / base_decode:.2f}× "
-            f"| {min(r['min_tokens'] for r in rows)} |"
+            f"| {spread(dec)} | {statistics.median(dec_ratios):.2f}× "
+            f"| {fewest[variant]} |"
         )
     lines += [
         "",
@@ -229,6 +255,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=2,
+        help="runs of each variant per round, in palindromic order (A B C C B A ...)",
+    )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
     parser.add_argument("--out", type=Path, default=HERE / "results")
     parser.add_argument("--blas-threads", default=os.environ.get("OPENBLAS_NUM_THREADS", "1"))
@@ -257,6 +289,7 @@ def main() -> None:
         "streams": args.streams,
         "tokens": args.tokens,
         "rounds": args.rounds,
+        "blocks": args.blocks,
         "blas": blas,
         "blas_threads": args.blas_threads,
         "cpus": os.cpu_count(),
@@ -271,10 +304,15 @@ def main() -> None:
         one_round(engine, model, "json string", 2, 4)
         names = list(VARIANTS)
         for i in range(args.rounds):
-            order = names[i % len(names) :] + names[: i % len(names)]
-            for variant in order:
+            rotated = names[i % len(names) :] + names[: i % len(names)]
+            # Palindromic (A B C C B A): a drift of the machine's speed within the round
+            # weighs on every variant alike.
+            order = [
+                v for b in range(args.blocks) for v in (rotated if b % 2 == 0 else rotated[::-1])
+            ]
+            for block, variant in enumerate(order):
                 row = one_round(engine, model, variant, args.streams, args.tokens)
-                rounds.append({"round": i, **row})
+                rounds.append({"round": i, "block": block, **row})
                 print(json.dumps(rounds[-1]), flush=True)
     finally:
         engine.client.stop()

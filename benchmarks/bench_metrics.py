@@ -10,8 +10,11 @@ metrics on and one with them off (`--LMSPExtension.metrics=False`), side by side
    whose worker holds one slow task, so the others stay queued and the create path alone is
    timed (as in bench_control_plane.py).
 
-On and off alternate within every round (which goes first alternates too), so both meet the
-same machine; the median over rounds is reported with the difference (target: within 2%).
+On and off alternate within every round in `--pairs` ABBA blocks (on, off, off, on, ...),
+so a drift of the machine's speed within a round (this VM's moves by 10-15% within minutes)
+hits both modes alike; a round's figure for a mode pools its blocks (tokens / time, or the
+p50 of all its creates). The median over rounds is reported with the per-round cost's spread
+(target: within 2% over the whole spread).
 Every prompt is new to its server (no prompt-cache hits); both modes get the same prompts
 in a round, so both generate the same text (greedy) with the same speculative drafts. Results: benchmarks/results/metrics.md (and .json).
 """
@@ -91,14 +94,22 @@ def stream_one(server: ServerProcess, prompt: str, tokens: int) -> tuple[int, fl
     return out, sent, first, last
 
 
-def single(server: ServerProcess, prompt: str, tokens: int) -> tuple[float, float]:
-    """(decode tok/s, end-to-end tok/s); decode is NaN when every token came in one delta."""
+def server_cpu(server: ServerProcess) -> float:
+    """CPU seconds (user + system) the Jupyter server process has used so far: where the
+    metrics are kept (the inference worker, its child, is not counted)."""
+    assert server.proc is not None
+    fields = Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def single(server: ServerProcess, prompt: str, tokens: int) -> tuple[int, float, float]:
+    """(output tokens, decode seconds from first to last delta, seconds from sent to last)."""
     n, sent, first, last = stream_one(server, prompt, tokens)
-    decode = (n - 1) / (last - first) if n > 1 and last > first else float("nan")
-    return decode, n / (last - sent)
+    return n, last - first, last - sent
 
 
-def concurrent(server: ServerProcess, prompts: list[str], tokens: int) -> float:
+def concurrent(server: ServerProcess, prompts: list[str], tokens: int) -> tuple[int, float]:
+    """(all output tokens, seconds from release to the last stream's last delta)."""
     results: list[tuple[int, float, float, float]] = []
     threads = [
         threading.Thread(target=lambda p=p: results.append(stream_one(server, p, tokens)))
@@ -110,19 +121,104 @@ def concurrent(server: ServerProcess, prompts: list[str], tokens: int) -> float:
     for t in threads:
         t.join()
     ended = max(r[3] for r in results)
-    return sum(r[0] for r in results) / (ended - begun)
+    return sum(r[0] for r in results), ended - begun
+
+
+def measure(
+    server: ServerProcess,
+    args: argparse.Namespace,
+    round_: int,
+    pair: int,
+    barrier: threading.Barrier | None,
+) -> tuple[float, ...]:
+    """One block: a single stream, then `--streams` at once. (decoded tokens, decode s, tokens,
+    end-to-end s, all tokens of the streams, their wall time). With a `barrier`, both phases
+    start when the other server's do (`--together`).
+
+    The same prompts for both modes in a pair (each server has its own prompt cache): a
+    different text would change how many speculative drafts are accepted, which moves tok/s by
+    more than the metrics cost. A pair's prompts are new to each server (no prompt-cache hit)."""
+    prompt = f"Round {round_}.{pair}: tell me about the sea."
+    if barrier is not None:
+        barrier.wait()
+    n, decode_s, e2e_s = single(server, prompt, args.tokens)
+    prompts = [f"Round {round_}.{pair}, stream {i}: describe a city." for i in range(args.streams)]
+    if barrier is not None:
+        barrier.wait()
+    total, wall = concurrent(server, prompts, args.tokens)
+    return (n - 1, decode_s, n, e2e_s, total, wall)
+
+
+def timed_cpu(server: ServerProcess, fn: Any) -> tuple[Any, float]:
+    """`fn()` and the server CPU seconds spent meanwhile."""
+    before = server_cpu(server)
+    out = fn()
+    return out, server_cpu(server) - before
+
+
+def together(
+    servers: dict[str, ServerProcess], args: argparse.Namespace, round_: int, pair: int
+) -> dict[str, tuple[float, ...]]:
+    """A pair's blocks on both servers at the same time, each phase started together; each
+    with the server CPU seconds it took, last."""
+    barrier = threading.Barrier(len(servers))
+    got: dict[str, tuple[float, ...]] = {}
+    cpu: dict[str, float] = {}
+
+    def run(mode: str) -> None:
+        got[mode], cpu[mode] = timed_cpu(
+            servers[mode], lambda: measure(servers[mode], args, round_, pair, barrier)
+        )
+
+    threads = [threading.Thread(target=run, args=(m,)) for m in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {m: (*got[m], cpu[m]) for m in servers}
+
+
+POOLED = ("decoded", "decode_s", "n", "e2e_s", "total", "wall")
+
+
+def add(pooled: dict[str, float], got: tuple[float, ...], cpu: float) -> None:
+    for key, v in zip(POOLED, got, strict=True):
+        pooled[key] += v
+    pooled["cpu"] += cpu
+
+
+def rates(got: tuple[float, ...]) -> str:
+    return f"single {per(got[0], got[1]):.2f} tok/s, streams {per(got[4], got[5]):.2f} tok/s"
+
+
+def per(tokens: float, seconds: float) -> float:
+    """Tokens per second; NaN when every token came in one delta (no time between)."""
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def abba(pairs: int, round_: int) -> list[str]:
+    """The order of a round's blocks: (on, off, off, on) repeated, starting with off in odd
+    rounds, `pairs` blocks per mode."""
+    first, second = MODES if round_ % 2 == 0 else MODES[::-1]
+    quad = [first, second, second, first]
+    return (quad * pairs)[: 2 * pairs]
+
+
+CREATE = {"input": "hi", "background": True, "max_output_tokens": 1, "temperature": 0}
+
+
+def create_once(client: Any) -> float:
+    """One background create → 202, in milliseconds."""
+    t = time.perf_counter()
+    r = client.post("/responses", json=CREATE)
+    elapsed = (time.perf_counter() - t) * 1000
+    assert r.status_code == 202, r.text
+    return elapsed
 
 
 def creates(server: ServerProcess, n: int) -> list[float]:
-    body = {"input": "hi", "background": True, "max_output_tokens": 1, "temperature": 0}
-    out = []
     with server.client() as c:
-        for _ in range(n):
-            t = time.perf_counter()
-            r = c.post("/responses", json=body)
-            out.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 202, r.text
-    return out
+        return [create_once(c) for _ in range(n)]
 
 
 def main() -> int:
@@ -131,55 +227,115 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=64, help="output tokens per stream")
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams")
     parser.add_argument("--creates", type=int, default=200, help="creates per round and mode")
+    parser.add_argument(
+        "--pairs", type=int, default=4, help="ABBA blocks per mode and round (see above)"
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="an A/A run: both servers with metrics off (the 'on' column is a second 'off' "
+        "server), to show what two identical servers differ by here",
+    )
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="run each pair's blocks on both servers at the same time (the same prompts, "
+        "each phase started together) instead of one after the other in ABBA order",
+    )
     parser.add_argument("--model", choices=("demo", "tiny"), default="demo")
     parser.add_argument("--out", type=Path, default=RESULTS / "metrics")
     args = parser.parse_args()
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+
+    def on(mode: str) -> bool:
+        """Whether the `mode` server records metrics (never, in an A/A `--control` run)."""
+        return mode == "on" and not args.control
+
+    load_before = os.getloadavg()
 
     base = Path(tempfile.mkdtemp(prefix="lmsp-bench-metrics-"))
     model = model_dir(args.model, base)
     samples: dict[str, dict[str, list[float]]] = {
-        m: {"single": [], "single_e2e": [], "aggregate": [], "create_p50": [], "create_p99": []}
+        m: {
+            "single": [],
+            "single_e2e": [],
+            "aggregate": [],
+            "cpu_per_token": [],
+            "create_p50": [],
+            "create_p99": [],
+            "cpu_per_create": [],
+        }
         for m in MODES
     }
     log(f"generation: two servers (metrics on, off), model {model.name}")
-    servers = {m: start(base, f"gen-{m}", model, m == "on", max_batch_size=8) for m in MODES}
+    servers = {m: start(base, f"gen-{m}", model, on(m), max_batch_size=8) for m in MODES}
     try:
         for m in MODES:  # warm up: worker started, model loaded
             single(servers[m], f"Warm up {m}.", 8)
         for round_ in range(args.rounds):
-            order = MODES if round_ % 2 == 0 else MODES[::-1]
-            for m in order:
-                # The same prompts for both modes (each server has its own prompt cache): a
-                # different text would change how many speculative drafts are accepted, which
-                # moves tok/s by more than the metrics cost.
-                prompt = f"Round {round_}: tell me about the sea."
-                decode, e2e = single(servers[m], prompt, args.tokens)
-                samples[m]["single"].append(decode)
-                samples[m]["single_e2e"].append(e2e)
-                prompts = [
-                    f"Round {round_}, stream {i}: describe a city." for i in range(args.streams)
-                ]
-                samples[m]["aggregate"].append(concurrent(servers[m], prompts, args.tokens))
-                log(
-                    f"round {round_} {m}: single {samples[m]['single'][-1]:.2f} tok/s, "
-                    f"{args.streams} streams {samples[m]['aggregate'][-1]:.2f} tok/s"
+            # Per mode: single-stream (tokens, decode s, end-to-end s), and aggregate
+            # (tokens, s), pooled over the round's blocks.
+            pooled = {m: dict.fromkeys((*POOLED, "cpu"), 0.0) for m in MODES}
+            if args.together:
+                for pair in range(args.pairs):
+                    got = together(servers, args, round_, pair)
+                    for m in MODES:
+                        add(pooled[m], got[m][:-1], got[m][-1])
+                        log(f"round {round_} pair {pair} {m} (together): {rates(got[m])}")
+            else:
+                for block, m in enumerate(abba(args.pairs, round_)):
+                    got_one, cpu = timed_cpu(
+                        servers[m],
+                        lambda m=m, b=block, r=round_: measure(servers[m], args, r, b // 2, None),
+                    )
+                    add(pooled[m], got_one, cpu)
+                    log(f"round {round_} block {block} {m}: {rates(got_one)}")
+            for m in MODES:
+                got_round = pooled[m]
+                samples[m]["single"].append(per(got_round["decoded"], got_round["decode_s"]))
+                samples[m]["single_e2e"].append(per(got_round["n"], got_round["e2e_s"]))
+                samples[m]["aggregate"].append(per(got_round["total"], got_round["wall"]))
+                # What the server process spent per output token (single + streams), in ms.
+                samples[m]["cpu_per_token"].append(
+                    1000 * got_round["cpu"] / max(1.0, got_round["n"] + got_round["total"])
                 )
+            log(
+                f"round {round_}: single on/off "
+                f"{samples['on']['single'][-1] / samples['off']['single'][-1]:.3f}, "
+                f"{args.streams} streams on/off "
+                f"{samples['on']['aggregate'][-1] / samples['off']['aggregate'][-1]:.3f}"
+            )
     finally:
         for s in servers.values():
             s.stop()
     log("creates: two servers whose worker holds one slow task")
     slow = {"max_batch_size": 1, "engine_token_delay": 60}
-    servers = {m: start(base, f"create-{m}", model, m == "on", **slow) for m in MODES}
+    servers = {m: start(base, f"create-{m}", model, on(m), **slow) for m in MODES}
     try:
         for m in MODES:
             creates(servers[m], 20)  # warm up connections and code paths
         for round_ in range(args.rounds):
-            order = MODES if round_ % 2 == 0 else MODES[::-1]
-            for m in order:
-                times = creates(servers[m], args.creates)
-                samples[m]["create_p50"].append(pct(times, 0.5))
-                samples[m]["create_p99"].append(pct(times, 0.99))
-                log(f"round {round_} {m}: create → 202 p50 {samples[m]['create_p50'][-1]:.2f} ms")
+            # One create at a time, alternating in ABBA order request by request: the
+            # machine's drift meets both modes alike.
+            times: dict[str, list[float]] = {m: [] for m in MODES}
+            clients = {m: servers[m].client() for m in MODES}
+            cpu_before = {m: server_cpu(servers[m]) for m in MODES}
+            try:
+                for m in abba(args.creates, round_):
+                    times[m].append(create_once(clients[m]))
+                for m in MODES:
+                    spent = server_cpu(servers[m]) - cpu_before[m]
+                    samples[m]["cpu_per_create"].append(1000 * spent / len(times[m]))
+            finally:
+                for c in clients.values():
+                    c.close()
+            for m in MODES:
+                samples[m]["create_p50"].append(pct(times[m], 0.5))
+                samples[m]["create_p99"].append(pct(times[m], 0.99))
+            log(
+                f"round {round_}: create → 202 p50 on {samples['on']['create_p50'][-1]:.2f} ms, "
+                f"off {samples['off']['create_p50'][-1]:.2f} ms"
+            )
     finally:
         for s in servers.values():
             s.stop()
@@ -188,19 +344,22 @@ def main() -> int:
         ("single-stream decode tok/s", "single", True),
         ("single-stream end-to-end tok/s", "single_e2e", True),
         (f"{args.streams}-stream aggregate tok/s", "aggregate", True),
+        ("server CPU ms per output token", "cpu_per_token", False),
         ("create → 202 p50 ms", "create_p50", False),
         ("create → 202 p99 ms", "create_p99", False),
+        ("server CPU ms per create", "cpu_per_create", False),
     ]
     table = []
     for label, key, higher_is_better in rows:
         on = statistics.median(samples["on"][key])
         off = statistics.median(samples["off"][key])
-        # The cost of metrics, in percent: positive = slower with metrics on.
-        cost = ((off - on) / off if higher_is_better else (on - off) / off) * 100
+        # The cost of metrics, in percent: positive = slower with metrics on; per round (the
+        # two modes met the same moment of the machine), its median and spread.
         per_round = [
             ((f - o) / f if higher_is_better else (o - f) / f) * 100
             for o, f in zip(samples["on"][key], samples["off"][key], strict=True)
         ]
+        cost = statistics.median(per_round)
         table.append(
             {
                 "what": label,
@@ -214,14 +373,19 @@ def main() -> int:
     meta = {
         "model": args.model,
         "rounds": args.rounds,
+        "pairs": args.pairs,
+        "together": args.together,
+        "control": args.control,
         "tokens": args.tokens,
         "streams": args.streams,
         "creates": args.creates,
         "cpus": os.cpu_count(),
-        "load_before": os.getloadavg(),
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "started": started,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(
@@ -230,13 +394,40 @@ def main() -> int:
     lines = [
         "# Metrics on vs off",
         "",
-        f"Model {args.model}, {args.rounds} rounds (median), {args.tokens} tokens per stream, "
-        f"{args.creates} creates per round; {meta['cpus']} CPUs, load {meta['load_before']}.",
-        "Cost: how much worse with metrics on (target ≤ 2%).",
+        f"`benchmarks/bench_metrics.py --rounds {args.rounds} --pairs {args.pairs} --tokens "
+        f"{args.tokens} --streams {args.streams} --creates {args.creates} --model {args.model}"
+        + (" --together" if args.together else "")
+        + (" --control" if args.control else "")
+        + "`"
+        f", {meta['started']} – {meta['finished']}. {meta['cpus']} CPUs, load average "
+        f"{load_before[0]:.1f} before / {meta['load_after'][0]:.1f} after.",
+        (
+            "**A/A control (`--control`): both servers have metrics off**; the 'on' column is "
+            "a second 'off' server, so the cost columns show what two identical servers differ "
+            "by on this machine."
+            if args.control
+            else "Cost: how much worse with metrics on (target ≤ 2%, over the whole spread)."
+        ),
         "",
-        "Same prompts for both modes within a round; per-round cost = the round's on vs off.",
+        (
+            f"Each round: {args.pairs} blocks per mode, each pair's two blocks run on both "
+            "servers at the same time (`--together`: each phase, single stream then "
+            f"{args.streams} streams, started together), so both meet the same moment of the "
+            "machine"
+            if args.together
+            else f"Each round: {args.pairs} blocks per mode in ABBA order (on, off, off, on, "
+            "...; odd rounds start with off)"
+        )
+        + "; the same prompts for both modes in a pair of blocks; a round's figure pools its "
+        f"blocks. Creates: {args.creates} per mode and round, one at a time, alternating "
+        "between the modes request by request in ABBA order. Per-round cost = the round's on "
+        "vs off. *Server CPU* rows: the Jupyter server process's own CPU time (user + "
+        "system, from /proc; the inference worker not counted) per output token or per create "
+        "— where the metrics are kept, so on minus off is what they cost, independent of the "
+        "machine's speed drift.",
         "",
-        "| what | metrics on | metrics off | cost (medians) | cost per round (min – max) |",
+        "| what | metrics on | metrics off | cost (median of rounds) | cost per round (min – max) "
+        "|",
         "| --- | --- | --- | --- | --- |",
     ]
     for row in table:
