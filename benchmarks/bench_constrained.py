@@ -183,12 +183,12 @@ def pooled(rows: list[dict[str, Any]]) -> dict[str, dict[Any, dict[str, float]]]
     out: dict[str, dict[Any, dict[str, float]]] = {}
     for row in rows:
         acc = out.setdefault(row["variant"], {}).setdefault(
-            row.get("round"), {"tokens": 0, "seconds": 0, "dtokens": 0, "dseconds": 0}
+            row["round"], {"tokens": 0, "seconds": 0, "dtokens": 0, "dseconds": 0}
         )
         acc["tokens"] += row["tokens"]
         acc["seconds"] += row["seconds"]
-        acc["dtokens"] += row.get("decode_tokens", row["decode_tps"])
-        acc["dseconds"] += row.get("decode_seconds", 1.0)
+        acc["dtokens"] += row["decode_tokens"]
+        acc["dseconds"] += row["decode_seconds"]
     for by_round in out.values():
         for acc in by_round.values():
             acc["aggregate_tps"] = acc["tokens"] / acc["seconds"]

@@ -1,22 +1,27 @@
 """What the Prometheus metrics cost (issue 18): the same measurements against a server with
 metrics on and one with them off (`--LMSPExtension.metrics=False`), side by side in one run.
 
-    .venv/bin/python benchmarks/bench_metrics.py [--rounds 5] [--tokens 64] [--model demo|tiny]
+    .venv/bin/python benchmarks/bench_metrics.py --together [--control] [--rounds 5] [--pairs 4]
 
 1. Single-stream tok/s: one streamed response, decode = (tokens − 1) / (last delta − first
    delta), end-to-end = tokens / (last delta − request sent).
 2. 8-stream aggregate tok/s: eight streamed responses at once, all tokens / wall time.
-3. Background create → 202: p50 (and p99) of sequential POSTs. On a second pair of servers
-   whose worker holds one slow task, so the others stay queued and the create path alone is
-   timed (as in bench_control_plane.py).
+3. Background create → 202: p50 (and p99), one create at a time, alternating between the two
+   servers request by request in ABBA order. On a second pair of servers whose worker holds
+   one slow task, so the others stay queued and the create path alone is timed (as in
+   bench_control_plane.py).
+4. The Jupyter server process's own CPU time (from /proc) per output token and per create:
+   where the metrics are kept, and independent of the machine's speed drift.
 
-On and off alternate within every round in `--pairs` ABBA blocks (on, off, off, on, ...),
-so a drift of the machine's speed within a round (this VM's moves by 10-15% within minutes)
-hits both modes alike; a round's figure for a mode pools its blocks (tokens / time, or the
-p50 of all its creates). The median over rounds is reported with the per-round cost's spread
-(target: within 2% over the whole spread).
-Every prompt is new to its server (no prompt-cache hits); both modes get the same prompts
-in a round, so both generate the same text (greedy) with the same speculative drafts. Results: benchmarks/results/metrics.md (and .json).
+Each round has `--pairs` blocks per mode (1 then 2, the same prompts for both modes in a pair;
+every prompt new to its server, so both generate the same text with the same speculative
+drafts). With `--together` a pair's two blocks run on both servers at the same time, each phase
+started together, so both meet the same moment of this VM (whose speed moves by 10-25% within
+minutes); without it, one after the other in ABBA order (on, off, off, on, ...). A round's
+figure for a mode pools its blocks (tokens / time, or the p50 of all its creates); the cost is
+the median of the per-round costs, with their spread (target: within 2% over the whole spread).
+`--control` runs both servers with metrics off (an A/A run: what two identical servers differ
+by here). Results: benchmarks/results/metrics.md (and .json).
 """
 
 from __future__ import annotations
@@ -196,12 +201,12 @@ def per(tokens: float, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else float("nan")
 
 
-def abba(pairs: int, round_: int) -> list[str]:
-    """The order of a round's blocks: (on, off, off, on) repeated, starting with off in odd
-    rounds, `pairs` blocks per mode."""
+def abba(per_mode: int, round_: int) -> list[str]:
+    """The order of a round's blocks (or creates): (on, off, off, on) repeated, starting with
+    off in odd rounds, `per_mode` of each mode."""
     first, second = MODES if round_ % 2 == 0 else MODES[::-1]
     quad = [first, second, second, first]
-    return (quad * pairs)[: 2 * pairs]
+    return (quad * per_mode)[: 2 * per_mode]
 
 
 CREATE = {"input": "hi", "background": True, "max_output_tokens": 1, "temperature": 0}
