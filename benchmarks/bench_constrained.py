@@ -109,6 +109,17 @@ class Engine:
                 self._lock.wait(1)
 
 
+def cpu_times() -> tuple[int, int]:
+    """The machine's (stolen, total) CPU time so far, in clock ticks (/proc/stat; zeros where
+    there is none): time the hypervisor gave other guests is what makes a VM's blocks slow."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0, 0
+    ticks = [int(f) for f in fields[:8]]
+    return ticks[7], sum(ticks)
+
+
 def one_round(
     engine: Engine, model: Path, variant: str, streams: int, tokens: int
 ) -> dict[str, Any]:
@@ -136,6 +147,7 @@ def one_round(
             )
         )
     mark = len(engine.messages)
+    stolen_before, ticks_before = cpu_times()
     sent = time.perf_counter()
     for job in jobs:
         engine.client.submit(job)
@@ -146,6 +158,7 @@ def one_round(
         )
         if isinstance(end, JobFailed):
             raise RuntimeError(f"{variant}: {end.code}: {end.message}")
+    stolen_after, ticks_after = cpu_times()
     firsts: dict[str, float] = {}
     lasts: dict[str, float] = {}
     produced: dict[str, int] = dict.fromkeys(ids, 0)
@@ -174,6 +187,7 @@ def one_round(
         "decode_tokens": after_first,
         "decode_seconds": max(1e-9, max(lasts.values()) - all_started),
         "decode_tps": after_first / max(1e-9, max(lasts.values()) - all_started),
+        "steal": (stolen_after - stolen_before) / max(1, ticks_after - ticks_before),
     }
 
 

@@ -249,6 +249,70 @@ def test_bitmask_application_on_the_cpu() -> None:
     assert [i for i, v in enumerate(wide) if v != float("-inf")] == [3, 31, 33]
 
 
+def test_a_verify_steps_masks_are_each_positions_own(tiny) -> None:
+    """`mask_verify_step` masks each constrained row's positions with the mask its matcher
+    gives after the draft tokens before it (as feeding them one per step would), leaves the
+    matcher where it was, and leaves other rows, padding positions and failed rows right."""
+    import mlx.core as mx
+    import numpy as np
+
+    from jupyter_lmsp.engine.constraints import Constraint, ll_tokenizer, mask_verify_step
+
+    model, tok = tiny
+    ll = ll_tokenizer("m", model, tok)
+    grammar = grammar_of(CORPUS["person"])
+    text = '{"name": "ann", "age": 42}'
+    ids = tok.encode(text, add_special_tokens=False)
+    vocab = model.args.vocab_size
+    width = 5
+
+    def reference(before: list[int], draft: list[int]) -> list[set[int]]:
+        """The allowed tokens at each position, one step at a time."""
+        one = Constraint(ll, grammar, resumed=before)
+        allowed = []
+        for token in [None, *draft]:
+            if token is not None:
+                assert one._matcher.consume_token(token)
+            bits = np.zeros((1, one._words), dtype=np.int32)
+            one._fill(bits, 0)
+            unpacked = np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab]
+            allowed.append({int(i) for i in np.flatnonzero(unpacked)})
+        return allowed
+
+    # Row 0: a draft of 4 (the first token fed by `begin` as the step's input); row 1: no
+    # grammar; row 2: a grammar without a draft; row 3: a failed matcher.
+    rows = []
+    constraints = [Constraint(ll, grammar) for _ in range(3)]
+    for c in constraints:
+        c.begin([], 0)  # the first call: the prompt's last token, not fed
+    constraints[0].begin([], ids[0])
+    draft = ids[1:5]
+    assert constraints[0].valid_prefix(draft) == 4
+    assert (
+        constraints[0].valid_prefix([*ids[1:3], tok.encode("zz", add_special_tokens=False)[0]]) == 2
+    )
+    constraints[1].begin(ids[:2], ids[2])
+    constraints[2].begin([], ids[0])
+    constraints[2]._matcher.consume_token(tok.encode("zzz", add_special_tokens=False)[0])
+    rows = [(0, constraints[0], draft), (2, constraints[1], []), (3, constraints[2], ids[1:3])]
+    logits = mx.random.normal((4, width, vocab))
+    masked = np.array(mask_verify_step(logits, rows))
+    free = np.isfinite(masked)
+    want0 = reference(ids[:1], draft)
+    for j in range(width):
+        got = {int(i) for i in np.flatnonzero(free[0, j])}
+        assert got == (want0[j] if j < 5 else set(range(vocab))), j
+    assert free[1].all() and np.array_equal(masked[1], np.array(logits[1]))
+    want2 = reference(ids[:3], [])
+    assert {int(i) for i in np.flatnonzero(free[2, 0])} == want2[0]
+    assert free[2, 1:].all()
+    assert constraints[2].error
+    assert [{int(i) for i in np.flatnonzero(free[3, j])} for j in range(3)] == [{ll.eos_token}] * 3
+    # The matchers were rolled back: the draft's tokens are still allowed from the start.
+    assert constraints[0].valid_prefix(draft) == 4
+    assert not constraints[0].error and not constraints[1].error
+
+
 def test_constraints_through_the_worker(test_model_dir: Path) -> None:
     eng = start_engine(test_model_dir)
     try:

@@ -23,12 +23,16 @@ grammar is complete the matcher allows only EOS, so a constrained choice ends th
 Resuming: a fresh matcher is fed the snapshot's tokens (`resumed`), which puts it exactly where
 the uninterrupted run's matcher was; nothing about a matcher is ever stored.
 
-Forced tokens are not fast-forwarded: each token still takes one decoding step (the batch
-stays one token per row per step, which keeps the per-row sampling path simple).
-
-Speculative decoding: a constrained row never proposes tokens. It takes part in a verify step
-of the other rows with its one token (position 0, the one its processor is called for), so its
-matcher is fed exactly one token per step as here, and never has to roll back.
+Speculative decoding (`spec_batch`): a constrained row speculates like any other, under its
+grammar. Before a verify step the batch positions the matcher at the step's first position
+(`begin`: it feeds the tokens the last verify step kept, then the step's input), proposes the
+grammar's forced tokens (`forced`, llguidance's fast-forward tokens) or else the row's n-gram
+proposal cut to its longest prefix the grammar allows (`valid_prefix`), and
+`mask_verify_step` computes the mask of every position of every constrained row of the step
+in one call (llguidance feeds each draft token by token, then rolls the matcher back) and
+applies them in one operation, so each position's token is drawn from exactly the
+distribution a step of one token would draw it from there. Proposed tokens the verify keeps are fed at the next `begin`.
+Outside verify steps each call feeds one token, as above.
 """
 
 from __future__ import annotations
@@ -109,8 +113,11 @@ class Constraint:
                 f"the resumed tokens do not follow the grammar: {self._matcher.get_error()}"
             )
         self._eos = tokenizer.eos_token
-        self._bitmask = np.zeros((1, (tokenizer.vocab_size + 31) // 32), dtype=np.int32)
+        self._words = (tokenizer.vocab_size + 31) // 32
+        self._bitmask = np.zeros((1, self._words), dtype=np.int32)
         self._started = False
+        # `begin` has put the matcher at this step's first position: the call feeds nothing.
+        self._ready = False
         self.error: str | None = None
 
     @property
@@ -121,38 +128,150 @@ class Constraint:
     def __call__(self, context: mx.array, logits: mx.array) -> mx.array:
         import mlx.core as mx
 
-        if self._started:
+        if self._ready:
+            self._ready = False
+        elif self._started:
             # Let the forward pass run while we wait for the last token and build the mask.
             mx.async_eval(logits)
             self._feed(cast(int, context[-1].item()))  # a token id: an int32 scalar
         self._started = True
-        self._fill()
+        self._fill(self._bitmask, 0)
         return apply_bitmask(logits, self._bitmask)
+
+    # --- speculative decoding (spec_batch) -------------------------------------------------
+
+    def begin(self, kept: Sequence[int], last: int) -> None:
+        """Put the matcher at the first position of the step about to be queued: feed the
+        proposed tokens the last verify step kept, then the step's input `last` (at the first
+        call, `last` is the prompt's last token: nothing is fed). The step's call (`__call__`
+        or `masked`) then feeds nothing."""
+        if self._started:
+            for token in kept:
+                self._feed(token)
+            self._feed(last)
+        self._started = True
+        self._ready = True
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens the grammar forces from here (after `begin`)."""
+        if self.error is not None or limit <= 0:
+            return []
+        return list(self._matcher.compute_ff_tokens()[:limit])
+
+    def valid_prefix(self, draft: Sequence[int]) -> int:
+        """How many of `draft`'s first tokens the grammar allows from here (after `begin`)."""
+        if self.error is not None or not draft:
+            return 0
+        return int(self._matcher.validate_tokens(list(draft)))
+
+    def take_step(self) -> None:
+        """The step's masks are being computed elsewhere (`mask_verify_step`): the step's
+        call is done."""
+        self._ready = False
+
+    def check_masks(self, bitmask: np.ndarray[Any, Any]) -> None:
+        """After `mask_verify_step` filled this row's masks (one per position, in `bitmask`):
+        record a matcher failure or a position that allows nothing as `error`, and then let
+        every position allow only EOS."""
+        if self.error is None and self._matcher.is_error():
+            self.error = self._matcher.get_error()
+        if self.error is None and not bitmask.any(axis=1).all():
+            self.error = "the grammar allows no token here"
+        if self.error is not None:
+            self._only_eos(bitmask)
+
+    # --- the matcher -----------------------------------------------------------------------
 
     def _feed(self, token: int) -> None:
         if self.error is None and not self._matcher.consume_token(token):
             self.error = self._matcher.get_error() or f"token {token} is not allowed here"
 
-    def _fill(self) -> None:
+    def _fill(self, bitmask: np.ndarray[Any, Any], index: int) -> None:
         from llguidance.numpy import fill_next_token_bitmask
 
         if self.error is None:
             try:
-                fill_next_token_bitmask(self._matcher, self._bitmask)
+                fill_next_token_bitmask(self._matcher, bitmask, index)
             except Exception as exc:  # an API-level failure must not pass unconstrained either
                 self.error = f"{type(exc).__name__}: {exc}"
         if self.error is None and self._matcher.is_error():
             self.error = self._matcher.get_error()
-        if self.error is None and not self._bitmask.any():
+        if self.error is None and not bitmask[index].any():
             self.error = "the grammar allows no token here"
         if self.error is not None:
             # Only EOS, so nothing unconstrained is ever generated; the job fails on it.
-            self._bitmask[:] = 0
-            self._bitmask.view(np.uint32)[0, self._eos // 32] = 1 << (self._eos % 32)
+            self._only_eos(bitmask)
+
+    def _only_eos(self, bitmask: np.ndarray[Any, Any]) -> None:
+        bitmask[:] = 0
+        bitmask.view(np.uint32)[:, self._eos // 32] = 1 << (self._eos % 32)
+
+
+_EXECUTOR: llguidance.LLExecutor | None = None
+
+
+def _executor() -> llguidance.LLExecutor:
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        import llguidance
+
+        _EXECUTOR = llguidance.LLExecutor()
+    return _EXECUTOR
+
+
+def mask_verify_step(
+    logits: mx.array, rows: Sequence[tuple[int, Constraint, Sequence[int]]]
+) -> mx.array:
+    """A verify step's `logits` (rows x positions x vocab) with each listed row's positions 0
+    .. len(draft) masked by its grammar: the mask at its first position, then the mask after
+    each draft token (fed, then rolled back); other rows and positions as they are.
+
+    Each constraint must have been put at the step's first position (`Constraint.begin`), and
+    its draft must be a prefix its grammar allows (`Constraint.valid_prefix`). Every mask of
+    the step is computed in one call of llguidance's executor (which drops the GIL), and
+    applied in one operation. A matcher that fails gets `error` and allows only EOS.
+    """
+    import mlx.core as mx
+    from llguidance.numpy import (
+        fill_next_token_bitmask_par,
+        fill_next_token_bitmask_par_with_draft_tokens,
+    )
+
+    if not rows:
+        return logits
+    count, width, vocab = logits.shape
+    words = rows[0][1]._words
+    bitmask = np.zeros((len(rows) * width, words), dtype=np.int32)
+    drafted = []  # llguidance takes rows with and without drafts in separate calls
+    alone = []
+    for k, (_, constraint, draft) in enumerate(rows):
+        constraint.take_step()
+        if constraint.error is None and draft:
+            drafted.append((constraint._matcher, k * width, list(draft)))
+        elif constraint.error is None:
+            alone.append((constraint._matcher, k * width))
+    try:
+        if drafted:
+            fill_next_token_bitmask_par_with_draft_tokens(_executor(), drafted, bitmask)
+        if alone:
+            fill_next_token_bitmask_par(_executor(), alone, bitmask)
+    except Exception as exc:  # an API-level failure must not pass unconstrained either
+        for _, constraint, _ in rows:
+            constraint.error = constraint.error or f"{type(exc).__name__}: {exc}"
+    allowed = np.ones((count, width, vocab), dtype=np.bool_)
+    for k, (row, constraint, draft) in enumerate(rows):
+        positions = 1 + len(draft)
+        mine = bitmask[k * width : k * width + positions]
+        constraint.check_masks(mine)
+        bits = np.unpackbits(mine.view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
+        allowed[row, :positions, : bits.shape[1]] = bits
+        allowed[row, :positions, bits.shape[1] :] = False
+    return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, logits.dtype))
 
 
 def apply_bitmask(logits: mx.array, bitmask: np.ndarray[Any, Any]) -> mx.array:
-    """`logits` (1 × vocab) with every token whose bit is 0 in `bitmask` set to -inf.
+    """`logits` (rows × vocab) with every token whose bit is 0 in `bitmask` (one row of bits
+    per row of logits) set to -inf.
 
     Plain MLX operations (on the CPU backend); llguidance's Metal kernel on macOS. Tokens past
     the bitmask's end (a model whose output is wider than its tokenizer) are masked.

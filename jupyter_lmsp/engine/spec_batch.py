@@ -25,10 +25,15 @@ batch's width, beat an ordinary step's. Before looking for proposals at all (whi
 waiting for the step in flight instead of queueing the next one) the batch checks that looking
 is likely to pay.
 
-Rows that never speculate: rows with a logits processor (a grammar: `constraints.Constraint`
-feeds its matcher one token per call, so a constrained row decodes one token per step and
-takes position 0 of a verify step only), rows whose sampler cannot draw a given position, and
-rows with one token left. Proposals never contain a stop token, so a row can only end on its
+Constrained rows (a grammar: `constraints.Constraint`, the row's logits processor) speculate
+under their grammar (`constraints.mask_verify_step`): at each look the batch feeds the matcher what the row kept and
+its input; the row proposes the grammar's forced tokens, or else its n-gram proposal cut to the
+longest prefix the grammar allows; the verify step masks each of the row's positions with the
+mask the matcher gives after the draft tokens before it. So every position's token is drawn
+from the distribution a one-token step would draw it from, and a constrained row keeps exactly
+the tokens it would decode without speculation. Rows that never speculate: rows with another
+kind of logits processor (they take position 0 of a verify step only), rows whose sampler
+cannot draw a given position, and rows with one token left. Proposals never contain a stop token, so a row can only end on its
 last token of a step (max_tokens leaves room for the draw after the drafts).
 
 The batch's KV cache is a `RaggedKVCache`: each row's positions start at 0 (no left padding),
@@ -50,7 +55,9 @@ import mlx.nn as nn
 from mlx_lm.generate import GenerationBatch
 from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache, dynamic_roll
 
+from jupyter_lmsp.engine.constraints import Constraint, mask_verify_step
 from jupyter_lmsp.engine.speculative import (
+    FORCED,
     Acceptance,
     NgramDrafter,
     Proposal,
@@ -227,6 +234,13 @@ class RaggedKVCache(_BaseCache):
         return int(self.keys.nbytes + self.values.nbytes)
 
 
+def _grammar_of(processors: Sequence[Any] | None) -> Constraint | None:
+    """The row's grammar, if its only logits processor is one (which can take drafts)."""
+    if processors and len(processors) == 1 and isinstance(processors[0], Constraint):
+        return processors[0]
+    return None
+
+
 @dataclass
 class _Row:
     """A row's speculation state: its context's n-gram index and acceptance record, and how
@@ -319,15 +333,18 @@ class SpeculativeGenerationBatch(GenerationBatch):
             layer if isinstance(layer, RaggedKVCache) else RaggedKVCache.from_batch(layer)
             for layer in batch.prompt_cache
         ]
-        lengths = range(self.settings.min_ngram, self.settings.max_ngram + 1)
-        for uid, tokens in zip(batch.uids, batch.tokens, strict=True):
+        lengths = list(range(self.settings.min_ngram, self.settings.max_ngram + 1))
+        processors: Sequence[Any] = batch.logits_processors or [None] * len(batch.uids)
+        for uid, tokens, processor in zip(batch.uids, batch.tokens, processors, strict=True):
             drafter = NgramDrafter(
                 tokens,
                 min_ngram=self.settings.min_ngram,
                 max_ngram=self.settings.max_ngram,
                 stop_tokens=self.stop_tokens,
             )
-            self._rows[uid] = _Row(drafter, Acceptance(lengths))
+            # A constrained row also proposes its grammar's forced tokens: a record of their own.
+            kinds = [FORCED, *lengths] if _grammar_of(processor) is not None else lengths
+            self._rows[uid] = _Row(drafter, Acceptance(kinds))
         super().extend(batch)
 
     def filter(self, keep: list[int]) -> None:
@@ -385,6 +402,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
             input_logprobs = list(self._next_logprobs)
             kept = [[] for _ in inputs]
         self.stats.looked += 1
+        self._begin_grammars(inputs, kept)
         proposals: dict[int, Proposal] = {}
         for i in self._eligible() if settings.active else []:
             row = self._rows[self.uids[i]]
@@ -395,7 +413,12 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 # Room for the draft: max_tokens less what is returned now (kept tokens and
                 # the input). A row may end on a kept token (max_tokens), never on a stop.
                 room = self.max_tokens[i] - self._num_tokens[i] - len(kept[i]) - 1
-                found = row.drafter.propose(inputs[i], min(settings.max_draft, room))
+                limit = min(settings.max_draft, room)
+                grammar = _grammar_of(self.logits_processors[i])
+                if grammar is None:
+                    found = row.drafter.propose(inputs[i], limit)
+                else:
+                    found = self._grammar_proposal(row, grammar, inputs[i], limit)
             row.found = 0.8 * row.found + 0.2 * (found is not None)
             if found is not None:
                 proposals[i] = found
@@ -416,11 +439,41 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self._timed(len(self.uids) * (1 + width), dispatched - ready)
         return self._emit(inputs, input_logprobs, kept)
 
+    def _begin_grammars(self, inputs: list[int], kept: list[list[tuple[int, mx.array]]]) -> None:
+        """Put every constrained row's matcher at the step's first position: feed it the tokens
+        the last verify step kept and the input (which its context gets too)."""
+        for e, processors in enumerate(self.logits_processors):
+            grammar = _grammar_of(processors)
+            if grammar is None:
+                continue
+            tokens = [token for token, _ in kept[e]]
+            if tokens:
+                self._token_context[e].update_and_fetch(mx.array(tokens, dtype=mx.int32))
+            grammar.begin(tokens, inputs[e])
+
+    def _grammar_proposal(
+        self, row: _Row, grammar: Constraint, last: int, limit: int
+    ) -> Proposal | None:
+        """A constrained row's proposal: the tokens its grammar forces, or else its n-gram
+        proposal cut to the longest prefix the grammar allows; never a stop token."""
+        forced = grammar.forced(limit)
+        for j, token in enumerate(forced):
+            if token in self.stop_tokens:
+                forced = forced[:j]
+                break
+        found = row.drafter.propose(last, limit)
+        if found is not None:
+            allowed = grammar.valid_prefix(found.tokens)
+            if allowed > len(forced):
+                return Proposal(found.tokens[:allowed], found.ngram)
+        return Proposal(forced, FORCED) if forced else None
+
     def _eligible(self) -> list[int]:
         """The rows that may speculate this step."""
         rows = []
         for i, sampler in enumerate(self.samplers):
-            if self.logits_processors and self.logits_processors[i]:
+            processors = self.logits_processors[i] if self.logits_processors else None
+            if processors and _grammar_of(processors) is None:
                 continue
             if not hasattr(sampler or self.fallback_sampler, "draw"):
                 continue
@@ -502,16 +555,38 @@ class SpeculativeGenerationBatch(GenerationBatch):
     def _process_first(self, fed: mx.array, logits: mx.array) -> list[mx.array]:
         """Each row's logits at its first position, through its logits processors (mlx-lm's
         way: the processor gets the row's token context, the input appended)."""
-        firsts = []
+        return [
+            self._process_first_of(e, fed[e : e + 1], logits[e : e + 1])
+            for e in range(len(self.uids))
+        ]
+
+    def _process_first_of(self, e: int, fed: mx.array, first: mx.array) -> mx.array:
+        """Row `e`'s logits (1 x vocab) at its first position through its processors."""
+        processors = self.logits_processors[e] or ()
+        if processors:
+            context = self._token_context[e].update_and_fetch(fed)
+            for processor in processors:
+                first = processor(context, first)
+        return first
+
+    def _process_verify(self, fed: mx.array, logits: mx.array, drafts: list[list[int]]) -> mx.array:
+        """A verify step's logits through the rows' processors: a grammar masks each of the
+        row's positions (its input's and its draft's), all grammars' at once; another
+        processor takes position 0 only (such rows never have a draft). Padding positions
+        stay as they are: forgotten."""
+        grammars = []
         for e in range(len(self.uids)):
-            first = logits[e : e + 1]
-            processors = self.logits_processors[e] or ()
-            if processors:
-                context = self._token_context[e].update_and_fetch(fed[e : e + 1])
-                for processor in processors:
-                    first = processor(context, first)
-            firsts.append(first)
-        return firsts
+            processors = self.logits_processors[e]
+            if not processors:
+                continue
+            grammar = _grammar_of(processors)
+            if grammar is None:
+                first = self._process_first_of(e, fed[e : e + 1, 0], logits[e : e + 1, 0])
+                logits[e, 0] = first[0]
+                continue
+            self._token_context[e].update_and_fetch(fed[e : e + 1, 0])
+            grammars.append((e, grammar, drafts[e]))
+        return mask_verify_step(logits, grammars)
 
     def _queue_ordinary(self, inputs: list[int]) -> float:
         """mlx-lm's decode step on known inputs (their tokens are emitted by `_emit`); returns
@@ -550,9 +625,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self._current_tokens = fed[:, 0]
         logits = self.model(fed, cache=self.prompt_cache)
         if any(self.logits_processors):
-            # Rows with a processor never have a draft: only their first position counts.
-            firsts = mx.concatenate(self._process_first(fed[:, 0], logits[:, 0]), axis=0)
-            logits = mx.concatenate([firsts[:, None], logits[:, 1:]], axis=1)
+            logits = self._process_verify(fed, logits, drafts)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         samplers = [self.fallback_sampler if s is None else s for s in self.samplers]
         draws = []

@@ -93,10 +93,15 @@ class SpeculationSettings:
 OFF = SpeculationSettings(enabled=False)
 
 
+# The `Proposal.ngram` of tokens a row's grammar forces (no n-gram matched them).
+FORCED = 0
+
+
 @dataclass
 class Proposal:
     """Tokens proposed for the positions after a row's current input, and the length of the
-    n-gram that matched (which `Acceptance` keeps its record by)."""
+    n-gram that matched (which `Acceptance` keeps its record by), or `FORCED`: tokens the
+    row's grammar forces."""
 
     tokens: list[int]
     ngram: int
