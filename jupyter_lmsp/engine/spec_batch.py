@@ -26,15 +26,16 @@ waiting for the step in flight instead of queueing the next one) the batch check
 is likely to pay.
 
 Constrained rows (a grammar: `constraints.Constraint`, the row's logits processor) speculate
-under their grammar (`constraints.mask_verify_step`): at each look the batch feeds the matcher what the row kept and
-its input; the row proposes the grammar's forced tokens, or else its n-gram proposal cut to the
-longest prefix the grammar allows; the verify step masks each of the row's positions with the
-mask the matcher gives after the draft tokens before it. So every position's token is drawn
-from the distribution a one-token step would draw it from, and a constrained row keeps exactly
-the tokens it would decode without speculation. Rows that never speculate: rows with another
-kind of logits processor (they take position 0 of a verify step only), rows whose sampler
-cannot draw a given position, and rows with one token left. Proposals never contain a stop token, so a row can only end on its
-last token of a step (max_tokens leaves room for the draw after the drafts).
+under their grammar: at each look the batch feeds the matcher what the row kept and its input;
+the row proposes the grammar's forced tokens, or else its n-gram proposal cut to the longest
+prefix the grammar allows; the verify step masks each of the row's positions with the mask the
+matcher gives after the draft tokens before it (`constraints.mask_verify_step`). So every
+position's token is drawn from the distribution a one-token step would draw it from, and a
+constrained row keeps exactly the tokens it would decode without speculation. Rows that never
+speculate: rows with another kind of logits processor (they take position 0 of a verify step
+only), rows whose sampler cannot draw a given position, and rows with one token left.
+Proposals never contain a stop token, so a row can only end on its last token of a step
+(max_tokens leaves room for the draw after the drafts).
 
 The batch's KV cache is a `RaggedKVCache`: each row's positions start at 0 (no left padding),
 rows may hold different lengths, and a row's length is just a number, so forgetting rejected
