@@ -36,8 +36,10 @@ proposal cut to its longest prefix the grammar allows (`valid_prefix`), and
 `mask_verify_step` computes the mask of every position of every constrained row of the step
 in one call (llguidance feeds each draft token by token, then rolls the matcher back) and
 applies them in one operation, so each position's token is drawn from exactly the
-distribution a step of one token would draw it from there. Proposed tokens the verify keeps are fed at the next `begin`.
-Outside verify steps each call feeds one token, as above.
+distribution a step of one token would draw it from there. Proposed tokens the verify keeps
+are fed at the next `begin`. Outside verify steps each call feeds one token, as above. Forced
+tokens are thus fast-forwarded as drafts: several in one pass, each still checked against the
+model's own choice (a forced *byte* sequence may tokenize more than one way).
 """
 
 from __future__ import annotations
