@@ -259,8 +259,7 @@ def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
         lines += [
             "",
             f"CPU time stolen by the hypervisor during a block (/proc/stat): median "
-            f"{100 * statistics.median(steal):.1f}%, max {100 * max(steal):.1f}% — slow blocks "
-            "with none stolen are the machine's other noise (memory, caches), not the code.",
+            f"{100 * statistics.median(steal):.1f}%, max {100 * max(steal):.1f}%.",
         ]
     lines += [
         "",

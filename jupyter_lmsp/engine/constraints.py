@@ -162,8 +162,8 @@ class Constraint:
     def begin(self, kept: Sequence[int], last: int) -> None:
         """Put the matcher at the first position of the step about to be queued: feed the
         proposed tokens the last verify step kept, then the step's input `last` (at the first
-        call, `last` is the prompt's last token: nothing is fed). The step's call (`__call__`
-        or `masked`) then feeds nothing."""
+        call, `last` is the prompt's last token: nothing is fed). The step's call (`__call__`,
+        or `mask_verify_step` for a verify step) then feeds nothing."""
         if self._started:
             for token in kept:
                 self._feed(token)
@@ -183,22 +183,6 @@ class Constraint:
             return 0
         return int(self._matcher.validate_tokens(list(draft)))
 
-    def take_step(self) -> None:
-        """The step's masks are being computed elsewhere (`mask_verify_step`): the step's
-        call is done."""
-        self._ready = False
-
-    def check_masks(self, bitmask: np.ndarray[Any, Any]) -> None:
-        """After `mask_verify_step` filled this row's masks (one per position, in `bitmask`):
-        record a matcher failure or a position that allows nothing as `error`, and then let
-        every position allow only EOS."""
-        if self.error is None and self._matcher.is_error():
-            self.error = self._matcher.get_error()
-        if self.error is None and not bitmask.any(axis=1).all():
-            self.error = "the grammar allows no token here"
-        if self.error is not None:
-            self._only_eos(bitmask)
-
     # --- the matcher -----------------------------------------------------------------------
 
     def _feed(self, token: int) -> None:
@@ -213,17 +197,19 @@ class Constraint:
                 fill_next_token_bitmask(self._matcher, bitmask, index)
             except Exception as exc:  # an API-level failure must not pass unconstrained either
                 self.error = f"{type(exc).__name__}: {exc}"
+        self._check(bitmask[index : index + 1])
+
+    def _check(self, masks: np.ndarray[Any, Any]) -> None:
+        """After the matcher filled `masks` (one per position): record a matcher failure or a
+        position that allows nothing as `error`; then every position allows only EOS, so
+        nothing unconstrained is ever generated (the job fails on it)."""
         if self.error is None and self._matcher.is_error():
             self.error = self._matcher.get_error()
-        if self.error is None and not bitmask[index].any():
+        if self.error is None and not masks.any(axis=1).all():
             self.error = "the grammar allows no token here"
         if self.error is not None:
-            # Only EOS, so nothing unconstrained is ever generated; the job fails on it.
-            self._only_eos(bitmask)
-
-    def _only_eos(self, bitmask: np.ndarray[Any, Any]) -> None:
-        bitmask[:] = 0
-        bitmask.view(np.uint32)[:, self._eos // 32] = 1 << (self._eos % 32)
+            masks[:] = 0
+            masks.view(np.uint32)[:, self._eos // 32] = 1 << (self._eos % 32)
 
 
 _EXECUTOR: llguidance.LLExecutor | None = None
@@ -264,7 +250,7 @@ def mask_verify_step(
     drafted = []  # llguidance takes rows with and without drafts in separate calls
     alone = []
     for k, (_, constraint, draft) in enumerate(rows):
-        constraint.take_step()
+        constraint._ready = False  # this is the step's call
         if constraint.error is None and draft:
             drafted.append((constraint._matcher, k * width, list(draft)))
         elif constraint.error is None:
@@ -281,11 +267,18 @@ def mask_verify_step(
     for k, (row, constraint, draft) in enumerate(rows):
         positions = 1 + len(draft)
         mine = bitmask[k * width : k * width + positions]
-        constraint.check_masks(mine)
-        bits = np.unpackbits(mine.view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
-        allowed[row, :positions, : bits.shape[1]] = bits
-        allowed[row, :positions, bits.shape[1] :] = False
+        constraint._check(mine)
+        allowed[row, :positions] = _allowed(mine, vocab)
     return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, logits.dtype))
+
+
+def _allowed(bitmask: np.ndarray[Any, Any], vocab: int) -> np.ndarray[Any, Any]:
+    """`bitmask` (rows x words) as booleans (rows x `vocab`); tokens past its end (a model
+    whose output is wider than its tokenizer) are not allowed."""
+    bits = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
+    if bits.shape[1] < vocab:
+        bits = np.pad(bits, ((0, 0), (0, vocab - bits.shape[1])))
+    return bits.astype(np.bool_)
 
 
 def apply_bitmask(logits: mx.array, bitmask: np.ndarray[Any, Any]) -> mx.array:
@@ -306,8 +299,5 @@ def apply_bitmask(logits: mx.array, bitmask: np.ndarray[Any, Any]) -> mx.array:
         if mask.shape[1] < words:
             mask = np.pad(mask, ((0, 0), (0, words - mask.shape[1])))
         return apply_token_bitmask(logits, mask)
-    vocab = logits.shape[-1]
-    allowed = np.unpackbits(bitmask.view(np.uint8), axis=-1, bitorder="little")[:, :vocab]
-    if allowed.shape[1] < vocab:
-        allowed = np.pad(allowed, ((0, 0), (0, vocab - allowed.shape[1])))
-    return mx.where(mx.array(allowed.astype(np.bool_)), logits, mx.array(-mx.inf, logits.dtype))
+    allowed = _allowed(bitmask, logits.shape[-1])
+    return mx.where(mx.array(allowed), logits, mx.array(-mx.inf, logits.dtype))
