@@ -292,9 +292,10 @@ def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
         "",
         "Times from the cancel request being sent. *Slot free* = the queued task's "
         "`response.in_progress` event: the worker admitted it, so the cancelled task's row is "
-        "gone. It includes the rest of the step in flight when the cancel arrived (at most "
-        "one), the runner committing the cancel and dispatching the next task, and that task's "
-        "admission. Target ≤ 1.0×.",
+        "gone. It includes the part of the step in flight that ran before the worker's next "
+        "checkpoint (a step whose jobs are all cancelled is abandoned at the end of a third of "
+        "the model's layers), the runner committing the cancel and dispatching the next task, "
+        "and that task's admission. Target ≤ 1.0×.",
     ]
     return "\n".join(lines) + "\n"
 

@@ -16,9 +16,12 @@ generates several answers to one prompt); each choice is one row of its model's 
 Each step is one decode step of the running rows plus one prefill chunk of the waiting ones,
 so running jobs keep decoding while prompts are read, and a cancel (handled between steps)
 takes effect within one step: a row being decoded is gone before the next decode step, a
-prompt being read is abandoned before its next chunk. The KV cache of every prompt, once
-prefilled, and of every choice that ends goes into the prompt cache, so concurrent jobs
-sharing a system prompt and follow-up turns reuse it.
+prompt being read is abandoned before its next chunk. A step in flight can itself be
+abandoned part-way (`interrupt`, at the worker's request, when every job in it is being
+cancelled): `abandon` then drops every batch, keeping in the prompt cache the context each
+row had read before the step. The KV cache of every prompt, once prefilled, and of every
+choice that ends goes into the prompt cache, so concurrent jobs sharing a system prompt and
+follow-up turns reuse it.
 
 Per choice, never per row (rows move as jobs join and leave):
 - its sampler (`sampling.make_sampler`, seeded with `sampling.choice_seed`, started at its own
@@ -57,6 +60,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jupyter_lmsp.engine.interrupt import StepAbandoned
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
 from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats, StepCosts
@@ -678,6 +682,8 @@ class BatchScheduler:
     def _step(self, batch: _ModelBatch) -> list[Update]:
         try:
             prefilled, tokens = batch.decoder.next()
+        except StepAbandoned:
+            raise  # not a failure: the caller drops the batch (`abandon`)
         except Exception as exc:
             log.exception("generation failed for model %s", batch.key)
             return self._fail_batch(batch, f"{type(exc).__name__}: {exc}")
@@ -839,8 +845,47 @@ class BatchScheduler:
 
     def _fail_batch(self, batch: _ModelBatch, message: str) -> list[Update]:
         """A step failed: every job of the model fails (the batch's state is unknown)."""
-        failed = [entry for entry in self._jobs.values() if entry.batch is batch]
-        for entry in failed:
+        failed = self._discard_batch(batch)
+        return [Update(entry.job.job_id, error=message) for entry in failed]
+
+    def abandon(self) -> list[tuple[str, int]]:
+        """The step in flight was abandoned part-way (`interrupt.StepAbandoned`): drop every
+        job and batch; returns (job_id, generated tokens) for each job.
+
+        The batches' caches are part-way through the step: the layers before the
+        checkpoint that stopped it hold the step's positions, the others do not. What every
+        layer holds (the context read before the step) is a valid prefix and goes into the
+        prompt cache, as a cancel between steps keeps it.
+        """
+        ended = [
+            (job_id, sum(choice.generated for choice in entry.choices))
+            for job_id, entry in self._jobs.items()
+        ]
+        for batch in list(self._batches.values()):
+            for uid in list(batch.rows):
+                try:
+                    found = batch.decoder.remove(uid)
+                except Exception:  # the prompt cache is an optimization; the batch goes anyway
+                    log.exception("could not take an abandoned row's cache")
+                    continue
+                if found is not None:
+                    self._keep_common(batch, found[1], found[0])
+            self._discard_batch(batch)
+        self._jobs.clear()
+        return ended
+
+    def _keep_common(self, batch: _ModelBatch, tokens: list[int], cache: list[Any]) -> None:
+        """Keep the positions of `tokens` that every layer of `cache` holds."""
+        if not batch.reusable or not is_reusable(cache):
+            return
+        common = min(len(tokens), *(layer.offset for layer in cache))
+        if common > 0:
+            self._keep(batch, tokens[:common], prefix_view(cache, common))
+
+    def _discard_batch(self, batch: _ModelBatch) -> list[_Job]:
+        """Drop a model's batch and its jobs without keeping anything; returns the jobs."""
+        dropped = [entry for entry in self._jobs.values() if entry.batch is batch]
+        for entry in dropped:
             self._jobs.pop(entry.job.job_id, None)
         batch.rows.clear()
         if self._batches.get(batch.key) is batch:
@@ -849,8 +894,8 @@ class BatchScheduler:
         try:
             batch.decoder.close()
         except Exception:
-            log.exception("closing a failed decoder")
-        return [Update(entry.job.job_id, error=message) for entry in failed]
+            log.exception("closing a discarded decoder")
+        return dropped
 
     def _keep(self, batch: _ModelBatch, tokens: list[int], cache: list[Any]) -> None:
         if not batch.reusable or not tokens:

@@ -44,12 +44,13 @@ model's own choice (a forced *byte* sequence may tokenize more than one way).
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+from jupyter_lmsp.engine.device import on_gpu
 
 if TYPE_CHECKING:
     import llguidance
@@ -63,14 +64,6 @@ class ConstraintError(Exception):
 
 
 _TOKENIZERS: dict[Hashable, llguidance.LLTokenizer] = {}
-
-
-@functools.cache
-def _on_gpu() -> bool:
-    """Whether the model runs on a GPU (the worker never changes its device)."""
-    import mlx.core as mx
-
-    return bool(mx.default_device() == mx.gpu)
 
 
 _MAX_TOKENIZERS = 4
@@ -149,7 +142,7 @@ class Constraint:
         if self._ready:
             self._ready = False
         elif self._started:
-            if _on_gpu():
+            if on_gpu():
                 # Let the forward pass run while we wait for the last token and build the mask.
                 mx.async_eval(logits)
             self._feed(cast(int, context[-1].item()))  # a token id: an int32 scalar

@@ -9,7 +9,8 @@ Layout:
 - `Worker` is the loop and the message handling: a FIFO of jobs admitted while their choices
   fit in `max_batch_size` rows, the pipe drained between scheduler steps so new jobs join and
   cancels act within one decode step (or one prefill chunk), tokens coalesced per job and
-  choice for at most ~20 ms.
+  choice for at most ~20 ms. A cancel that cancels every job of the step in flight stops it
+  part-way, at the next checkpoint between the model's layers (`interrupt`).
 - A job's prompt is its messages through the model's chat template, with its tools rendered
   in (`toolcalls.render`), and its grammar comes from `grammars.build_grammar`.
 - Generation itself is `batching.BatchScheduler` (continuous batching over mlx-lm's
@@ -48,7 +49,9 @@ from jupyter_lmsp.engine.batching import (
     BatchScheduler,
     Update,
 )
+from jupyter_lmsp.engine.device import on_gpu
 from jupyter_lmsp.engine.grammars import GENERIC, CallFormat, GrammarError, build_grammar
+from jupyter_lmsp.engine.interrupt import Checkpoints, StepAbandoned, install_checkpoints
 from jupyter_lmsp.engine.loader import LoadResult, ModelLoader
 from jupyter_lmsp.engine.messages import (
     MAX_STOP_SEQUENCES,
@@ -94,6 +97,11 @@ IDLE_POLL_SECONDS = 0.5
 # reaches the worker spread over 30-150 ms on 2 busy cores, at a pace that depends on the load.
 GATHER_WINDOW = 0.02
 GATHER_LIMIT = 0.15
+# Passes of at least this many positions per row (prefill chunks, long verify steps) are
+# always checked part-way for cancels (`interrupt`): they are long, and evaluating them in
+# sections costs them next to nothing. Shorter ones (decode steps) are checked only when a
+# cancel could hand the slot to a waiting job (`Worker._checkpoints_for_step`).
+CHECK_ALWAYS_FROM = 16
 
 _PR_SET_PDEATHSIG = 1
 
@@ -251,6 +259,10 @@ class Worker:
         self._load_asked: dict[tuple[Any, ...], float] = {}
         self._load_took: dict[tuple[Any, ...], float] = {}
         self._step_sizes: list[int] = []
+        # Messages read at a checkpoint inside a step (`interrupt`), handled after it.
+        self._inbox: deque[object] = deque()
+        self._checkpoints = Checkpoints()
+        self.abandoned_steps = 0
 
     # --- pipe ------------------------------------------------------------------------------
 
@@ -266,7 +278,12 @@ class Worker:
         """Handle every message already in the pipe, waiting up to `timeout` for the first.
 
         Called only between scheduler steps: a cancel removes its job from the batch at once.
+        The messages read at checkpoints during the last step come first.
         """
+        if self._inbox:
+            timeout = 0.0
+            while self._inbox:
+                self._handle(self._inbox.popleft())
         try:
             woken = multiprocessing.connection.wait([self._conn, self._loader.wake_fd], timeout)
             if self._loader.wake_fd in woken:
@@ -317,6 +334,47 @@ class Worker:
                     self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
                     return
         # Unknown id: the job already ended and its final message is on its way.
+
+    def _abandon_requested(self) -> bool:
+        """Asked at a checkpoint inside a step: read the messages that came (they wait in the
+        inbox until the step is over) and abandon the step if they cancel every job the
+        scheduler holds, or shut the worker down. Abandoning then wastes no job's work."""
+        try:
+            while self._conn.poll(0):
+                self._inbox.append(self._conn.recv())
+        except (OSError, EOFError):
+            return False  # the next `_pump` finds the parent gone
+        cancelled = set()
+        for message in self._inbox:
+            if isinstance(message, Shutdown):
+                return True
+            if isinstance(message, CancelJob):
+                cancelled.add(message.job_id)
+        running = self._scheduler.job_ids()
+        return bool(running) and cancelled.issuperset(running)
+
+    def _checkpoints_for_step(self) -> None:
+        """Say which passes of the next step are checked part-way for cancels (`interrupt`).
+
+        Long passes always are. A decode step is checked when a cancel could hand its slot to
+        a job waiting for one, i.e. a job is queued and the batch holds one job (a cancel
+        frees the batch then), and only on the CPU: there a step takes ~150-200 ms even for
+        the demo model; a GPU's are short, and evaluating them in sections would stop the
+        next step's graph from being built while the GPU computes.
+        """
+        decode_too = bool(self._queue) and len(self._scheduler.job_ids()) == 1 and not on_gpu()
+        self._checkpoints.min_positions = 1 if decode_too else CHECK_ALWAYS_FROM
+        self._checkpoints.ask = self._abandon_requested
+
+    def _abandon_step(self) -> None:
+        """The step was abandoned part-way: its jobs are cancelled (their tokens so far go
+        out first), then the messages read during it are handled."""
+        self.abandoned_steps += 1
+        for job_id, generated in self._scheduler.abandon():
+            self._flush(job_id)
+            self._running.pop(job_id, None)
+            self._send(JobCancelled(job_id, generated))
+        self._pump()
 
     def _sleep(self, seconds: float) -> None:
         """Sleep, but keep serving the pipe (cancels act at once); wake for a shutdown."""
@@ -369,6 +427,7 @@ class Worker:
 
     def _cache_model(self, result: LoadResult) -> None:
         assert result.model is not None and result.tokenizer is not None
+        install_checkpoints(result.model, self._checkpoints)
         self._models[result.key] = (result.model, result.tokenizer)
         self._models.move_to_end(result.key)
         while len(self._models) > MAX_CACHED_MODELS:
@@ -400,7 +459,14 @@ class Worker:
             if was_idle:
                 self._gather()
             self._step_sizes.append(self._scheduler.load)
-            updates = self._scheduler.step()
+            self._checkpoints_for_step()
+            try:
+                updates = self._scheduler.step()
+            except StepAbandoned:
+                self._abandon_step()
+                continue
+            finally:
+                self._checkpoints.ask = None
             now = time.monotonic()
             if last_step_at is not None:
                 step_interval = now - last_step_at
