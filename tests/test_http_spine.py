@@ -147,9 +147,12 @@ async def test_cancel_queued_and_running(jp_fetch):
 
 
 @pytest.mark.token_delay(0.05)
-async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, lmsp_data):
+async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, jp_serverapp, lmsp_data):
     """One slot: the task queued behind a running one is claimed as soon as the running one
-    is cancelled, not after the cancel's own commit (the worker takes both in one turn)."""
+    is cancelled, not after the cancel's own commit (the worker takes both in one turn).
+    While it waits, the worker knows a task waits (so it stops a step part-way for the
+    cancel: tests/test_interrupt.py)."""
+    (extension,) = jp_serverapp.extension_manager.extension_apps["jupyter_lmsp"]
     ids = []
     for text in ("First", "Second"):
         _, resp, _ = await call(
@@ -162,6 +165,8 @@ async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, lmsp_d
     await wait_state(jp_fetch, ids[0], {"running"})
     _, second, _ = await call(jp_fetch, "GET", f"tasks/{ids[1]}")
     assert second["state"] == "queued"
+    engine = extension.ctx.runner.engine  # started by the first request
+    assert engine.slots_wanted == 1
     await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
     await wait_state(jp_fetch, ids[1], {"running"})
     first = await wait_state(jp_fetch, ids[0], {"cancelled"})
@@ -177,6 +182,7 @@ async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, lmsp_d
         ).fetchone()
     # The next task's claim was committed first.
     assert loading < cancelled
+    assert engine.slots_wanted == 0
     await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
     assert (await wait_state(jp_fetch, ids[1], {"cancelled"}))["state"] == "cancelled"
 

@@ -30,13 +30,15 @@ from jupyter_lmsp.engine.messages import (
     CancelJob,
     GenerateJob,
     JobCancelled,
+    JobFailed,
     JobFinished,
     JobStarted,
     JobTokens,
     Shutdown,
+    SlotsWanted,
 )
 from jupyter_lmsp.engine.speculative import OFF
-from jupyter_lmsp.engine.worker import Worker, encode_chat
+from jupyter_lmsp.engine.worker import CHECK_ALWAYS_FROM, Worker, encode_chat
 
 LONG = [{"role": "user", "content": "Tell me everything about lighthouses. " * 40}]
 
@@ -142,13 +144,20 @@ def test_the_scheduler_drops_an_abandoned_step_and_keeps_what_was_read(
 class _CancelMidPass(Worker):
     """The real worker, but the cancel of `victim` reaches the pipe while a pass is in flight:
     sent from the first checkpoint after the victim has `after_tokens` tokens (or, with -1,
-    from its second prefill chunk)."""
+    from its second prefill chunk), followed by `then` (what the server sends behind it)."""
 
-    def __init__(self, conn: Connection, parent: Connection, victim: str, after_tokens: int):
+    def __init__(
+        self,
+        conn: Connection,
+        parent: Connection,
+        victim: str,
+        after_tokens: int,
+        then: list[object],
+    ) -> None:
         super().__init__(
             conn, max_batch_size=1, prefill_step=16, gather_window=0.0, gather_limit=0.0
         )
-        self.parent, self.victim, self.after_tokens = parent, victim, after_tokens
+        self.parent, self.victim, self.after_tokens, self.then = parent, victim, after_tokens, then
         self.sent = False
         self.checks = 0
 
@@ -159,33 +168,50 @@ class _CancelMidPass(Worker):
             produced = running.outboxes[0].output_tokens
             due = self.checks >= 2 if self.after_tokens < 0 else produced >= self.after_tokens
             if due:
-                self.parent.send(CancelJob(self.victim))
+                for message in [CancelJob(self.victim), *self.then]:
+                    self.parent.send(message)
                 self.sent = True
         return super()._abandon_requested()
 
 
-@pytest.mark.parametrize("when", ["prefill", "decode"])
+@pytest.mark.parametrize(
+    ("when", "waiting"),
+    [("prefill", "worker"), ("decode", "worker"), ("decode", "server")],
+)
 def test_a_cancel_during_a_pass_frees_the_slot_at_the_next_checkpoint(
-    test_model_dir: Path, when: str
+    test_model_dir: Path, when: str, waiting: str
 ) -> None:
+    """The next job waits in the worker's queue (sent while the batch was full), or in the
+    server's (the worker was told `SlotsWanted`; the job follows the cancel down the pipe, as
+    the runner sends it)."""
     from mlx_lm import load
 
+    model_path = str(test_model_dir)
+    victim = GenerateJob("victim", model_path, LONG, max_tokens=200)
+    following = GenerateJob("next", model_path, CHAT, max_tokens=12)
+    first: list[object]
+    if waiting == "worker":
+        first, then = [victim, following], []
+    else:
+        first, then = [SlotsWanted(1), victim], [SlotsWanted(0), following]
     parent, child = Pipe()
-    worker = _CancelMidPass(child, parent, "victim", -1 if when == "prefill" else 5)
+    worker = _CancelMidPass(child, parent, "victim", -1 if when == "prefill" else 5, then)
     received: list[object] = []
 
     def server() -> None:
-        """The server's side: reads everything, shuts the worker down when `next` is done."""
+        """The server's side: reads everything, shuts the worker down when `next` is done
+        (or when the victim was never cancelled and ended by itself: the test then fails)."""
         while True:
             message = parent.recv()
             received.append(message)
-            if isinstance(message, JobFinished) and message.job_id == "next":
+            if isinstance(message, JobFinished | JobFailed) and (
+                message.job_id == "next" or (message.job_id == "victim" and not worker.sent)
+            ):
                 parent.send(Shutdown())
                 return
 
-    model_path = str(test_model_dir)
-    parent.send(GenerateJob("victim", model_path, LONG, max_tokens=200))
-    parent.send(GenerateJob("next", model_path, CHAT, max_tokens=12))
+    for message in first:
+        parent.send(message)
     reader = threading.Thread(target=server, daemon=True)
     reader.start()
     worker.serve()
@@ -213,3 +239,31 @@ def test_a_cancel_during_a_pass_frees_the_slot_at_the_next_checkpoint(
     assert next_tokens == alone.tokens
     started = [m for m in received if isinstance(m, JobStarted) and m.job_id == "victim"]
     assert started and started[0].input_tokens > 100
+
+
+def test_decode_steps_are_checked_only_when_a_cancel_would_hand_over_a_slot(
+    tiny: tuple[Any, Any],
+) -> None:
+    """Checking a decode step part-way costs it a little: it is done only while a job waits
+    for a row and the batch holds one job (on this CPU backend); long passes always are."""
+    model, tok = tiny
+    parent, child = Pipe()
+    worker = Worker(child, max_batch_size=2)
+    results: dict = {}
+    add(worker._scheduler, model, tok, results, [job("one", max_tokens=50)])
+
+    def checked_from() -> int:
+        worker._checkpoints_for_step()
+        assert worker._checkpoints.ask is not None
+        return worker._checkpoints.min_positions
+
+    assert checked_from() == CHECK_ALWAYS_FROM  # nobody waits
+    worker._handle(SlotsWanted(1))
+    assert checked_from() == 1  # a task waits in the server's queue
+    worker._handle(SlotsWanted(0))
+    assert checked_from() == CHECK_ALWAYS_FROM
+    worker._handle(GenerateJob("queued", "", CHAT, max_tokens=5))
+    assert checked_from() == 1  # a job waits in the worker's queue
+    add(worker._scheduler, model, tok, results, [job("two", max_tokens=50)])
+    assert checked_from() == CHECK_ALWAYS_FROM  # a cancel of one would not free the batch
+    parent.close()

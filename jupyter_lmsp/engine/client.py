@@ -35,6 +35,7 @@ from jupyter_lmsp.engine.messages import (
     JobFailed,
     JobFinished,
     Shutdown,
+    SlotsWanted,
     WorkerExited,
     WorkerSettings,
 )
@@ -171,6 +172,7 @@ class EngineClient:
         self._log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()
         self._session: _Session | None = None
+        self._slots_wanted = 0
 
     # --- state -----------------------------------------------------------------------------
 
@@ -205,6 +207,8 @@ class EngineClient:
                 raise RuntimeError("the engine worker is already running")
             session = _Session()
             self._session = session
+            if self._slots_wanted:
+                session.outbox.put(SlotsWanted(self._slots_wanted))
         _spawner.submit(lambda: self._launch(session))
 
     def _launch(self, session: _Session) -> None:
@@ -322,6 +326,21 @@ class EngineClient:
             if session is None or session.exited or session.stopping:
                 return
             session.outbox.put(JobComing(job_id))
+
+    @property
+    def slots_wanted(self) -> int:
+        """The count of tasks waiting for a batch row the worker was last told."""
+        return self._slots_wanted
+
+    def tell_slots_wanted(self, count: int) -> None:
+        """Tell the worker how many tasks wait for a batch row (see `SlotsWanted`); a worker
+        started later is told too."""
+        with self._lock:
+            self._slots_wanted = count
+            session = self._session
+            if session is None or session.exited or session.stopping:
+                return
+            session.outbox.put(SlotsWanted(count))
 
     def cancel(self, job_id: str) -> None:
         """Ask the worker to cancel `job_id`; a `JobCancelled` follows unless it already ended."""

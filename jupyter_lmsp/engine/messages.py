@@ -120,6 +120,18 @@ class CancelJob:
 
 
 @dataclass
+class SlotsWanted:
+    """How many tasks wait in the server's queue for a batch row; sent when it changes.
+
+    While some wait, a cancel should hand its slot over at once: the worker then checks its
+    decode steps part-way for cancels (see `worker.Worker._checkpoints_for_step`). Only a
+    hint: a wrong count costs a few percent of decode speed or a slower hand-over.
+    """
+
+    count: int
+
+
+@dataclass
 class Shutdown:
     pass
 

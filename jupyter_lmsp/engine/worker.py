@@ -67,6 +67,7 @@ from jupyter_lmsp.engine.messages import (
     JobStarted,
     JobTokens,
     Shutdown,
+    SlotsWanted,
     TokenLogprob,
     WorkerReady,
     WorkerSettings,
@@ -262,6 +263,8 @@ class Worker:
         # Messages read at a checkpoint inside a step (`interrupt`), handled after it.
         self._inbox: deque[object] = deque()
         self._checkpoints = Checkpoints()
+        # Tasks waiting in the server's queue for a row (`SlotsWanted`).
+        self._slots_wanted = 0
         self.abandoned_steps = 0
 
     # --- pipe ------------------------------------------------------------------------------
@@ -308,6 +311,8 @@ class Worker:
             self._cancel(message.job_id)
         elif isinstance(message, Shutdown):
             self._shutdown = True
+        elif isinstance(message, SlotsWanted):
+            self._slots_wanted = message.count
         else:
             log.warning("worker ignores unexpected message %r", message)
 
@@ -357,12 +362,14 @@ class Worker:
         """Say which passes of the next step are checked part-way for cancels (`interrupt`).
 
         Long passes always are. A decode step is checked when a cancel could hand its slot to
-        a job waiting for one, i.e. a job is queued and the batch holds one job (a cancel
-        frees the batch then), and only on the CPU: there a step takes ~150-200 ms even for
+        a job waiting for one, i.e. a job waits (in this worker's queue, or in the server's:
+        `SlotsWanted`) and the batch holds one job (a cancel frees the batch then), and only
+        on the CPU: there a step takes ~150-200 ms even for
         the demo model; a GPU's are short, and evaluating them in sections would stop the
         next step's graph from being built while the GPU computes.
         """
-        decode_too = bool(self._queue) and len(self._scheduler.job_ids()) == 1 and not on_gpu()
+        waiting = bool(self._queue) or self._slots_wanted > 0
+        decode_too = waiting and len(self._scheduler.job_ids()) == 1 and not on_gpu()
         self._checkpoints.min_positions = 1 if decode_too else CHECK_ALWAYS_FROM
         self._checkpoints.ask = self._abandon_requested
 
