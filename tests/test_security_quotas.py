@@ -202,3 +202,17 @@ def test_the_input_is_stored_once(lmsp_data):
             conn.close()
     # Once for the first request, once more as the follow-up's earlier turn: never four times.
     assert copies == 2, copies
+
+
+def test_the_context_window_is_read_again_when_the_config_changes(tmp_path):
+    from jupyter_lmsp.engine.tokens import context_window
+
+    config = tmp_path / "config.json"
+    assert context_window(str(tmp_path)) is None  # no config
+    config.write_text('{"max_position_embeddings": 100}')
+    assert context_window(str(tmp_path)) == 100
+    assert context_window(str(tmp_path)) == 100
+    config.write_text('{"text_config": {"max_position_embeddings": 4096}}')
+    assert context_window(str(tmp_path)) == 4096
+    config.write_text("not json")
+    assert context_window(str(tmp_path)) is None

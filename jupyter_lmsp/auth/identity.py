@@ -17,6 +17,7 @@ scope (`jupyter_permission`), so a JupyterHub deployment's permissions apply.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import inspect
 import os
@@ -40,6 +41,13 @@ def server_user() -> str:
     name = os.environ.get("JUPYTERHUB_USER")
     if name:
         return name
+    return _os_user()
+
+
+@functools.cache
+def _os_user() -> str:
+    """The OS user this process runs as (asked once: it reads the password database, and the
+    answer cannot change while the process lives)."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no name for this uid (a bare container)

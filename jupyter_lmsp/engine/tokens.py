@@ -15,7 +15,9 @@ key, the least recently used dropped first.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -96,9 +98,20 @@ class PromptCounter:
 
 
 def context_window(model_path: str) -> int | None:
-    """The model's context window from its config.json, if it states one."""
+    """The model's context window from its config.json, if it states one (read again only
+    when the file changes: every create asks)."""
+    path = Path(model_path) / "config.json"
     try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return _window_of(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=32)
+def _window_of(config_path: str, _mtime_ns: int, _size: int) -> int | None:
+    try:
+        config = json.loads(Path(config_path).read_text())
     except (OSError, ValueError):
         return None
     for source in (config, config.get("text_config") or {}):
