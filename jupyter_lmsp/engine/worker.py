@@ -364,9 +364,9 @@ class Worker:
         Long passes always are. A decode step is checked when a cancel could hand its slot to
         a job waiting for one, i.e. a job waits (in this worker's queue, or in the server's:
         `SlotsWanted`) and the batch holds one job (a cancel frees the batch then), and only
-        on the CPU: there a step takes ~150-200 ms even for
-        the demo model; a GPU's are short, and evaluating them in sections would stop the
-        next step's graph from being built while the GPU computes.
+        on the CPU: there a step takes ~150-200 ms even for the demo model; a GPU's are
+        short, and evaluating them in sections would stop the next step's graph from being
+        built while the GPU computes.
         """
         waiting = bool(self._queue) or self._slots_wanted > 0
         decode_too = waiting and len(self._scheduler.job_ids()) == 1 and not on_gpu()
