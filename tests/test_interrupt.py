@@ -266,4 +266,5 @@ def test_decode_steps_are_checked_only_when_a_cancel_would_hand_over_a_slot(
     assert checked_from() == 1  # a job waits in the worker's queue
     add(worker._scheduler, model, tok, results, [job("two", max_tokens=50)])
     assert checked_from() == CHECK_ALWAYS_FROM  # a cancel of one would not free the batch
+    worker._loader.close()  # its thread and wake-up pipe (serve() closes them when it ends)
     parent.close()
