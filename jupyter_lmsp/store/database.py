@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -181,8 +182,8 @@ def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
     # Let SQLAlchemy's "begin" event issue BEGIN itself instead of pysqlite's implicit one.
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    _enable_wal(cursor)
     # FULL: a commit is on disk before it returns, so a 202 written after it survives even a
     # power loss, not only a kill -9. Measured here: 0.24 ms a commit against 0.02 ms for NORMAL.
     cursor.execute("PRAGMA synchronous=FULL")
@@ -193,3 +194,18 @@ def _on_connect(dbapi_connection: sqlite3.Connection, _record: object) -> None:
 def _on_begin(conn: Connection) -> None:
     mode = conn.get_execution_options().get("lmsp_begin", "IMMEDIATE")
     conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+def _enable_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch to WAL. The switch needs the database to itself and SQLite may answer "locked"
+    at once instead of waiting (seen when two processes open an old database together while
+    one migrates it): retry until the busy timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
