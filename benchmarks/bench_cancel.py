@@ -252,13 +252,23 @@ def spread(values: list[float]) -> str:
     )
 
 
+def _flags(args: dict[str, str]) -> str:
+    """The options a result was measured with (not where the model and results live)."""
+    return " ".join(
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in args.items()
+        if name not in ("model_dir", "out")
+    )
+
+
 def render(meta: dict[str, Any], rounds: list[dict[str, Any]]) -> str:
     step = [r["step"] for r in rounds]
     chunk = [r["chunk"] for r in rounds]
     lines = [
         "# Cancel benchmark",
         "",
-        f"`benchmarks/bench_cancel.py`, {meta['started']} – {meta['finished']}. Model "
+        f"`benchmarks/bench_cancel.py {_flags(meta.get('args', {}))}`, {meta['started']} – "
+        f"{meta['finished']}. Model "
         f"`{meta['model']}`, greedy, `max_batch_size=1` (the next task waits for the slot), "
         f"{len(rounds)} round(s), median (min–max), milliseconds. Machine: {meta['cpus']} CPUs, "
         f"{meta['platform']}, load average {meta['load_before'][0]:.1f} before / "

@@ -453,6 +453,11 @@ class _Job:
     def live(self) -> list[_Choice]:
         return [choice for choice in self.choices if not choice.ended]
 
+    @property
+    def generated(self) -> int:
+        """Tokens generated so far, all choices together."""
+        return sum(choice.generated for choice in self.choices)
+
 
 class BatchScheduler:
     """The admitted jobs of a worker, prefilled and decoded in one batch per model.
@@ -650,13 +655,20 @@ class BatchScheduler:
             return None
         self._remove_rows(entry)
         self._drop_if_idle(entry.batch)
-        return sum(choice.generated for choice in entry.choices)
+        return entry.generated
 
     def cancel_all(self) -> list[tuple[str, int]]:
         """Remove every job; returns (job_id, generated tokens) for each."""
         return [(job_id, self.cancel(job_id) or 0) for job_id in list(self._jobs)]
 
-    def _remove_rows(self, entry: _Job) -> None:
+    def _remove_rows(
+        self,
+        entry: _Job,
+        keep: Callable[[_ModelBatch, list[int], list[Any]], None] | None = None,
+    ) -> None:
+        """Take the job's rows out of its batch, handing each row's (tokens, cache) to `keep`
+        (by default `_keep`)."""
+        keep = keep or self._keep
         batch = entry.batch
         entry.waiting = []
         for choice in entry.choices:
@@ -667,7 +679,7 @@ class BatchScheduler:
             choice.uid = None
             if found is not None:
                 # Whatever it holds (part of a prompt, or prompt and output) is a valid prefix.
-                self._keep(batch, found[1], found[0])
+                keep(batch, found[1], found[0])
 
     # --- stepping --------------------------------------------------------------------------
 
@@ -857,19 +869,13 @@ class BatchScheduler:
         layer holds (the context read before the step) is a valid prefix and goes into the
         prompt cache, as a cancel between steps keeps it.
         """
-        ended = [
-            (job_id, sum(choice.generated for choice in entry.choices))
-            for job_id, entry in self._jobs.items()
-        ]
+        ended = [(job_id, entry.generated) for job_id, entry in self._jobs.items()]
+        for entry in list(self._jobs.values()):
+            try:
+                self._remove_rows(entry, keep=self._keep_common)
+            except Exception:  # the prompt cache is an optimization; the batch goes anyway
+                log.exception("could not take an abandoned job's cache")
         for batch in list(self._batches.values()):
-            for uid in list(batch.rows):
-                try:
-                    found = batch.decoder.remove(uid)
-                except Exception:  # the prompt cache is an optimization; the batch goes anyway
-                    log.exception("could not take an abandoned row's cache")
-                    continue
-                if found is not None:
-                    self._keep_common(batch, found[1], found[0])
             self._discard_batch(batch)
         self._jobs.clear()
         return ended

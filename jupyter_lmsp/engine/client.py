@@ -333,9 +333,11 @@ class EngineClient:
         return self._slots_wanted
 
     def tell_slots_wanted(self, count: int) -> None:
-        """Tell the worker how many tasks wait for a batch row (see `SlotsWanted`); a worker
-        started later is told too."""
+        """Tell the worker how many tasks wait for a batch row (see `SlotsWanted`), if that
+        changed; a worker started later is told too."""
         with self._lock:
+            if count == self._slots_wanted:
+                return
             self._slots_wanted = count
             session = self._session
             if session is None or session.exited or session.stopping:

@@ -319,9 +319,7 @@ class Worker:
     def _cancel(self, job_id: str) -> None:
         generated = self._scheduler.cancel(job_id)
         if generated is not None:
-            self._flush(job_id)
-            self._running.pop(job_id, None)
-            self._send(JobCancelled(job_id, generated))
+            self._end_cancelled(job_id, generated)
             return
         for job in self._queue:
             if job.job_id == job_id:
@@ -378,10 +376,15 @@ class Worker:
         out first), then the messages read during it are handled."""
         self.abandoned_steps += 1
         for job_id, generated in self._scheduler.abandon():
-            self._flush(job_id)
-            self._running.pop(job_id, None)
-            self._send(JobCancelled(job_id, generated))
+            self._end_cancelled(job_id, generated)
         self._pump()
+
+    def _end_cancelled(self, job_id: str, generated: int) -> None:
+        """A running job left the scheduler cancelled: its tokens so far go out, then
+        `JobCancelled`."""
+        self._flush(job_id)
+        self._running.pop(job_id, None)
+        self._send(JobCancelled(job_id, generated))
 
     def _sleep(self, seconds: float) -> None:
         """Sleep, but keep serving the pipe (cancels act at once); wake for a shutdown."""
@@ -491,8 +494,7 @@ class Worker:
                     if outbox.pending and now - outbox.since + step_interval >= COALESCE_WINDOW:
                         self._flush_outbox(outbox)
         for job_id, generated in self._scheduler.cancel_all():
-            self._flush(job_id)
-            self._send(JobCancelled(job_id, generated))
+            self._end_cancelled(job_id, generated)
         for job in self._queue:
             self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
         self._queue.clear()

@@ -144,8 +144,6 @@ class TaskRunner:
         self.flush_handle: asyncio.Handle | None = None
         # Tasks whose text has begun (their first text is not held for an interval).
         self.producing: set[str] = set()
-        # The count of waiting tasks the engine was last told (`SlotsWanted`).
-        self._slots_wanted = 0
         # Tasks the engine was told to cancel (so a cancel noticed twice is sent once).
         self.cancelling: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
@@ -307,11 +305,10 @@ class TaskRunner:
         self._fill()
         self._rebalance()
         self.clock.slots(len(self.queue), len(self.active))
-        if self.engine is not None and len(self.queue) != self._slots_wanted:
+        if self.engine is not None:
             # While tasks wait, the worker stops a step part-way for a cancel that frees
-            # its batch (see `engine.interrupt`).
-            self._slots_wanted = len(self.queue)
-            self.engine.tell_slots_wanted(self._slots_wanted)
+            # its batch (see `engine.interrupt`). Sent only when the count changes.
+            self.engine.tell_slots_wanted(len(self.queue))
 
     def _rebalance(self) -> None:
         """Pause one generation of an owner holding more than its share of the slots while
