@@ -13,7 +13,12 @@ metrics on and one with them off (`--LMSPExtension.metrics=False`), side by side
 4. The Jupyter server process's own CPU time (from /proc) per output token and per create:
    where the metrics are kept, and independent of the machine's speed drift.
 
-Each round has `--pairs` blocks per mode (1 then 2, the same prompts for both modes in a pair;
+Each round has two legs, each with fresh servers: a pair for the generation, then a pair for the
+creates, one with metrics on and one off, started on-first in one leg and off-first in the other.
+In A/A runs (both off) the server of a pair started first answered creates ~2% slower (p50),
+which one pair serving every round turned into a bias of every round; now a round meets both
+orders, and each leg new processes with their own memory layout. Each round has `--pairs`
+blocks per mode, half in each leg (the same prompts for both modes in a pair;
 every prompt new to its server, so both generate the same text with the same speculative
 drafts). With `--together` a pair's two blocks run on both servers at the same time, each phase
 started together, so both meet the same moment of this VM (whose speed moves by 10-25% within
@@ -35,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -272,78 +278,85 @@ def main() -> int:
         }
         for m in MODES
     }
-    log(f"generation: two servers (metrics on, off), model {model.name}")
-    servers = {m: start(base, f"gen-{m}", model, on(m), max_batch_size=8) for m in MODES}
-    try:
-        for m in MODES:  # warm up: worker started, model loaded
-            single(servers[m], f"Warm up {m}.", 8)
-        for round_ in range(args.rounds):
-            # Per mode: single-stream (tokens, decode s, end-to-end s), and aggregate
-            # (tokens, s), pooled over the round's blocks.
-            pooled = {m: dict.fromkeys((*POOLED, "cpu"), 0.0) for m in MODES}
-            if args.together:
-                for pair in range(args.pairs):
-                    got = together(servers, args, round_, pair)
-                    for m in MODES:
-                        add(pooled[m], got[m][:-1], got[m][-1])
-                        log(f"round {round_} pair {pair} {m} (together): {rates(got[m])}")
-            else:
-                for block, m in enumerate(abba(args.pairs, round_)):
-                    got_one, cpu = timed_cpu(
-                        servers[m],
-                        lambda m=m, b=block, r=round_: measure(servers[m], args, r, b // 2, None),
-                    )
-                    add(pooled[m], got_one, cpu)
-                    log(f"round {round_} block {block} {m}: {rates(got_one)}")
-            for m in MODES:
-                got_round = pooled[m]
-                samples[m]["single"].append(per(got_round["decoded"], got_round["decode_s"]))
-                samples[m]["single_e2e"].append(per(got_round["n"], got_round["e2e_s"]))
-                samples[m]["aggregate"].append(per(got_round["total"], got_round["wall"]))
-                # What the server process spent per output token (single + streams), in ms.
-                samples[m]["cpu_per_token"].append(
-                    1000 * got_round["cpu"] / max(1.0, got_round["n"] + got_round["total"])
-                )
-            log(
-                f"round {round_}: single on/off "
-                f"{samples['on']['single'][-1] / samples['off']['single'][-1]:.3f}, "
-                f"{args.streams} streams on/off "
-                f"{samples['on']['aggregate'][-1] / samples['off']['aggregate'][-1]:.3f}"
-            )
-    finally:
-        for s in servers.values():
-            s.stop()
-    log("creates: two servers whose worker holds one slow task")
-    slow = {"max_batch_size": 1, "engine_token_delay": 60}
-    servers = {m: start(base, f"create-{m}", model, on(m), **slow) for m in MODES}
-    try:
-        for m in MODES:
-            creates(servers[m], 20)  # warm up connections and code paths
-        for round_ in range(args.rounds):
-            # One create at a time, alternating in ABBA order request by request: the
-            # machine's drift meets both modes alike.
-            times: dict[str, list[float]] = {m: [] for m in MODES}
-            clients = {m: servers[m].client() for m in MODES}
-            cpu_before = {m: server_cpu(servers[m]) for m in MODES}
+    pairs_per_leg = max(1, args.pairs // 2)
+    creates_per_leg = max(1, args.creates // 2)
+    for round_ in range(args.rounds):
+        # Per mode: single-stream (tokens, decode s, end-to-end s), aggregate (tokens, s) and
+        # server CPU, pooled over the round's blocks; create times and CPU, over its creates.
+        pooled = {m: dict.fromkeys((*POOLED, "cpu"), 0.0) for m in MODES}
+        times: dict[str, list[float]] = {m: [] for m in MODES}
+        create_cpu = dict.fromkeys(MODES, 0.0)
+        for leg in range(2):
+            # A fresh pair of servers per leg, started in the other order in the other leg:
+            # which one starts first moves its speed by ~2% here (found in an A/A run), and
+            # each process has its own memory layout; a round meets both orders.
+            order = MODES if (round_ + leg) % 2 == 0 else MODES[::-1]
+            log(f"round {round_} leg {leg}: generation servers, started {' then '.join(order)}")
+            servers = {
+                m: start(base, f"gen-{round_}-{leg}-{m}", model, on(m), max_batch_size=8)
+                for m in order
+            }
             try:
-                for m in abba(args.creates, round_):
+                for m in MODES:  # warm up: worker started, model loaded
+                    single(servers[m], f"Warm up {m}.", 8)
+                for pair in range(leg * pairs_per_leg, (leg + 1) * pairs_per_leg):
+                    if args.together:
+                        got = together(servers, args, round_, pair)
+                        for m in MODES:
+                            add(pooled[m], got[m][:-1], got[m][-1])
+                            log(f"round {round_} pair {pair} {m} (together): {rates(got[m])}")
+                    else:
+                        for m in abba(1, round_ + pair):
+                            server = servers[m]
+                            got_one, cpu = timed_cpu(
+                                server, partial(measure, server, args, round_, pair, None)
+                            )
+                            add(pooled[m], got_one, cpu)
+                            log(f"round {round_} pair {pair} {m}: {rates(got_one)}")
+            finally:
+                for s in servers.values():
+                    s.stop()
+            log(f"round {round_} leg {leg}: create servers (the worker holds one slow task)")
+            slow = {"max_batch_size": 1, "engine_token_delay": 60}
+            servers = {
+                m: start(base, f"create-{round_}-{leg}-{m}", model, on(m), **slow) for m in order
+            }
+            clients = {m: servers[m].client() for m in MODES}
+            try:
+                for m in MODES:
+                    creates(servers[m], 20)  # warm up connections and code paths
+                # One create at a time, alternating in ABBA order request by request: the
+                # machine's drift meets both modes alike.
+                cpu_before = {m: server_cpu(servers[m]) for m in MODES}
+                for m in abba(creates_per_leg, round_ + leg):
                     times[m].append(create_once(clients[m]))
                 for m in MODES:
-                    spent = server_cpu(servers[m]) - cpu_before[m]
-                    samples[m]["cpu_per_create"].append(1000 * spent / len(times[m]))
+                    create_cpu[m] += server_cpu(servers[m]) - cpu_before[m]
             finally:
                 for c in clients.values():
                     c.close()
-            for m in MODES:
-                samples[m]["create_p50"].append(pct(times[m], 0.5))
-                samples[m]["create_p99"].append(pct(times[m], 0.99))
-            log(
-                f"round {round_}: create → 202 p50 on {samples['on']['create_p50'][-1]:.2f} ms, "
-                f"off {samples['off']['create_p50'][-1]:.2f} ms"
+                for s in servers.values():
+                    s.stop()
+        for m in MODES:
+            got_round = pooled[m]
+            samples[m]["single"].append(per(got_round["decoded"], got_round["decode_s"]))
+            samples[m]["single_e2e"].append(per(got_round["n"], got_round["e2e_s"]))
+            samples[m]["aggregate"].append(per(got_round["total"], got_round["wall"]))
+            # What the server process spent per output token (single + streams), in ms.
+            samples[m]["cpu_per_token"].append(
+                1000 * got_round["cpu"] / max(1.0, got_round["n"] + got_round["total"])
             )
-    finally:
-        for s in servers.values():
-            s.stop()
+            samples[m]["create_p50"].append(pct(times[m], 0.5))
+            samples[m]["create_p99"].append(pct(times[m], 0.99))
+            samples[m]["cpu_per_create"].append(1000 * create_cpu[m] / len(times[m]))
+        log(
+            f"round {round_}: single on/off "
+            f"{samples['on']['single'][-1] / samples['off']['single'][-1]:.3f}, "
+            f"{args.streams} streams on/off "
+            f"{samples['on']['aggregate'][-1] / samples['off']['aggregate'][-1]:.3f}, "
+            f"create → 202 p50 on {samples['on']['create_p50'][-1]:.2f} ms, "
+            f"off {samples['off']['create_p50'][-1]:.2f} ms"
+        )
 
     rows = [
         ("single-stream decode tok/s", "single", True),
@@ -356,8 +369,8 @@ def main() -> int:
     ]
     table = []
     for label, key, higher_is_better in rows:
-        on = statistics.median(samples["on"][key])
-        off = statistics.median(samples["off"][key])
+        median_on = statistics.median(samples["on"][key])
+        median_off = statistics.median(samples["off"][key])
         # The cost of metrics, in percent: positive = slower with metrics on; per round (the
         # two modes met the same moment of the machine), its median and spread.
         per_round = [
@@ -368,8 +381,8 @@ def main() -> int:
         table.append(
             {
                 "what": label,
-                "on": on,
-                "off": off,
+                "on": median_on,
+                "off": median_off,
                 "cost_percent": cost,
                 "cost_min": min(per_round),
                 "cost_max": max(per_round),
@@ -414,6 +427,10 @@ def main() -> int:
             else "Cost: how much worse with metrics on (target ≤ 2%, over the whole spread)."
         ),
         "",
+        "Each round has two legs, each with a fresh pair of servers (one with metrics on, "
+        "one off) for the generation and another for the creates, started on-first in one leg "
+        "and off-first in the other (in A/A runs the first-started server of a pair answered "
+        "creates ~2% slower: a round meets both orders, and each leg new processes).",
         (
             f"Each round: {args.pairs} blocks per mode, each pair's two blocks run on both "
             "servers at the same time (`--together`: each phase, single stream then "
@@ -424,7 +441,8 @@ def main() -> int:
             "...; odd rounds start with off)"
         )
         + "; the same prompts for both modes in a pair of blocks; a round's figure pools its "
-        f"blocks. Creates: {args.creates} per mode and round, one at a time, alternating "
+        f"blocks (half in each leg). Creates: {args.creates} per mode and round (half in each "
+        "leg), one at a time, alternating "
         "between the modes request by request in ABBA order. Per-round cost = the round's on "
         "vs off. *Server CPU* rows: the Jupyter server process's own CPU time (user + "
         "system, from /proc; the inference worker not counted) per output token or per create "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -291,6 +292,20 @@ def exposition() -> bytes:
 
 # -- recording -------------------------------------------------------------------------------
 
+_Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
+_children: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: _Metric, *values: str) -> _Metric:
+    """`metric.labels(*values)`, remembered: `labels()` checks the values and takes the metric's
+    lock on every call (~2.5 µs here, as much as the increment itself), on the paths every
+    request and every token take."""
+    key = (metric, values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
 
 def on_request(
     operation: str, method: str, status: int, seconds: float, reason: str | None
@@ -298,20 +313,20 @@ def on_request(
     """A request to /lmsp/v1 was answered (`reason`: the error code of a 401/403/429)."""
     if not _enabled:
         return
-    HTTP_REQUESTS.labels(operation, method, str(status)).inc()
-    HTTP_DURATION.labels(operation).observe(seconds)
+    _child(HTTP_REQUESTS, operation, method, str(status)).inc()
+    _child(HTTP_DURATION, operation).observe(seconds)
     if status in (401, 403, 429):
-        REFUSED.labels(str(status), reason or "unknown").inc()
+        _child(REFUSED, str(status), reason or "unknown").inc()
 
 
 def idempotent(operation: str, outcome: str) -> None:
     if _enabled:
-        IDEMPOTENT.labels(operation, outcome).inc()
+        _child(IDEMPOTENT, operation, outcome).inc()
 
 
 def unkeyed_retry(operation: str) -> None:
     if _enabled:
-        UNKEYED_RETRIES.labels(operation).inc()
+        _child(UNKEYED_RETRIES, operation).inc()
 
 
 def sse_opened(reconnect: bool) -> None:
@@ -333,7 +348,7 @@ def events_replayed(n: int) -> None:
 
 def task_created(kind: str, model: str) -> None:
     if _enabled:
-        TASKS_CREATED.labels(kind, model).inc()
+        _child(TASKS_CREATED, kind, model).inc()
 
 
 def pairing_started() -> None:
@@ -343,7 +358,7 @@ def pairing_started() -> None:
 
 def pairing_decided(approved: bool) -> None:
     if _enabled:
-        PAIRING_DECISIONS.labels("approved" if approved else "denied").inc()
+        _child(PAIRING_DECISIONS, "approved" if approved else "denied").inc()
 
 
 def recovered(cause: str, counts: Mapping[tuple[str, str, str], int]) -> None:
@@ -351,12 +366,12 @@ def recovered(cause: str, counts: Mapping[tuple[str, str, str], int]) -> None:
     if not _enabled:
         return
     for (previous, policy, outcome), n in counts.items():
-        RECOVERED.labels(cause, previous, policy, outcome).inc(n)
+        _child(RECOVERED, cause, previous, policy, outcome).inc(n)
 
 
 def transaction(job: str, seconds: float) -> None:
     if _enabled:
-        TRANSACTIONS.labels(job).observe(seconds)
+        _child(TRANSACTIONS, job).observe(seconds)
 
 
 def refresh_from_db(db: Database) -> None:
@@ -365,7 +380,7 @@ def refresh_from_db(db: Database) -> None:
         return
     counts = queries.count_tasks_by_state(db)
     for state in queries.TASK_STATES:
-        TASKS.labels(state).set(counts.get(state, 0))
+        _child(TASKS, state).set(counts.get(state, 0))
 
 
 _ENDS = frozenset(str(s) for s in TERMINAL_STATES)
@@ -412,9 +427,9 @@ class RunnerClock:
             return
         clock = self._tasks.setdefault(task_id, _Clock(queued=time.monotonic()))
         clock.model = model
-        QUEUE_WAIT.labels(model).observe(time.monotonic() - clock.queued)
+        _child(QUEUE_WAIT, model).observe(time.monotonic() - clock.queued)
         if resumed_tokens:
-            RESUMED_TOKENS.labels(model).inc(resumed_tokens)
+            _child(RESUMED_TOKENS, model).inc(resumed_tokens)
 
     def started(
         self,
@@ -428,18 +443,18 @@ class RunnerClock:
         if not _enabled:
             return
         model = self._model(task_id)
-        INPUT_TOKENS.labels(model).inc(input_tokens)
-        CACHE_LOOKUPS.labels(model).inc()
+        _child(INPUT_TOKENS, model).inc(input_tokens)
+        _child(CACHE_LOOKUPS, model).inc()
         if cached_tokens:
-            CACHE_HITS.labels(model).inc()
-            CACHE_REUSED_TOKENS.labels(model).inc(cached_tokens)
+            _child(CACHE_HITS, model).inc()
+            _child(CACHE_REUSED_TOKENS, model).inc(cached_tokens)
         if reused_bytes:
-            CACHE_REUSED_BYTES.labels(model).inc(reused_bytes)
+            _child(CACHE_REUSED_BYTES, model).inc(reused_bytes)
         if cache_bytes is not None:
             CACHE_BYTES.set(cache_bytes)
         if load_seconds is not None:
-            MODEL_LOADS.labels(model).inc()
-            MODEL_LOAD_SECONDS.labels(model).observe(load_seconds)
+            _child(MODEL_LOADS, model).inc()
+            _child(MODEL_LOAD_SECONDS, model).observe(load_seconds)
 
     def tokens(self, task_id: str, n: int, batch_sizes: Iterable[int]) -> None:
         if not _enabled:
@@ -452,14 +467,14 @@ class RunnerClock:
         clock = self._tasks.get(task_id)
         if clock is None:
             return
-        OUTPUT_TOKENS.labels(clock.model).inc(n)
+        _child(OUTPUT_TOKENS, clock.model).inc(n)
         if not clock.first_token_seen:
             clock.first_token_seen = True
             if clock.submitted is not None:
-                TTFT.labels(clock.model).observe(now - clock.submitted)
+                _child(TTFT, clock.model).observe(now - clock.submitted)
         elif clock.last_token is not None:
             gap = (now - clock.last_token) / n
-            histogram = ITL.labels(clock.model)
+            histogram = _child(ITL, clock.model)
             for _ in range(n):
                 histogram.observe(gap)
         clock.last_token = now
@@ -467,14 +482,14 @@ class RunnerClock:
     def accepted_drafts(self, task_id: str, n: int) -> None:
         """A generation finished; `n` of its tokens came from verified drafts."""
         if _enabled and n:
-            ACCEPTED_DRAFT_TOKENS.labels(self._model(task_id)).inc(n)
+            _child(ACCEPTED_DRAFT_TOKENS, self._model(task_id)).inc(n)
 
     def ended(self, task_id: str, model: str, state: str) -> None:
         """A transaction of the task committed: counted if it ended the task."""
         if not _enabled or state not in _ENDS:
             return
         clock = self._tasks.pop(task_id, None)
-        TASKS_ENDED.labels(model, state).inc()
+        _child(TASKS_ENDED, model, state).inc()
         if clock is not None and clock.submitted is not None:
             E2E.labels(model, state).observe(time.monotonic() - clock.submitted)
 
