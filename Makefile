@@ -96,7 +96,7 @@ lint-ts: labextension/node_modules/.yarn-state.yml
 	cd labextension && $(JLPM) lint
 
 test: install lint labextension lint-ts chromium postgresql
-	$(VENV)/bin/pytest -ra
+	$(VENV)/bin/pytest -ra --durations=30
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
