@@ -25,6 +25,9 @@ started together, so both meet the same moment of this VM (whose speed moves by 
 minutes); without it, one after the other in ABBA order (on, off, off, on, ...). A round's
 figure for a mode pools its blocks (tokens / time, or the p50 of all its creates); the cost is
 the median of the per-round costs, with their spread (target: within 2% over the whole spread).
+`--pin` confines each server, with its worker, to a CPU of its own once warmed up (the
+first-started to the first CPU: they swap CPUs between a round's legs), so the two servers do
+not compete for cores and what a server's process spends is taken from its own worker.
 `--control` runs both servers with metrics off (an A/A run: what two identical servers differ
 by here). Results: benchmarks/results/metrics.md (and .json).
 """
@@ -32,6 +35,7 @@ by here). Results: benchmarks/results/metrics.md (and .json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -82,6 +86,40 @@ def start(base: Path, name: str, model: Path, metrics: bool, **traits: Any) -> S
         data, default_model="bench", name=name, metrics=metrics, blas_threads=1, **traits
     )
     return server.start()
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (the server's inference worker and its helpers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        found.append(current := todo.pop())
+        todo.extend(children.get(current, []))
+    return found
+
+
+def pin(server: ServerProcess, cpu: int) -> None:
+    """Confine every thread of the server, its worker and their children to `cpu` (`--pin`);
+    threads started later inherit it from the thread that starts them."""
+    assert server.proc is not None
+    for pid in descendants(server.proc.pid):
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):  # it ended
+                os.sched_setaffinity(int(task.name), {cpu})
+
+
+def pin_pair(servers: dict[str, ServerProcess], order: tuple[str, ...], cpus: list[int]) -> None:
+    """With `--pin`, the server started first gets the first CPU: the servers swap CPUs
+    between the legs of a round as they swap start order."""
+    for m, cpu in zip(order, cpus, strict=False):
+        pin(servers[m], cpu)
 
 
 def stream_one(server: ServerProcess, prompt: str, tokens: int) -> tuple[int, float, float, float]:
@@ -253,6 +291,13 @@ def main() -> int:
         help="run each pair's blocks on both servers at the same time (the same prompts, "
         "each phase started together) instead of one after the other in ABBA order",
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="confine each server with its worker to a CPU of its own (the servers swap CPUs "
+        "between a round's legs): the two no longer compete for cores, and what a server's "
+        "process spends is taken from its own worker",
+    )
     parser.add_argument("--model", choices=("demo", "tiny"), default="demo")
     parser.add_argument("--out", type=Path, default=RESULTS / "metrics")
     args = parser.parse_args()
@@ -278,6 +323,9 @@ def main() -> int:
         }
         for m in MODES
     }
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if args.pin and len(cpus) < 2:
+        parser.error("--pin needs two CPUs")
     pairs_per_leg = max(1, args.pairs // 2)
     creates_per_leg = max(1, args.creates // 2)
     for round_ in range(args.rounds):
@@ -297,8 +345,10 @@ def main() -> int:
                 for m in order
             }
             try:
-                for m in MODES:  # warm up: worker started, model loaded
-                    single(servers[m], f"Warm up {m}.", 8)
+                for m in order:  # warm up (worker started, model loaded) in start order too
+                    single(servers[m], f"Warm up {round_}.{leg}.", 8)  # the same for both
+                if args.pin:
+                    pin_pair(servers, order, cpus)
                 for pair in range(leg * pairs_per_leg, (leg + 1) * pairs_per_leg):
                     if args.together:
                         got = together(servers, args, round_, pair)
@@ -323,8 +373,10 @@ def main() -> int:
             }
             clients = {m: servers[m].client() for m in MODES}
             try:
-                for m in MODES:
+                for m in order:
                     creates(servers[m], 20)  # warm up connections and code paths
+                if args.pin:
+                    pin_pair(servers, order, cpus)
                 # One create at a time, alternating in ABBA order request by request: the
                 # machine's drift meets both modes alike.
                 cpu_before = {m: server_cpu(servers[m]) for m in MODES}
@@ -393,6 +445,7 @@ def main() -> int:
         "rounds": args.rounds,
         "pairs": args.pairs,
         "together": args.together,
+        "pin": args.pin,
         "control": args.control,
         "tokens": args.tokens,
         "streams": args.streams,
@@ -415,6 +468,7 @@ def main() -> int:
         f"`benchmarks/bench_metrics.py --rounds {args.rounds} --pairs {args.pairs} --tokens "
         f"{args.tokens} --streams {args.streams} --creates {args.creates} --model {args.model}"
         + (" --together" if args.together else "")
+        + (" --pin" if args.pin else "")
         + (" --control" if args.control else "")
         + "`"
         f", {meta['started']} – {meta['finished']}. {meta['cpus']} CPUs, load average "
@@ -430,7 +484,15 @@ def main() -> int:
         "Each round has two legs, each with a fresh pair of servers (one with metrics on, "
         "one off) for the generation and another for the creates, started on-first in one leg "
         "and off-first in the other (in A/A runs the first-started server of a pair answered "
-        "creates ~2% slower: a round meets both orders, and each leg new processes).",
+        "creates ~2% slower: a round meets both orders, and each leg new processes)."
+        + (
+            " `--pin`: each server, with its worker, confined to a CPU of its own (the first-"
+            "started one to the first CPU, so they swap CPUs between the legs): the servers do "
+            "not compete for cores, and what a server's process spends is taken from its own "
+            "worker."
+            if args.pin
+            else ""
+        ),
         (
             f"Each round: {args.pairs} blocks per mode, each pair's two blocks run on both "
             "servers at the same time (`--together`: each phase, single stream then "
