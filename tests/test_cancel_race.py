@@ -10,11 +10,17 @@ each call returned is what was committed (a refused cancel returns `changed=Fals
 completed; an accepted one made the task end cancelled).
 
 The counts of each ending are printed (run with `-s` to see them) and both endings must occur,
-or the test would not be racing anything.
+or the test would not be racing anything. Released together, the cancel (one transaction) may
+win every round against the generator (three): on a fast machine it did, 1000 times out of 1000.
+So each round starts the cancel at its own offset from the other side, spread evenly from one
+typical call of the other side early to one late of the other side's last call (measured on
+spare tasks first): every round still races, and the rounds cover the whole window in which the
+two can meet, on any machine.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import traceback
@@ -38,8 +44,10 @@ from storehelpers import (
 
 from jupyter_lmsp.store import rules
 
-ROUNDS = 1000
-BATCH = 250
+ROUNDS = 600
+BATCH = 300
+SPARE = 15  # tasks on which the calls' durations are measured before the race
+OFFSETS = 25  # distinct start offsets of the cancel, cycled over the rounds
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,8 +59,25 @@ def db(db_url):
     database.dispose()
 
 
-def _race(db, task_ids, left, right):
-    """Run `left(tid)` and `right(tid)` on two threads, started together for every task.
+def _median_seconds(fn, task_ids):
+    times = []
+    for tid in task_ids:
+        t = time.perf_counter()
+        fn(tid)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _offsets(task_ids, early, late):
+    """Per task, how long the left side starts after the right (negative: before), spread
+    evenly over [-early, late] and cycled."""
+    steps = [-early + (early + late) * i / (OFFSETS - 1) for i in range(OFFSETS)]
+    return {tid: steps[i % OFFSETS] for i, tid in enumerate(task_ids)}
+
+
+def _race(db, task_ids, left, right, offsets):
+    """Run `left(tid)` and `right(tid)` on two threads, released together for every task, the
+    left side `offsets[tid]` seconds after the right (before it, if negative).
 
     Returns, per task, what each side returned."""
     barrier = threading.Barrier(2)
@@ -63,6 +88,10 @@ def _race(db, task_ids, left, right):
         try:
             for tid in task_ids:
                 barrier.wait(30)
+                # A sleep, not a spin: a spinning thread would hold the GIL the other one needs.
+                delay = offsets[tid] if side == "left" else -offsets[tid]
+                if delay > 0:
+                    time.sleep(delay)
                 results[side][tid] = fn(tid)
         except threading.BrokenBarrierError:
             pass
@@ -118,6 +147,11 @@ def _check_round(db, tid, base_count, cancel_result):
     return state, log
 
 
+def _split(ids):
+    """The spare tasks the durations are measured on, and the tasks raced."""
+    return ids[: SPARE * 2], ids[SPARE * 2 :]
+
+
 def _make_running(db, n):
     ids = []
     for start in range(0, n, BATCH):
@@ -127,16 +161,19 @@ def _make_running(db, n):
 
 def test_cancel_races_finish(db):
     t0 = time.monotonic()
-    ids = _make_running(db, ROUNDS)
+    spare, ids = _split(_make_running(db, SPARE * 2 + ROUNDS))
     base = {tid: len(events_of(db, tid)) for tid in ids}
-    made = time.monotonic()
 
-    cancels, finishes = _race(
-        db,
-        ids,
-        lambda tid: rules.request_cancel(db, tid),
-        lambda tid: rules.finish(db, tid, rules.Outcome("completed", usage=usage())),
-    )
+    def cancel(tid):
+        return rules.request_cancel(db, tid)
+
+    def finish(tid):
+        return rules.finish(db, tid, rules.Outcome("completed", usage=usage()))
+
+    took_cancel = _median_seconds(cancel, spare[:SPARE])
+    took_finish = _median_seconds(finish, spare[SPARE:])
+    made = time.monotonic()
+    cancels, finishes = _race(db, ids, cancel, finish, _offsets(ids, took_cancel, took_finish))
 
     outcomes = Counter()
     for tid in ids:
@@ -155,7 +192,8 @@ def test_cancel_races_finish(db):
     print(
         f"\ncancel vs finish: {ROUNDS} rounds: {outcomes['completed']} completed, "
         f"{outcomes['cancelled']} cancelled "
-        f"(setup {made - t0:.1f}s, race {time.monotonic() - made:.1f}s)"
+        f"(cancel {took_cancel * 1e3:.2f} ms, finish {took_finish * 1e3:.2f} ms; "
+        f"setup {made - t0:.1f}s, race {time.monotonic() - made:.1f}s)"
     )
     assert sum(outcomes.values()) == ROUNDS
     assert outcomes["completed"] > 0 and outcomes["cancelled"] > 0, outcomes
@@ -163,16 +201,24 @@ def test_cancel_races_finish(db):
 
 def test_cancel_races_output_then_finish(db):
     t0 = time.monotonic()
-    ids = _make_running(db, ROUNDS)
+    spare, ids = _split(_make_running(db, SPARE * 2 + ROUNDS))
     base = {tid: len(events_of(db, tid)) for tid in ids}
-    made = time.monotonic()
+
+    def cancel(tid):
+        return rules.request_cancel(db, tid)
 
     def generate(tid):
         out = [rules.append_output(db, tid, [21], " more"), rules.append_output(db, tid, [22], "!")]
         out.append(rules.finish(db, tid, rules.Outcome("completed", usage=usage())))
         return out
 
-    cancels, runs = _race(db, ids, lambda tid: rules.request_cancel(db, tid), generate)
+    took_cancel = _median_seconds(cancel, spare[:SPARE])
+    took_generate = _median_seconds(generate, spare[SPARE:])
+    made = time.monotonic()
+    # From one cancel early to a third of the generator past its end: the last third of the
+    # window is the finish, the call that decides between the two endings.
+    offsets = _offsets(ids, took_cancel, took_generate * 4 / 3)
+    cancels, runs = _race(db, ids, cancel, generate, offsets)
 
     outcomes = Counter()
     cancel_positions = Counter()
@@ -202,7 +248,8 @@ def test_cancel_races_output_then_finish(db):
         f"\ncancel vs output+finish: {ROUNDS} rounds: {outcomes['completed']} completed, "
         f"{outcomes['cancelled']} cancelled; cancel landed after 0/1/2 deltas: "
         f"{cancel_positions[0]}/{cancel_positions[1]}/{cancel_positions[2]} "
-        f"(setup {made - t0:.1f}s, race {time.monotonic() - made:.1f}s)"
+        f"(cancel {took_cancel * 1e3:.2f} ms, output+finish {took_generate * 1e3:.2f} ms; "
+        f"setup {made - t0:.1f}s, race {time.monotonic() - made:.1f}s)"
     )
     assert sum(outcomes.values()) == ROUNDS
     assert outcomes["completed"] > 0 and outcomes["cancelled"] > 0, outcomes

@@ -491,7 +491,7 @@ class RunnerClock:
         clock = self._tasks.pop(task_id, None)
         _child(TASKS_ENDED, model, state).inc()
         if clock is not None and clock.submitted is not None:
-            E2E.labels(model, state).observe(time.monotonic() - clock.submitted)
+            _child(E2E, model, state).observe(time.monotonic() - clock.submitted)
 
     def forget(self, task_id: str) -> None:
         self._tasks.pop(task_id, None)
