@@ -39,6 +39,7 @@ from jupyter_lmsp.engine.messages import (
     WorkerExited,
     WorkerSettings,
 )
+from jupyter_lmsp.engine.spawn import start_without_main
 from jupyter_lmsp.engine.worker import worker_main
 
 T = TypeVar("T")
@@ -264,7 +265,9 @@ class EngineClient:
             saved = {name: os.environ.get(name) for name in env}
             try:
                 os.environ.update(env)
-                process.start()
+                # Not `process.start()`: a `jupyter server` started as a script would run again
+                # in the worker (engine/spawn.py).
+                start_without_main(process)
             finally:
                 for name, value in saved.items():
                     if value is None:
