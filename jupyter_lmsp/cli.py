@@ -23,6 +23,11 @@ in `store.backup` and `doctor`; they never open the database as a server would (
 
 from __future__ import annotations
 
+from jupyter_lmsp import lazy_iri
+
+# Before anything imports Jupyter Server: a second and more of every command (lazy_iri).
+lazy_iri.defer()
+
 import sys
 import time
 from collections.abc import Callable, Iterator

@@ -1,0 +1,51 @@
+"""The command line defers `rfc3987_syntax`'s grammar build, and IRI checks answer as before
+(jupyter_lmsp/lazy_iri.py). Each check runs in a fresh interpreter: this one has long imported
+jsonschema."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+IRIS = ["http://example.com/\u00fcber", "urn:isbn:0451450523", "http://exa mple.com", "::"]
+
+CHECK = textwrap.dedent(
+    """
+    import json, sys
+    if sys.argv[1] == "deferred":
+        import jupyter_lmsp.cli  # registers the stand-in, then imports Jupyter Server
+        assert "rfc3987_syntax.syntax_helpers" not in sys.modules, "the grammar was built"
+    from jsonschema import Draft202012Validator
+    checker = Draft202012Validator.FORMAT_CHECKER
+    assert "iri" in checker.checkers, "jsonschema checks IRIs with rfc3987_syntax"
+    answers = {
+        iri: [checker.conforms(iri, "iri"), checker.conforms(iri, "iri-reference")]
+        for iri in json.loads(sys.argv[2])
+    }
+    real = "rfc3987_syntax.syntax_helpers" in sys.modules
+    print(json.dumps({"answers": answers, "real_module_loaded": real}))
+    """
+)
+
+
+def check(how: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK, how, json.dumps(IRIS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_iri_checks_answer_the_same_with_the_grammar_deferred() -> None:
+    eager, deferred = check("eager"), check("deferred")
+    assert deferred["answers"] == eager["answers"]
+    # The cases tell valid from invalid, so equal answers mean something.
+    assert eager["answers"]["http://example.com/\u00fcber"] == [True, True]
+    assert eager["answers"]["http://exa mple.com"] == [False, False]
+    # The first check imported the real module.
+    assert deferred["real_module_loaded"] and eager["real_module_loaded"]
