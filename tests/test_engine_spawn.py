@@ -12,6 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from serverproc import ServerProcess
+from test_worker_crash import worker_pid
 
 PARENT = textwrap.dedent(
     """
@@ -78,3 +80,30 @@ def test_a_module_run_with_dash_m_is_never_run_again(tmp_path: Path, how: str) -
         timeout=120,
     )
     assert marks.read_text().split() == ["__main__", "reruns=False"]
+
+
+class ScriptServer(ServerProcess):
+    """The server as users start it: the `jupyter-server` console script, not `-m`."""
+
+    def command(self) -> list[str]:
+        args = super().command()
+        assert args[1:3] == ["-m", "jupyter_server"], args
+        return [str(Path(sys.executable).parent / "jupyter-server"), *args[3:]]
+
+
+def mapped_files(pid: int) -> set[str]:
+    with open(f"/proc/{pid}/maps") as maps:
+        return {line.split()[-1] for line in maps if len(line.split()) >= 6}
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+def test_the_worker_of_a_script_started_server_does_not_import_jupyter_server(lmsp_data):
+    """End to end: Tornado (which every Jupyter Server imports, and which maps its compiled
+    `speedups` module) is absent from the worker of a console-script server that has answered."""
+    with ScriptServer(lmsp_data) as server, server.client() as c:
+        r = c.post("/responses", json={"input": "Hello", "max_output_tokens": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["output_tokens"] == 4, r.json()  # the worker generated
+        pid = worker_pid(c)
+        assert any("/tornado/" in path for path in mapped_files(server.proc.pid))
+        assert not any("/tornado/" in path for path in mapped_files(pid))
