@@ -268,3 +268,22 @@ def test_decode_steps_are_checked_only_when_a_cancel_would_hand_over_a_slot(
     assert checked_from() == CHECK_ALWAYS_FROM  # a cancel of one would not free the batch
     worker._loader.close()  # its thread and wake-up pipe (serve() closes them when it ends)
     parent.close()
+
+
+def test_the_worker_is_told_only_when_whether_any_task_waits_changes() -> None:
+    """The server's side of `SlotsWanted`: a burst of creates (the queue growing one by one)
+    sends one message, not one per create; emptying the queue sends the other."""
+    from jupyter_lmsp.engine.client import EngineClient, _Session
+
+    client = EngineClient(lambda message: None)
+    session = _Session()  # not launched: what is sent stays in its outbox
+    client._session = session
+    for count in (1, 2, 3, 4, 3, 2, 1, 0, 0, 5, 0):
+        client.tell_slots_wanted(count)
+    sent = []
+    while not session.outbox.empty():
+        sent.append(session.outbox.get())
+    assert sent == [SlotsWanted(1), SlotsWanted(0), SlotsWanted(5), SlotsWanted(0)]
+    assert client.slots_wanted == 0
+    client.tell_slots_wanted(7)
+    assert client.slots_wanted == 7  # the count is kept for a worker started later

@@ -336,12 +336,17 @@ class EngineClient:
         return self._slots_wanted
 
     def tell_slots_wanted(self, count: int) -> None:
-        """Tell the worker how many tasks wait for a batch row (see `SlotsWanted`), if that
-        changed; a worker started later is told too."""
+        """Record how many tasks wait for a batch row and tell the worker (`SlotsWanted`) when
+        whether any wait changed; a worker started later is told too."""
         with self._lock:
             if count == self._slots_wanted:
                 return
+            # The worker acts on whether any task waits, not on how many: a burst of creates
+            # would otherwise send it a message (and wake it) per create.
+            changed = (count > 0) != (self._slots_wanted > 0)
             self._slots_wanted = count
+            if not changed:
+                return
             session = self._session
             if session is None or session.exited or session.stopping:
                 return
