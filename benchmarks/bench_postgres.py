@@ -1,6 +1,6 @@
 """SQLite vs PostgreSQL, side by side in one run (issue 17).
 
-    .venv/bin/python benchmarks/bench_postgres.py [--quick]
+    .venv/bin/python benchmarks/bench_postgres.py [--quick] [--rounds 5] [--out FOLDER]
 
 PostgreSQL is a throw-away cluster of Debian's binaries (tests/pgcluster.py: initdb, pg_ctl,
 through runuser as root) with `fsync` and `synchronous_commit` on, as in production.
@@ -15,20 +15,26 @@ through runuser as root) with `fsync` and `synchronous_commit` on, as in product
 4. Claim throughput of empty tasks with 1, 2 and 4 claiming processes (`rules.claim_tasks`,
    then `rules.finish`, one task at a time): tasks/s. Target on PostgreSQL: ≥ 1.6× from 1 to 2.
 
-Results go to benchmarks/results/postgres.md (and .json); `--quick` only prints them.
+1 and 3 run in `--rounds` interleaved rounds (a new server and database per round and backend,
+the backends' order alternating) and are reported as median (min–max); a target counts as met
+only when every round meets it. Results go to `--out` (default benchmarks/results)/postgres.md
+(and .json), with the command and the machine; `--quick` only prints them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +205,21 @@ def _claims_once(urls: Urls, backend: str, n_tasks: int, k: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+def machine() -> str:
+    """The CPU and whether it has AVX-512, as the results' header gives them."""
+    model = "unknown CPU"
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    avx512 = "AVX-512" if "avx512f" in flags else "no AVX-512"
+    return f"{os.cpu_count()} CPUs ({model}, {avx512}), {platform.platform()}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="smaller counts, for a smoke run")
@@ -210,7 +231,14 @@ def main() -> None:
         default=list(PARTS),
         help="which measurements to run (default: all; results are written only for all)",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="interleaved rounds of creates and SSE lag (the backends' order alternates)",
+    )
     parser.add_argument("--claim-rounds", type=int, default=3, help="interleaved claim rounds")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
     args = parser.parse_args()
     q = args.quick
     cluster = start_cluster(fsync=True)
@@ -218,23 +246,33 @@ def main() -> None:
         sys.exit("PostgreSQL is not installed (Debian: apt-get install postgresql)")
     base = Path(tempfile.mkdtemp(prefix="lmsp-bench-pg-"))
     urls = Urls(base, cluster)
-    results: dict = {b: {} for b in BACKENDS}
+    results: dict = {b: {"creates": [], "sse": []} for b in BACKENDS}
+    meta = {
+        "command": " ".join(["benchmarks/bench_postgres.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "load_before": os.getloadavg(),
+    }
     try:
+        for round_ in range(1 if q else args.rounds):
+            order = BACKENDS if round_ % 2 == 0 else BACKENDS[::-1]
+            for backend in order:
+                r = results[backend]
+                if "creates" in args.parts:
+                    r["creates"].append(
+                        bench_creates(base, urls.new(backend), 30 if q else 300, 40 if q else 800)
+                    )
+                if "sse" in args.parts:
+                    r["sse"].append(
+                        bench_cross_server_sse(
+                            base, urls.new(backend), 10 if q else args.watchers, 8 if q else 64
+                        )
+                    )
+                print(f"round {round_ + 1}", backend, json.dumps(r, indent=1), flush=True)
         for backend in BACKENDS:
             r = results[backend]
-            if "creates" in args.parts:
-                r["creates"] = bench_creates(
-                    base, urls.new(backend), 30 if q else 300, 40 if q else 800
-                )
             if "appends" in args.parts:
                 r["appends"] = bench_appends(urls.new(backend), 100 if q else 2000)
-            if "sse" in args.parts:
-                r["sse"] = bench_cross_server_sse(
-                    base,
-                    urls.new(backend),
-                    10 if q else args.watchers,
-                    8 if q else 64,
-                )
             if "claims" in args.parts:
                 r["claims"] = bench_claims(
                     urls, backend, 60 if q else 2000, (1, 2, 4), 1 if q else args.claim_rounds
@@ -242,62 +280,94 @@ def main() -> None:
             print(backend, json.dumps(r, indent=1), flush=True)
     finally:
         cluster.stop()
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    meta["load_after"] = os.getloadavg()
     if set(args.parts) != set(PARTS):
         return
-    table = render(results, args.watchers)
+    meta["watchers"] = 10 if q else args.watchers
+    meta["claim_tasks"] = 60 if q else 2000
+    table = render(results, meta)
     print(table)
     if not q:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "postgres.md").write_text(table)
-        (RESULTS / "postgres.json").write_text(json.dumps(results, indent=1))
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "postgres.md").write_text(table)
+        (args.out / "postgres.json").write_text(json.dumps({"meta": meta, **results}, indent=1))
 
 
 def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
 
 
-def render(results: dict, watchers: int) -> str:
+def _over_rounds(rounds: list[dict], key: str) -> str:
+    values = [r[key] for r in rounds]
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+
+def _target(rounds: list[dict], key: str, ok: Callable[[float], bool]) -> str:
+    """✓ when every round meets the target (the whole spread), ✗ otherwise."""
+    return "✓" if all(ok(r[key]) for r in rounds) else "✗"
+
+
+def render(results: dict, meta: dict) -> str:
     s, p = results["sqlite"], results["postgresql"]
+    rounds = len(p["creates"])
     rows = [
-        ("create → 202 p50 (ms)", "creates", "p50_ms"),
-        ("create → 202 p99 (ms)", "creates", "p99_ms"),
-        ("creates/s, 8 clients", "creates", "concurrent_rate"),
-        ("event appends/s", "appends", "rate"),
-        ("cross-server SSE lag p50 (ms)", "sse", "p50_ms"),
-        ("cross-server SSE lag p99 (ms)", "sse", "p99_ms"),
+        ("create → 202 p50 (ms)", "creates", "p50_ms", lambda v: v <= 10, "≤ 10"),
+        ("create → 202 p99 (ms)", "creates", "p99_ms", None, ""),
+        ("creates/s, 8 clients", "creates", "concurrent_rate", lambda v: v >= 300, "≥ 300"),
+        ("cross-server SSE lag p50 (ms)", "sse", "p50_ms", None, ""),
+        ("cross-server SSE lag p99 (ms)", "sse", "p99_ms", lambda v: v <= 100, "≤ 100"),
     ]
     lines = [
-        f"# SQLite vs PostgreSQL ({platform.machine()}, {time.strftime('%Y-%m-%d %H:%M')})",
+        f"# SQLite vs PostgreSQL ({platform.machine()}, {meta['started']} – {meta['finished']})",
         "",
-        "| measure | SQLite | PostgreSQL |",
-        "|---|---|---|",
+        f"`{meta['command']}`. Machine: {meta['machine']}; load average "
+        f"{meta['load_before'][0]:.1f} before / {meta['load_after'][0]:.1f} after. "
+        "PostgreSQL with fsync and synchronous_commit on.",
+        "",
+        f"Creates and SSE lag: median over {rounds} interleaved rounds (min–max), a new server "
+        "(and database) per round and backend, the backends' order alternating. A target is met "
+        "(✓) only when every round meets it.",
+        "",
+        "| measure | SQLite | PostgreSQL | target (PostgreSQL) |",
+        "|---|---|---|---|",
     ]
-    for label, group, key in rows:
-        lines.append(f"| {label} | {s[group][key]:.1f} | {p[group][key]:.1f} |")
+    for label, group, key, ok, target in rows:
+        verdict = f"{target} {_target(p[group], key, ok)}" if ok is not None else ""
+        lines.append(
+            f"| {label} | {_over_rounds(s[group], key)} | {_over_rounds(p[group], key)} "
+            f"| {verdict} |"
+        )
+    lines.append(f"| event appends/s | {s['appends']['rate']:.1f} | {p['appends']['rate']:.1f} | |")
+    every = [
+        all(r["every_watcher_got_every_event_once_in_order"] for r in b["sse"]) for b in (s, p)
+    ]
     lines.append(
-        f"| SSE watchers got every event once, in order | "
-        f"{s['sse']['every_watcher_got_every_event_once_in_order']} | "
-        f"{p['sse']['every_watcher_got_every_event_once_in_order']} |"
+        f"| SSE watchers got every event once, in order, every round | {every[0]} | {every[1]} | |"
     )
     for k in (1, 2, 4):
         lines.append(
             f"| claims/s, {k} worker(s), median (min–max) | {_spread(s['claims'][k])} "
-            f"| {_spread(p['claims'][k])} |"
+            f"| {_spread(p['claims'][k])} | |"
         )
 
-    def scaling(claims: dict) -> str:
-        ratios = [two / one for one, two in zip(claims[1], claims[2], strict=True)]
-        return f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}–{max(ratios):.2f}×)"
+    def ratios(claims: dict) -> list[float]:
+        return [two / one for one, two in zip(claims[1], claims[2], strict=True)]
 
+    def scaling(claims: dict) -> str:
+        r = ratios(claims)
+        return f"{statistics.median(r):.2f}× ({min(r):.2f}–{max(r):.2f}×)"
+
+    scaled = "✓" if all(r >= 1.6 for r in ratios(p["claims"])) else "✗"
     lines.append(
         f"| claim scaling 1 → 2, per round (min–max) | {scaling(s['claims'])} "
-        f"| {scaling(p['claims'])} |"
+        f"| {scaling(p['claims'])} | ≥ 1.6× {scaled} |"
     )
-    rounds = len(p["claims"][1])
+    claim_rounds = len(p["claims"][1])
     lines += [
         "",
-        f"{watchers} SSE watchers; claims: 2,000 empty tasks per count, {rounds} interleaved "
-        "rounds. PostgreSQL with fsync and synchronous_commit on.",
+        f"{meta['watchers']} SSE watchers; claims: {meta['claim_tasks']:,} empty tasks per "
+        f"count, {claim_rounds} interleaved rounds; event appends: one run.",
     ]
     return "\n".join(lines) + "\n"
 
