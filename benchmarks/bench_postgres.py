@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import multiprocessing
 import os
@@ -56,6 +55,7 @@ from pgcluster import PgCluster, start_cluster  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 from storehelpers import make_task, make_tasks, usage  # noqa: E402
 
+from jupyter_lmsp.engine.blas.candidates import read_cpu  # noqa: E402
 from jupyter_lmsp.store import rules  # noqa: E402
 from jupyter_lmsp.store.database import Database, sqlite_url  # noqa: E402
 
@@ -206,18 +206,10 @@ def _claims_once(urls: Urls, backend: str, n_tasks: int, k: int) -> float:
 
 # ---------------------------------------------------------------------------------------------
 def machine() -> str:
-    """The CPU and whether it has AVX-512, as the results' header gives them."""
-    model = "unknown CPU"
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    avx512 = "AVX-512" if "avx512f" in flags else "no AVX-512"
-    return f"{os.cpu_count()} CPUs ({model}, {avx512}), {platform.platform()}"
+    """The CPU and whether it has AVX-512 (as the BLAS probe reads them), for the header."""
+    cpu = read_cpu()
+    avx512 = "AVX-512" if cpu.avx512 else "no AVX-512"
+    return f"{os.cpu_count()} CPUs ({cpu.model}, {avx512}), {platform.platform()}"
 
 
 def main() -> None:
@@ -247,6 +239,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="lmsp-bench-pg-"))
     urls = Urls(base, cluster)
     results: dict = {b: {"creates": [], "sse": []} for b in BACKENDS}
+    watchers, claim_tasks = (10, 60) if q else (args.watchers, 2000)
     meta = {
         "command": " ".join(["benchmarks/bench_postgres.py", *sys.argv[1:]]),
         "machine": machine(),
@@ -264,9 +257,7 @@ def main() -> None:
                     )
                 if "sse" in args.parts:
                     r["sse"].append(
-                        bench_cross_server_sse(
-                            base, urls.new(backend), 10 if q else args.watchers, 8 if q else 64
-                        )
+                        bench_cross_server_sse(base, urls.new(backend), watchers, 8 if q else 64)
                     )
                 print(f"round {round_ + 1}", backend, json.dumps(r, indent=1), flush=True)
         for backend in BACKENDS:
@@ -275,7 +266,7 @@ def main() -> None:
                 r["appends"] = bench_appends(urls.new(backend), 100 if q else 2000)
             if "claims" in args.parts:
                 r["claims"] = bench_claims(
-                    urls, backend, 60 if q else 2000, (1, 2, 4), 1 if q else args.claim_rounds
+                    urls, backend, claim_tasks, (1, 2, 4), 1 if q else args.claim_rounds
                 )
             print(backend, json.dumps(r, indent=1), flush=True)
     finally:
@@ -284,8 +275,7 @@ def main() -> None:
     meta["load_after"] = os.getloadavg()
     if set(args.parts) != set(PARTS):
         return
-    meta["watchers"] = 10 if q else args.watchers
-    meta["claim_tasks"] = 60 if q else 2000
+    meta["watchers"], meta["claim_tasks"] = watchers, claim_tasks
     table = render(results, meta)
     print(table)
     if not q:
@@ -294,13 +284,15 @@ def main() -> None:
         (args.out / "postgres.json").write_text(json.dumps({"meta": meta, **results}, indent=1))
 
 
-def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):.0f} ({min(values):.0f}–{max(values):.0f})"
+def _spread(values: list[float], digits: int = 0) -> str:
+    return (
+        f"{statistics.median(values):.{digits}f} "
+        f"({min(values):.{digits}f}–{max(values):.{digits}f})"
+    )
 
 
 def _over_rounds(rounds: list[dict], key: str) -> str:
-    values = [r[key] for r in rounds]
-    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+    return _spread([r[key] for r in rounds], 1)
 
 
 def _target(rounds: list[dict], key: str, ok: Callable[[float], bool]) -> str:

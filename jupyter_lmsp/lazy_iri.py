@@ -31,6 +31,8 @@ _real: ModuleType | None = None
 def real_module() -> ModuleType:
     """The real `rfc3987_syntax`, imported on first use (in place of the stand-in)."""
     global _real
+    if _real is not None:
+        return _real
     with _lock:
         if _real is None:
             stand_in = sys.modules.pop(NAME, None)

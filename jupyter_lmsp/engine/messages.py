@@ -121,8 +121,9 @@ class CancelJob:
 
 @dataclass
 class SlotsWanted:
-    """How many tasks wait in the server's queue for a batch row; sent when whether any wait
-    changes (the worker acts on that alone, and a burst of creates would send one per create).
+    """How many tasks wait in the server's queue for a batch row, as of when it was sent: only
+    when whether any wait changes (the worker acts on that alone, and a burst of creates would
+    otherwise send one per create), so the worker reads it as "some wait" or "none".
 
     While some wait, a cancel should hand its slot over at once: the worker then checks its
     decode steps part-way for cancels (see `worker.Worker._checkpoints_for_step`). Only a

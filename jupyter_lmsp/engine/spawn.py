@@ -27,23 +27,26 @@ from multiprocessing.process import BaseProcess
 _MAIN_LOCK = threading.Lock()
 
 
-def main_reruns_in_child() -> bool:
-    """Whether a spawned child would run this process's main script again (a script, not a
-    module run with `-m`, nor an interactive session)."""
+def _script_main() -> types.ModuleType | None:
+    """This process's main module if a spawned child would run it again: a script (not a
+    module run with `-m`, nor an interactive session); else None."""
     main = sys.modules.get("__main__")
-    return (
-        main is not None
-        and getattr(main, "__spec__", None) is None
-        and getattr(main, "__file__", None) is not None
-    )
+    if main is None or getattr(main, "__spec__", None) is not None:
+        return None
+    return main if getattr(main, "__file__", None) is not None else None
+
+
+def main_reruns_in_child() -> bool:
+    """Whether a spawned child would run this process's main script again."""
+    return _script_main() is not None
 
 
 def start_without_main(process: BaseProcess) -> None:
     """`process.start()`, with the parent's main script hidden from multiprocessing so that the
     child does not import it. The target must not live in `__main__`."""
     with _MAIN_LOCK:
-        main = sys.modules.get("__main__")
-        if not main_reruns_in_child() or main is None:
+        main = _script_main()
+        if main is None:
             process.start()
             return
         # A main module with neither a spec nor a file: multiprocessing then records nothing to
