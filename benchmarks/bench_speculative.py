@@ -36,9 +36,9 @@ as the median over the rounds with its spread (min-max of the per-round ratios).
 texts with and without speculation are compared (they must be equal: speculation changes no
 token).
 
-`--cost-table` instead measures what the speculative decoder's cost prior holds
-(`speculative.DEFAULT_STEP_COSTS`): one forward pass of the demo model feeding n = 1..16 (and
-more) tokens, relative to one token, on the worker's BLAS.
+`--cost-table` instead measures what the speculative decoder's cost prior estimates
+(`speculative.StepCosts.prior`, from `DEFAULT_VERIFY_COST`): one forward pass of the demo model
+feeding one row n = 1..16 (and more) tokens, relative to one token, on the worker's BLAS.
 
 Writes `benchmarks/results/speculative.md` and `speculative.json` (or `step_costs.md`/`.json`).
 Every flag of the run is recorded in both. Options: `--help`.
@@ -417,7 +417,9 @@ def cost_child(model_path: str, reps: int) -> None:
 
 def cost_table(args: argparse.Namespace) -> int:
     model, blas = model_and_blas(args)  # puts this checkout first on sys.path
-    from jupyter_lmsp.engine.speculative import DEFAULT_STEP_COSTS
+    from jupyter_lmsp.engine.speculative import SpeculationSettings, StepCosts
+
+    prior = StepCosts(SpeculationSettings()).prior
 
     out = subprocess.run(
         [sys.executable, __file__, "--cost-child", str(model), str(args.rounds)],
@@ -436,14 +438,12 @@ def cost_table(args: argparse.Namespace) -> int:
         f"{seconds[1] * 1000:.1f} ms, 600 tokens of context, medians of {args.rounds} "
         f"interleaved repetitions, load average {os.getloadavg()[0]:.1f}.",
         "",
-        "| tokens | measured | prior (`DEFAULT_STEP_COSTS`) |",
+        "| tokens | measured | prior (`StepCosts.prior`, one row) |",
         "|---:|---:|---:|",
     ]
     for n in COST_TOKENS:
-        prior = f"{DEFAULT_STEP_COSTS[n - 1]:.2f}" if n <= len(DEFAULT_STEP_COSTS) else ""
-        lines.append(f"| {n} | {relative[n]:.2f} | {prior} |")
-    table = ", ".join(f"{relative[n]:.2f}" for n in range(1, 17))
-    lines += ["", f"As a prior: `step_costs=({table})`.", ""]
+        lines.append(f"| {n} | {relative[n]:.2f} | {prior(1, n - 1):.2f} |")
+    lines.append("")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "step_costs.md").write_text("\n".join(lines))
     (args.out / "step_costs.json").write_text(

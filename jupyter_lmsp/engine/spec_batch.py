@@ -321,8 +321,8 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self.stats = SpeculationStats()
         # The model's step costs (the scheduler keeps them from batch to batch).
         self.costs = costs if costs is not None else StepCosts(settings)
-        # The step queued by the last `next()` (tokens fed) and when that returned.
-        self._timing: tuple[int, float] | None = None
+        # The step queued by the last `next()` (rows, positions) and when that returned.
+        self._timing: tuple[int, int, float] | None = None
         self._rows: dict[int, _Row] = {}
         # The verify step in flight, by uid (rows that joined after it was queued have none).
         self._flight: dict[int, _InFlight] = {}
@@ -366,17 +366,17 @@ class SpeculativeGenerationBatch(GenerationBatch):
         after it): its time says nothing about its cost."""
         self._timing = None
 
-    def _timed(self, tokens: int, gap: float) -> None:
-        """This call queued a step of `tokens` tokens; it looked and so kept the model idle for
-        `gap` seconds (0: it did not look). What the step before took is the time since the
-        last call returned, less that gap (see `StepCosts`)."""
+    def _timed(self, rows: int, positions: int, gap: float) -> None:
+        """This call queued a step of `rows` x `positions`; it looked and so kept the model
+        idle for `gap` seconds (0: it did not look). What the step before took is the time
+        since the last call returned, less that gap (see `StepCosts`)."""
         now = time.perf_counter()
         if self._timing is not None:
-            last_tokens, last_at = self._timing
-            self.costs.record(last_tokens, now - last_at - gap)
+            last_rows, last_positions, last_at = self._timing
+            self.costs.record(last_rows, last_positions, now - last_at - gap)
         if gap > 0:
-            self.costs.record_gap(len(self.uids), gap)
-        self._timing = (tokens, now)
+            self.costs.record_gap(rows, gap)
+        self._timing = (rows, positions, now)
 
     def next(self) -> list[GenerationBatch.Response]:
         if not self.uids:
@@ -394,7 +394,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
                     row.found += (1.0 - row.found) * row.acceptance.relax
                 rows = len(self.uids)
                 responses = self._ordinary()
-                self._timed(rows, 0.0)
+                self._timed(rows, 1, 0.0)
                 return responses
             # Wait for the step in flight: its tokens are what the proposals continue.
             mx.eval(self._next_tokens)
@@ -437,7 +437,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         # From the step in flight being done to this one's dispatch, the model had nothing to
         # do. (Not to the return of `async_eval`: on the CPU it returns only once most of the
         # step has been computed.)
-        self._timed(len(self.uids) * (1 + width), dispatched - ready)
+        self._timed(len(self.uids), 1 + width, dispatched - ready)
         return self._emit(inputs, input_logprobs, kept)
 
     def _begin_grammars(self, inputs: list[int], kept: list[list[tuple[int, mx.array]]]) -> None:
@@ -485,8 +485,8 @@ class SpeculativeGenerationBatch(GenerationBatch):
 
     def _worth_looking(self, eligible: list[int]) -> bool:
         """Whether looking for proposals is expected to pay: some width D at which the expected
-        gain (each row: how often it finds a proposal x its best acceptance) beats the cost of
-        a verify step when anything is found, and of the lost overlap in any case."""
+        gain (each row: how often it finds a proposal x its overall acceptance) beats the cost
+        of a verify step when anything is found, and of the lost overlap in any case."""
         rows = len(self.uids)
         settings = self.settings
         odds = [self._rows[self.uids[i]] for i in eligible]
@@ -495,7 +495,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
             nothing *= 1 - row.found
         looked = self.costs.ratio(rows, 0)
         for width in range(1, settings.max_draft + 1):
-            gain = sum(row.found * expected_accepted(row.acceptance.best(), width) for row in odds)
+            gain = sum(
+                row.found * expected_accepted(row.acceptance.overall(), width) for row in odds
+            )
             cost = (1 - nothing) * self.costs.ratio(rows, width) + nothing * looked
             if (rows + gain) / cost > rows:
                 return True

@@ -18,14 +18,15 @@ This module is pure Python (no MLX), so it can be tested and reasoned about alon
 - `plan`: for one step of a batch, how many draft tokens D (0 = an ordinary decode step) make
   the most tokens per second, given every row's proposal and estimate and the cost of feeding
   1 + D tokens to every row (rows share the step's width: a row with fewer drafts is padded).
-- `StepCosts`: that cost, learned as the batch runs (the compute of each step, by the tokens
-  it fed, and apart from it the time a call that looked kept the model idle), from a prior
-  measured on this project's demo model on one CPU core: decode of a small batch reads every
-  weight once per step whatever the tokens, so a verify step of 2, 4, 8 or 16 tokens cost 1.09, 1.06-1.10,
-  1.4 and 1.9 one-token steps there (3, 5 or 7 tokens cost more than 4 or 8: OpenBLAS's
-  kernels take four rows at a time), and a step of 8 rows x 2 tokens 1.3 steps of 8 rows.
-  How much verify steps cost moves with the machine's load (4 tokens: 1.06 on a quiet machine,
-  1.44 at load 6 on 2 cores), which is why it is measured as the batch runs.
+- `StepCosts`: that cost, learned as the batch runs (the compute of each step, by its shape
+  rows x positions, and apart from it the time a call that looked kept the model idle), from
+  a prior. Machines differ more than any one prior can say: on the demo model, one core, a
+  verify step of one row and 3 draft tokens cost 1.10 ordinary steps with OpenBLAS's Haswell
+  kernels (a Zen 3) and 1.45 with its AVX-512 ones (an EPYC); eight rows x 2 positions cost
+  1.3 and 1.5-1.65 steps of eight rows. The prior is the dearer machine's, so speculation
+  starts only where it pays there, and measured costs take over as verify steps run. How
+  much they cost also moves with the machine's load (4 tokens: 1.06 on a quiet machine,
+  1.44 at load 6 on 2 cores), which is why they are measured as the batch runs.
 """
 
 from __future__ import annotations
@@ -34,40 +35,42 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-# Defaults, from the measurements above (the demo model, one CPU core, OpenBLAS).
+# Defaults.
 DEFAULT_MAX_DRAFT = 8
 # A verify step feeds 1 + max_draft tokens per row; past this, no machine gains.
 MAX_DRAFT_LIMIT = 64
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 4
-DEFAULT_SYNC_COST = 0.05
-# The cost of a forward pass of n tokens (rows x positions), n = 1 .. 16, in passes of one token:
-# the demo model on one core with OpenBLAS (Haswell kernels), 600 tokens of context, medians of
-# interleaved runs. Not linear: OpenBLAS's kernels take the tokens four at a time, so 3, 5 or 7
-# tokens cost about as much as the next multiple of four. Past the table, each token adds
-# DEFAULT_COST_SLOPE.
-DEFAULT_STEP_COSTS = (
-    1.00, 1.09, 1.33, 1.10, 1.35, 1.40, 1.60, 1.42,
-    1.58, 1.75, 1.78, 1.60, 1.95, 2.00, 2.15, 2.00,
-)  # fmt: skip
-DEFAULT_COST_SLOPE = 0.07
+# What looking for proposals costs a call (the model idle while it proposes), in ordinary
+# steps: 5-7 % measured on the demo model on one core (4.8-7.5 ms of 75-100 ms steps).
+DEFAULT_SYNC_COST = 0.06
+# The prior of a verify step's compute, in ordinary steps of as many rows: 1 + a x D ** 0.7
+# for D draft tokens per row, `a` growing with the rows from `verify_cost[0]` at one row to
+# `verify_cost[1]` at eight (and on, linearly, past eight). Measured on the demo model, one
+# core, 600 tokens of context, on an AMD EPYC with AVX-512 (one row: D = 1, 3, 7, 15 cost
+# 1.22, 1.45, 1.78, 2.49; eight rows: D = 1, 2, 3 cost 1.5-1.65, 1.9-2.1, 2.3-2.4): the
+# dearest machine measured, so a machine where verifying is cheaper (a Zen 3 with Haswell
+# kernels: one row, D = 3 cost 1.10) starts cautious and learns its own costs as it
+# speculates, rather than a machine where it is dear starting by losing.
+DEFAULT_VERIFY_COST = (0.22, 0.60)
+VERIFY_COST_EXPONENT = 0.7
 
 
 @dataclass(frozen=True)
 class SpeculationSettings:
     """How the worker speculates. `enabled` False decodes one token per row per step, exactly
     as without this feature (mlx-lm's own decode step). `max_draft`: the most tokens proposed
-    per row and step. `min_ngram`/`max_ngram`: the n-gram lengths looked up. `step_costs`,
-    `cost_slope` and `sync_cost`: the prior of the cost model (`StepCosts`); a step speculates
-    only when the model expects it to make more tokens per second than an ordinary step."""
+    per row and step. `min_ngram`/`max_ngram`: the n-gram lengths looked up. `verify_cost`
+    and `sync_cost`: the prior of the cost model (`StepCosts`); a step speculates only when
+    the model expects it to make more tokens per second than an ordinary step."""
 
     enabled: bool = True
     max_draft: int = DEFAULT_MAX_DRAFT
     min_ngram: int = DEFAULT_MIN_NGRAM
     max_ngram: int = DEFAULT_MAX_NGRAM
-    step_costs: tuple[float, ...] = DEFAULT_STEP_COSTS
-    cost_slope: float = DEFAULT_COST_SLOPE
+    verify_cost: tuple[float, float] = DEFAULT_VERIFY_COST
     sync_cost: float = DEFAULT_SYNC_COST
     # False: the prior alone, never what steps took (tests use it to make decisions
     # independent of timing).
@@ -80,10 +83,10 @@ class SpeculationSettings:
             raise ValueError(
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
             )
-        if not self.step_costs or any(c <= 0 for c in self.step_costs):
-            raise ValueError("step_costs must be positive")
-        if self.cost_slope < 0 or self.sync_cost < 0:
-            raise ValueError("cost_slope and sync_cost must be >= 0")
+        if len(self.verify_cost) != 2 or any(c < 0 for c in self.verify_cost):
+            raise ValueError(f"verify_cost must be two numbers >= 0, got {self.verify_cost}")
+        if self.sync_cost < 0:
+            raise ValueError("sync_cost must be >= 0")
 
     @property
     def active(self) -> bool:
@@ -225,24 +228,32 @@ class Acceptance:
         self.weight = weight
         self.decay = decay
         self.relax = relax
-        self._counts = {n: [prior * weight, (1 - prior) * weight] for n in lengths}
+        # Per length, and under None all lengths pooled: the row's record whatever it proposes.
+        self._counts: dict[int | None, list[float]] = {
+            n: [prior * weight, (1 - prior) * weight] for n in (*lengths, None)
+        }
 
     def chance(self, ngram: int) -> float:
         accepted, rejected = self._counts[ngram]
         return accepted / (accepted + rejected)
 
-    def best(self) -> float:
-        return max(self.chance(n) for n in self._counts)
+    def overall(self) -> float:
+        """The chance over all the row's recent verifies, whatever n-gram proposed them: what
+        looking for a proposal is expected to bring. (Not the best length's: a length that is
+        rarely proposed keeps its prior, and a row whose proposals keep failing would look
+        for ever on its account.)"""
+        accepted, rejected = self._counts[None]
+        return accepted / (accepted + rejected)
 
     def record(self, ngram: int, proposed: int, accepted: int) -> None:
-        counts = self._counts[ngram]
         rejected = 1 if accepted < proposed else 0
         fade = self.decay ** (accepted + rejected)
-        # Each trial fades what came before it: the accepted ones, then the rejection.
-        counts[0] = counts[0] * fade + sum(
-            self.decay**i for i in range(rejected, accepted + rejected)
-        )
-        counts[1] = counts[1] * fade + rejected
+        for counts in (self._counts[ngram], self._counts[None]):
+            # Each trial fades what came before it: the accepted ones, then the rejection.
+            counts[0] = counts[0] * fade + sum(
+                self.decay**i for i in range(rejected, accepted + rejected)
+            )
+            counts[1] = counts[1] * fade + rejected
 
     def idle(self) -> None:
         """A step without a verify of this row: drift back towards the prior."""
@@ -259,58 +270,61 @@ def expected_accepted(chance: float, proposed: int) -> float:
 
 
 class StepCosts:
-    """What a step costs, by the tokens it feeds: learned as the batch runs, from a prior.
+    """What a step costs, by its shape (rows x positions): learned as the batch runs, from a
+    prior.
 
     Two parts, learned apart:
 
-    - **compute**: the forward pass of a step of n tokens (rows x positions). An ordinary step
-      is queued before the one in flight is read (mlx-lm's pipeline), so the model never
-      waits for Python between two of them.
+    - **compute**: the forward pass of a step of `rows` rows x `positions` positions (1: an
+      ordinary step; 1 + D: a verify step of D draft tokens). Keyed by the shape, not by the
+      tokens fed: eight rows x two positions cost 1.5-1.65 steps of eight rows on the AVX-512
+      machine measured, where one row of sixteen tokens costs 1.40 of one of eight. An
+      ordinary step is queued before the one in flight is read (mlx-lm's pipeline), so the
+      model never waits for Python between two of them.
     - **gap**: what a call costs that *looks* (for proposals, or to resolve a verify step): it
       waits for the step in flight, then proposes and builds the next step while the model has
-      nothing to do. On a fast CPU the gap is a few percent of a step; on a slow one it
-      decides whether speculating pays (a Zen 3 without AVX-512, the demo model: ~10 ms
-      before each dispatch of a ~170-ms step, and a step that waited first took 1.04-1.21x
-      one that did not).
+      nothing to do (a Zen 3 without AVX-512, the demo model: ~10 ms before each dispatch of a
+      ~170-ms step).
 
     `record` takes the seconds between the returns of two consecutive calls less the gap of
     the second (which, if it looked, it spent before queueing its step): what the step in
     flight between them cost. `record_gap` takes that gap. So every step measures the compute
-    of its width whether or not the calls around it looked (a batch that speculates all along
-    still knows what an ordinary step costs), and the gap is measured where it happens.
-    Before enough samples, both come from the prior (`step_costs`, `cost_slope` and
-    `sync_cost`, in one-token steps), scaled as the measured steps compare with theirs.
+    of its shape whether or not the calls around it looked, and the gap is measured where it
+    happens. `ratio` compares a shape with an ordinary step of as many rows: measured when
+    both are (`enough` recent samples each), else the prior (`verify_cost`, `sync_cost`).
     """
 
     def __init__(self, settings: SpeculationSettings, window: int = 9, enough: int = 3) -> None:
         self._settings = settings
         self._window = window
         self._enough = enough
-        self._compute: dict[int, deque[float]] = {}
+        self._compute: dict[tuple[int, int], deque[float]] = {}
         self._gaps: dict[int, deque[float]] = {}
 
-    def prior(self, tokens: int) -> float:
-        """The prior compute cost of a step of `tokens` tokens, in one-token steps."""
-        table = self._settings.step_costs
-        if tokens <= len(table):
-            return table[tokens - 1]
-        return table[-1] + self._settings.cost_slope * (tokens - len(table))
+    def prior(self, rows: int, width: int) -> float:
+        """The prior compute of a verify step of `rows` x (1 + `width`) positions, in ordinary
+        steps of `rows` rows."""
+        if width <= 0:
+            return 1.0
+        one, eight = self._settings.verify_cost
+        slope = one + (eight - one) * (max(rows, 1) - 1) / 7
+        return 1.0 + slope * width**VERIFY_COST_EXPONENT
 
-    def _add(self, samples: dict[int, deque[float]], key: int, seconds: float) -> None:
+    def _add(self, samples: dict[Any, deque[float]], key: Any, seconds: float) -> None:
         found = samples.get(key)
         if found is None:
             found = samples[key] = deque(maxlen=self._window)
         found.append(seconds)
 
-    def record(self, tokens: int, seconds: float) -> None:
-        """A step of `tokens` tokens took `seconds` of compute (see the class docstring)."""
-        self._add(self._compute, tokens, max(0.0, seconds))
+    def record(self, rows: int, positions: int, seconds: float) -> None:
+        """A step of `rows` x `positions` took `seconds` of compute (see the class docstring)."""
+        self._add(self._compute, (rows, positions), max(0.0, seconds))
 
     def record_gap(self, rows: int, seconds: float) -> None:
         """A call on `rows` rows that looked kept the model idle for `seconds`."""
         self._add(self._gaps, rows, max(0.0, seconds))
 
-    def _median(self, samples: dict[int, deque[float]], key: int) -> float | None:
+    def _median(self, samples: dict[Any, deque[float]], key: Any) -> float | None:
         if not self._settings.learn_costs:
             return None
         found = samples.get(key)
@@ -318,43 +332,24 @@ class StepCosts:
             return None
         return statistics.median(found)
 
-    def measured(self, tokens: int) -> float | None:
-        """The median compute of the recent steps of `tokens` tokens, if enough."""
-        return self._median(self._compute, tokens)
+    def measured(self, rows: int, positions: int) -> float | None:
+        """The median compute of the recent steps of this shape, if enough."""
+        return self._median(self._compute, (rows, positions))
 
     def measured_gap(self, rows: int) -> float | None:
         """The median gap of the recent calls on `rows` rows that looked, if enough."""
         return self._median(self._gaps, rows)
 
-    def cost(self, tokens: int) -> float:
-        """A step's compute in seconds: measured, or the prior scaled by how the measured steps
-        compare with theirs (in prior units when nothing is measured yet)."""
-        found = self.measured(tokens)
-        if found is not None:
-            return found
-        return self.prior(tokens) * self._scale()
-
-    def gap(self, rows: int) -> float:
-        """What looking costs a call on `rows` rows, in seconds (or prior units)."""
-        found = self.measured_gap(rows)
-        if found is not None:
-            return found
-        return self._settings.sync_cost * self._scale()
-
-    def _scale(self) -> float:
-        if not self._settings.learn_costs:
-            return 1.0
-        scales = [
-            found / self.prior(tokens)
-            for tokens in self._compute
-            if (found := self.measured(tokens)) is not None
-        ]
-        return statistics.median(scales) if scales else 1.0
-
     def ratio(self, rows: int, width: int) -> float:
-        """A call that looks and queues a step of `rows` x (1 + `width`) tokens, in ordinary
-        pipelined steps of `rows` tokens (`width` 0: an ordinary step after looking)."""
-        return (self.cost(rows * (1 + width)) + self.gap(rows)) / self.cost(rows)
+        """A call that looks and queues a step of `rows` x (1 + `width`) positions, in ordinary
+        pipelined steps of `rows` rows (`width` 0: an ordinary step after looking)."""
+        ordinary = self.measured(rows, 1)
+        if ordinary is None or ordinary <= 0:
+            return self.prior(rows, width) + self._settings.sync_cost
+        wide = self.measured(rows, 1 + width) if width > 0 else ordinary
+        compute = wide / ordinary if wide is not None else self.prior(rows, width)
+        gap = self.measured_gap(rows)
+        return compute + (gap / ordinary if gap is not None else self._settings.sync_cost)
 
 
 def plan(
