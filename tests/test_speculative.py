@@ -190,6 +190,42 @@ def test_measured_costs_turn_speculation_on_where_verifying_is_cheap() -> None:
         assert (plan(rows, 8, settings, costs) > 0) is speculates
 
 
+def test_a_step_queued_by_a_call_that_looked_is_timed_from_its_dispatch() -> None:
+    """`async_eval` returns only once most of a step is computed on the CPU: timing a verify
+    step from the return of the call that queued it measured a fraction of it (one row, 9
+    positions: 1.2 ordinary steps where it costs 1.95). It is timed from its dispatch to when
+    the next call found it done; a pipelined call (which never sees when the step before was
+    done) times nothing after a call that looked, nor does a call that looked after a
+    pipelined one; two pipelined calls time the interval between their returns."""
+    import time
+    from types import SimpleNamespace
+
+    from jupyter_lmsp.engine.spec_batch import SpeculativeGenerationBatch
+
+    timed: Any = SpeculativeGenerationBatch._timed  # called on a stand-in with its two fields
+    batch = SimpleNamespace(costs=StepCosts(SpeculationSettings()), _timing=None)
+    t = time.perf_counter()
+    for _ in range(3):
+        # Queued a verify step (1 x 9) at t + 0.01, found it done at t + 0.21.
+        timed(batch, 1, 9, (t, t + 0.01))
+        timed(batch, 1, 1, (t + 0.21, t + 0.22))
+        batch._timing = None
+    assert batch.costs.measured(1, 9) == pytest.approx(0.20)
+    assert batch.costs.measured_gap(1) == pytest.approx(0.01)
+    assert batch.costs.measured(1, 1) is None
+    # Looked, then pipelined: nothing timed; pipelined, then looked: nothing timed.
+    timed(batch, 1, 1, (t, t + 0.01))
+    timed(batch, 1, 1, None)
+    timed(batch, 1, 1, (t + 0.5, t + 0.51))
+    assert batch.costs.measured(1, 1) is None
+    # Pipelined after pipelined: the interval between the returns.
+    batch._timing = None
+    for _ in range(4):
+        timed(batch, 1, 1, None)
+    measured = batch.costs.measured(1, 1)
+    assert measured is not None and 0 <= measured < 0.05
+
+
 def test_a_slow_gap_makes_speculation_pay_less() -> None:
     """Where looking costs a fifth of a step, a verify of proposals accepted one time in five
     loses; where the gap is small, it wins."""
