@@ -286,11 +286,11 @@ class StepCosts:
       nothing to do (a Zen 3 without AVX-512, the demo model: ~10 ms before each dispatch of a
       ~170-ms step).
 
-    `record` takes the seconds between the returns of two consecutive calls less the gap of
-    the second (which, if it looked, it spent before queueing its step): what the step in
-    flight between them cost. `record_gap` takes that gap. So every step measures the compute
-    of its shape whether or not the calls around it looked, and the gap is measured where it
-    happens. `ratio` compares a shape with an ordinary step of as many rows: measured when
+    `record` takes what a step cost (`spec_batch` times a step queued by a call that looked
+    from its dispatch to when the next call found it done, and a step between two pipelined
+    calls by the interval between their returns); `record_gap` takes the time a call that
+    looked kept the model idle. So verify steps and ordinary ones are both measured, and the
+    gap where it happens. `ratio` compares a shape with an ordinary step of as many rows: measured when
     both are (`enough` recent samples each), else the prior (`verify_cost`, `sync_cost`).
     """
 
