@@ -71,7 +71,12 @@ def test_live_transitions_then_a_reconnect(lmsp_data):
         reader.start()
         ready.wait()
         time.sleep(0.5)  # the stream is open (it starts from now)
-        done = c.post("/responses", json={"input": "a", "background": True, "max_output_tokens": 4})
+        # Greedy: sampled at the default temperature, the test model may end on EOS within the
+        # four tokens (the task then completes rather than stopping incomplete).
+        done = c.post(
+            "/responses",
+            json={"input": "a", "background": True, "max_output_tokens": 4, "temperature": 0},
+        )
         long = c.post(
             "/responses", json={"input": "b", "background": True, "max_output_tokens": 500}
         ).json()
