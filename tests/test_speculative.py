@@ -24,6 +24,7 @@ from schedrun import CHAT, Result, add, collect, job, run, scheduler, streamed_t
 
 from jupyter_lmsp.engine.messages import WorkerSettings
 from jupyter_lmsp.engine.speculative import (
+    DEFAULT_ACCEPTANCE_PRIOR,
     OFF,
     Acceptance,
     NgramDrafter,
@@ -115,6 +116,38 @@ def test_the_acceptance_record_follows_recent_verifies_and_drifts_back() -> None
     for _ in range(100):
         record.idle()
     assert before < record.chance(1) and abs(record.chance(1) - 0.5) < 0.05
+
+
+def test_a_new_rows_chance_starts_from_its_match_lengths_prior() -> None:
+    """A three- or four-token match is copying more often than not: a new row starts from the
+    prior of the length that matched, drifts back to it, and looks as its best length would
+    find (the pooled record starts from the best length's prior)."""
+    settings = SpeculationSettings(acceptance_prior=(0.4, 0.5, 0.8, 0.9))
+    assert [settings.prior_chance(n) for n in (1, 2, 3, 4, 6)] == [0.4, 0.5, 0.8, 0.9, 0.9]
+    prior = {n: settings.prior_chance(n) for n in (1, 2, 3, 4)}
+    record = Acceptance(list(prior), prior=prior, relax=0.05)
+    assert record.chance(1) == 0.4 and record.chance(4) == 0.9 and record.overall() == 0.9
+    for _ in range(6):
+        record.record(4, proposed=4, accepted=0)
+    assert record.chance(4) < 0.3 and record.chance(3) == 0.8
+    for _ in range(200):
+        record.idle()
+    assert abs(record.chance(4) - 0.9) < 0.01 and abs(record.overall() - 0.9) < 0.01
+    for bad in [(), (0.5, 1.0), (0.0,)]:
+        with pytest.raises(ValueError, match="acceptance_prior"):
+            SpeculationSettings(acceptance_prior=bad)
+
+
+def test_eight_new_rows_verify_a_four_token_match_by_the_prior() -> None:
+    """Eight rows pay 1.6-2.6 steps for a verify: with one prior of 0.5 for every match they
+    never verified, so never learned that their text was a copy. By the default priors, eight
+    4-gram matches are verified and eight 1-gram matches are not."""
+    settings = SpeculationSettings()
+    costs = StepCosts(settings)
+    four, one = settings.prior_chance(4), settings.prior_chance(1)
+    assert plan([(8, four)] * 8, 8, settings, costs) >= 2
+    assert plan([(8, one)] * 8, 8, settings, costs) == 0
+    assert plan([(8, 0.5)] * 8, 8, settings, costs) == 0
 
 
 def test_the_planner_speculates_only_when_it_pays() -> None:
@@ -395,14 +428,31 @@ def test_speculation_changes_no_token(tiny, sampling: dict, count: int) -> None:
 
 
 def test_greedy_speculation_saves_steps_on_the_test_model(tiny) -> None:
-    """The test model repeats itself: the adaptive settings speculate and need fewer steps."""
+    """The test model repeats itself: the adaptive settings speculate and need fewer steps.
+    By the cost prior alone: learned from this machine's timing, whether the tiny model's
+    sub-millisecond steps pay for a look depends on the CPU the suite runs on."""
     model, tok = tiny
-    sched = scheduler()
+    sched = scheduler(speculation=SpeculationSettings(learn_costs=False))
     results = run(model, tok, jobs_of(QUESTIONS[:1], max_tokens=120), sched=sched)
     tokens = len(results[("q0", 0)].tokens)
     stats = sched.speculation_stats()
     assert stats.accepted > 0 and stats.steps < tokens
     assert drafted(results) == stats.accepted
+
+
+def test_eight_rows_repeating_their_context_speculate_from_the_start(tiny) -> None:
+    """Eight rows of the test model (which repeats itself) speculate by the prior alone; with
+    one prior of 0.5 for every match length they never did."""
+    model, tok = tiny
+    counts = {}
+    for name, prior in [("by length", DEFAULT_ACCEPTANCE_PRIOR), ("flat", (0.5,))]:
+        speculation = SpeculationSettings(learn_costs=False, acceptance_prior=prior)
+        sched = scheduler(speculation=speculation, max_batch_size=8)
+        jobs = [job(f"r{i}", messages=chat(QUESTIONS[i % 4]), max_tokens=80) for i in range(8)]
+        results = run(model, tok, jobs, sched=sched)
+        counts[name] = sched.speculation_stats().accepted
+        assert drafted(results) == counts[name]
+    assert counts["by length"] > 0 and counts["flat"] == 0, counts
 
 
 def test_step_costs_are_kept_from_batch_to_batch(tiny) -> None:

@@ -59,6 +59,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache, _BaseCache, dynamic_roll
 from jupyter_lmsp.engine.constraints import Constraint, mask_verify_step
 from jupyter_lmsp.engine.speculative import (
     FORCED,
+    FORCED_PRIOR,
     Acceptance,
     NgramDrafter,
     Proposal,
@@ -345,8 +346,10 @@ class SpeculativeGenerationBatch(GenerationBatch):
                 stop_tokens=self.stop_tokens,
             )
             # A constrained row also proposes its grammar's forced tokens: a record of their own.
-            kinds = [FORCED, *lengths] if _grammar_of(processor) is not None else lengths
-            self._rows[uid] = _Row(drafter, Acceptance(kinds))
+            prior = {n: self.settings.prior_chance(n) for n in lengths}
+            if _grammar_of(processor) is not None:
+                prior[FORCED] = FORCED_PRIOR
+            self._rows[uid] = _Row(drafter, Acceptance(list(prior), prior=prior))
         super().extend(batch)
 
     def filter(self, keep: list[int]) -> None:

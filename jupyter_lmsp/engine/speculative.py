@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +56,15 @@ DEFAULT_SYNC_COST = 0.06
 # speculates, rather than a machine where it is dear starting by losing.
 DEFAULT_VERIFY_COST = (0.22, 0.60)
 VERIFY_COST_EXPONENT = 0.7
+# The chance a proposed token is accepted (given the ones before it were) before a row has
+# verified anything, by the length of the n-gram that matched: 1, 2, 3, 4 (and longer). A
+# match of three or four tokens is strong evidence of copying: on the demo model, greedy,
+# bench_speculative's prompts, always verifying 8 tokens (results/acceptance.md), 3- and
+# 4-grams were accepted at 0.84 and 0.89 (summaries), 0.91 and 0.95 (edits), 0.68 and 0.80
+# (stories), 1- and 2-grams at 0.35-0.52 and 0.43-0.66. One prior of 0.5 for every length
+# kept eight rows from ever verifying a copying text (a verify of eight rows costs 1.6-2.6
+# steps: it pays from a chance of ~0.7), so they never learned that it was one.
+DEFAULT_ACCEPTANCE_PRIOR = (0.45, 0.55, 0.8, 0.85)
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,9 @@ class SpeculationSettings:
     as without this feature (mlx-lm's own decode step). `max_draft`: the most tokens proposed
     per row and step. `min_ngram`/`max_ngram`: the n-gram lengths looked up. `verify_cost`
     and `sync_cost`: the prior of the cost model (`StepCosts`); a step speculates only when
-    the model expects it to make more tokens per second than an ordinary step."""
+    the model expects it to make more tokens per second than an ordinary step.
+    `acceptance_prior`: a new row's chance of acceptance by matched n-gram length (1, 2, ...;
+    the last for longer ones), before its own verifies say otherwise (`Acceptance`)."""
 
     enabled: bool = True
     max_draft: int = DEFAULT_MAX_DRAFT
@@ -72,6 +83,7 @@ class SpeculationSettings:
     max_ngram: int = DEFAULT_MAX_NGRAM
     verify_cost: tuple[float, float] = DEFAULT_VERIFY_COST
     sync_cost: float = DEFAULT_SYNC_COST
+    acceptance_prior: tuple[float, ...] = DEFAULT_ACCEPTANCE_PRIOR
     # False: the prior alone, never what steps took (tests use it to make decisions
     # independent of timing).
     learn_costs: bool = True
@@ -87,6 +99,16 @@ class SpeculationSettings:
             raise ValueError(f"verify_cost must be two numbers >= 0, got {self.verify_cost}")
         if self.sync_cost < 0:
             raise ValueError("sync_cost must be >= 0")
+        if not self.acceptance_prior or any(not 0 < p < 1 for p in self.acceptance_prior):
+            raise ValueError(
+                f"acceptance_prior must be chances strictly between 0 and 1, got "
+                f"{self.acceptance_prior}"
+            )
+
+    def prior_chance(self, ngram: int) -> float:
+        """A new row's chance of acceptance for proposals of an `ngram`-token match."""
+        table = self.acceptance_prior
+        return table[min(max(ngram, 1), len(table)) - 1]
 
     @property
     def active(self) -> bool:
@@ -96,8 +118,11 @@ class SpeculationSettings:
 OFF = SpeculationSettings(enabled=False)
 
 
-# The `Proposal.ngram` of tokens a row's grammar forces (no n-gram matched them).
+# The `Proposal.ngram` of tokens a row's grammar forces (no n-gram matched them), and their
+# prior chance of acceptance (not measured by length like the n-grams': the one prior all
+# proposals had before).
 FORCED = 0
+FORCED_PRIOR = 0.5
 
 
 @dataclass
@@ -212,25 +237,30 @@ class Acceptance:
     follows the text as it changes (a quote ends, copying stops). `chance` = accepted /
     (accepted + rejected): the chance a proposed token is accepted given the ones before it
     were. Both counts start from, and drift back to (`relax` per step without a verify), a
-    prior of `prior` with weight `weight`, so a row that stopped speculating tries again.
+    prior with weight `weight`, so a row that stopped speculating tries again: `prior`, one
+    chance for every length or one per length. The pooled record (`overall`) starts from the
+    best length's: what looking may find before the row has shown what it does find.
     """
 
     def __init__(
         self,
         lengths: Iterable[int],
         *,
-        prior: float = 0.5,
+        prior: float | Mapping[int, float] = 0.5,
         weight: float = 2.0,
         decay: float = 0.8,
         relax: float = 0.02,
     ) -> None:
-        self.prior = prior
+        lengths = list(lengths)
+        chances = prior if isinstance(prior, Mapping) else dict.fromkeys(lengths, prior)
+        # Per length, and under None all lengths pooled: the row's record whatever it proposes.
+        self._prior: dict[int | None, float] = {n: chances[n] for n in lengths}
+        self._prior[None] = max(self._prior.values(), default=0.5)
         self.weight = weight
         self.decay = decay
         self.relax = relax
-        # Per length, and under None all lengths pooled: the row's record whatever it proposes.
         self._counts: dict[int | None, list[float]] = {
-            n: [prior * weight, (1 - prior) * weight] for n in (*lengths, None)
+            n: [p * weight, (1 - p) * weight] for n, p in self._prior.items()
         }
 
     def chance(self, ngram: int) -> float:
@@ -257,9 +287,10 @@ class Acceptance:
 
     def idle(self) -> None:
         """A step without a verify of this row: drift back towards the prior."""
-        for counts in self._counts.values():
-            counts[0] += (self.prior * self.weight - counts[0]) * self.relax
-            counts[1] += ((1 - self.prior) * self.weight - counts[1]) * self.relax
+        for n, counts in self._counts.items():
+            prior = self._prior[n]
+            counts[0] += (prior * self.weight - counts[0]) * self.relax
+            counts[1] += ((1 - prior) * self.weight - counts[1]) * self.relax
 
 
 def expected_accepted(chance: float, proposed: int) -> float:
@@ -290,8 +321,9 @@ class StepCosts:
     from its dispatch to when the next call found it done, and a step between two pipelined
     calls by the interval between their returns); `record_gap` takes the time a call that
     looked kept the model idle. So verify steps and ordinary ones are both measured, and the
-    gap where it happens. `ratio` compares a shape with an ordinary step of as many rows: measured when
-    both are (`enough` recent samples each), else the prior (`verify_cost`, `sync_cost`).
+    gap where it happens. `ratio` compares a shape with an ordinary step of as many rows:
+    measured when both are (`enough` recent samples each), else the prior (`verify_cost`,
+    `sync_cost`).
     """
 
     def __init__(self, settings: SpeculationSettings, window: int = 9, enough: int = 3) -> None:
