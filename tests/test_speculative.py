@@ -438,6 +438,9 @@ def test_greedy_speculation_saves_steps_on_the_test_model(tiny) -> None:
     stats = sched.speculation_stats()
     assert stats.accepted > 0 and stats.steps < tokens
     assert drafted(results) == stats.accepted
+    # The same verifies counted by the n-gram length that proposed them.
+    assert sum(p for p, _, _ in stats.by_ngram.values()) == stats.proposed
+    assert sum(a for _, a, _ in stats.by_ngram.values()) == stats.accepted
 
 
 def test_eight_rows_repeating_their_context_speculate_from_the_start(tiny) -> None:

@@ -558,8 +558,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
             row = self._rows[uid]
             if f.ngram is not None:
                 row.acceptance.record(f.ngram, len(f.draft), accepted)
-                self.stats.proposed += len(f.draft)
-                self.stats.accepted += accepted
+                self.stats.verified(f.ngram, len(f.draft), accepted)
             else:
                 row.acceptance.idle()
             if f.position is not None:

@@ -138,7 +138,9 @@ class Proposal:
 @dataclass
 class SpeculationStats:
     """Counters of a batch's steps: all, verify steps, steps that looked for proposals, tokens
-    proposed in verify steps and accepted, and verify steps by width."""
+    proposed in verify steps and accepted, verify steps by width, and by the proposals' n-gram
+    length (`FORCED`: a grammar's) the tokens proposed, accepted and the verifies that rejected
+    one (`accepted / (accepted + rejected)`: the chance `Acceptance` estimates)."""
 
     steps: int = 0
     verify_steps: int = 0
@@ -146,6 +148,14 @@ class SpeculationStats:
     proposed: int = 0
     accepted: int = 0
     widths: dict[int, int] = field(default_factory=dict)
+    by_ngram: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+
+    def verified(self, ngram: int, proposed: int, accepted: int) -> None:
+        """A row's verify of `proposed` tokens of an `ngram`-token match kept `accepted`."""
+        self.proposed += proposed
+        self.accepted += accepted
+        p, a, r = self.by_ngram.get(ngram, (0, 0, 0))
+        self.by_ngram[ngram] = (p + proposed, a + accepted, r + (accepted < proposed))
 
     def add(self, other: SpeculationStats) -> None:
         self.steps += other.steps
@@ -155,6 +165,9 @@ class SpeculationStats:
         self.accepted += other.accepted
         for width, count in other.widths.items():
             self.widths[width] = self.widths.get(width, 0) + count
+        for ngram, counts in other.by_ngram.items():
+            mine = self.by_ngram.get(ngram, (0, 0, 0))
+            self.by_ngram[ngram] = (mine[0] + counts[0], mine[1] + counts[1], mine[2] + counts[2])
 
 
 class NgramDrafter:
