@@ -390,21 +390,28 @@ def render(results: dict[str, Any], summary: dict[str, Any]) -> str:
 # --- the cost table ---------------------------------------------------------------------------
 
 COST_TOKENS = [*range(1, 17), 20, 24, 32, 48, 64]
+# With several rows: the positions of a verify step up to the default max_draft (1 + 8).
+COST_POSITIONS_ROWS = list(range(1, 10))
 
 
-def cost_child(model_path: str, reps: int) -> None:
-    """In a child with the worker's BLAS: one forward pass per token count, interleaved."""
+def cost_positions(rows: int) -> list[int]:
+    return COST_TOKENS if rows == 1 else COST_POSITIONS_ROWS
+
+
+def cost_child(model_path: str, reps: int, rows: int) -> None:
+    """In a child with the worker's BLAS: one forward pass of `rows` rows per count of
+    positions, interleaved."""
     import mlx.core as mx
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
     model, _ = load(model_path)
     cache = make_prompt_cache(model)
-    mx.eval(model(mx.random.randint(0, 1000, (1, 600)), cache=cache))
-    times: dict[int, list[float]] = {n: [] for n in COST_TOKENS}
+    mx.eval(model(mx.random.randint(0, 1000, (rows, 600)), cache=cache))
+    times: dict[int, list[float]] = {n: [] for n in cost_positions(rows)}
     for _ in range(reps):
-        for n in COST_TOKENS:
-            tokens = mx.random.randint(0, 1000, (1, n))
+        for n in cost_positions(rows):
+            tokens = mx.random.randint(0, 1000, (rows, n))
             mx.eval(tokens)
             start = time.perf_counter()
             logits = model(tokens, cache=cache)
@@ -422,31 +429,33 @@ def cost_table(args: argparse.Namespace) -> int:
     prior = StepCosts(SpeculationSettings()).prior
 
     out = subprocess.run(
-        [sys.executable, __file__, "--cost-child", str(model), str(args.rounds)],
+        [sys.executable, __file__, "--cost-child", str(model), str(args.rounds), str(args.rows)],
         env=blas.worker_environment(),
         check=True,
         capture_output=True,
         text=True,
     ).stdout
     seconds = {int(k): v for k, v in json.loads(out.strip().splitlines()[-1]).items()}
-    relative = {n: seconds[n] / seconds[1] for n in COST_TOKENS}
+    rows = args.rows
+    relative = {n: seconds[n] / seconds[1] for n in cost_positions(rows)}
     lines = [
-        "# Step costs: one forward pass of n tokens, in passes of one token",
+        f"# Step costs: one forward pass of {rows} row(s) x n positions, in passes of one",
         "",
         f"`benchmarks/bench_speculative.py {_flags(meta_args(args))}`, "
         f"{time.strftime('%Y-%m-%d %H:%M')}, BLAS {blas.name}, one token = "
         f"{seconds[1] * 1000:.1f} ms, 600 tokens of context, medians of {args.rounds} "
         f"interleaved repetitions, load average {os.getloadavg()[0]:.1f}.",
         "",
-        "| tokens | measured | prior (`StepCosts.prior`, one row) |",
+        f"| positions | measured | prior (`StepCosts.prior`, {rows} row(s)) |",
         "|---:|---:|---:|",
     ]
-    for n in COST_TOKENS:
-        lines.append(f"| {n} | {relative[n]:.2f} | {prior(1, n - 1):.2f} |")
+    for n in cost_positions(rows):
+        lines.append(f"| {n} | {relative[n]:.2f} | {prior(rows, n - 1):.2f} |")
     lines.append("")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "step_costs.md").write_text("\n".join(lines))
-    (args.out / "step_costs.json").write_text(
+    name = "step_costs" if rows == 1 else f"step_costs_rows{rows}"
+    (args.out / f"{name}.md").write_text("\n".join(lines))
+    (args.out / f"{name}.json").write_text(
         json.dumps({"args": meta_args(args), "seconds": seconds, "relative": relative}, indent=1)
     )
     print("\n".join(lines))
@@ -487,10 +496,16 @@ def main(argv: list[str] | None = None) -> int:
         help="measure the forward-pass cost by tokens fed (the prior of the cost model) instead",
     )
     parser.add_argument("--out", type=Path, default=HERE / "results")
-    parser.add_argument("--cost-child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rows",
+        type=int,
+        default=1,
+        help="with --cost-table: rows per step (1: step_costs.md; else step_costs_rowsN.md)",
+    )
+    parser.add_argument("--cost-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.cost_child:
-        cost_child(args.cost_child[0], int(args.cost_child[1]))
+        cost_child(args.cost_child[0], int(args.cost_child[1]), int(args.cost_child[2]))
         return 0
     if args.cost_table:
         return cost_table(args)
