@@ -59,9 +59,10 @@ VERIFY_COST_EXPONENT = 0.7
 # The chance a proposed token is accepted (given the ones before it were) before a row has
 # verified anything, by the length of the n-gram that matched: 1, 2, 3, 4 (and longer). A
 # match of three or four tokens is strong evidence of copying: on the demo model, greedy,
-# bench_speculative's prompts, always verifying 8 tokens (results/acceptance.md), 3- and
-# 4-grams were accepted at 0.84 and 0.89 (summaries), 0.91 and 0.95 (edits), 0.68 and 0.80
-# (stories), 1- and 2-grams at 0.35-0.52 and 0.43-0.66. One prior of 0.5 for every length
+# bench_speculative's prompts, every proposal verified (bench_acceptance.py, results/
+# acceptance.md), 3- and 4-grams were accepted at 0.85 and 0.85 (summaries), 0.87 and 0.93
+# (edits), 0.91 for 4-grams in stories; 1- and 2-grams at 0.28-0.56 and 0.58-0.65. One prior
+# of 0.5 for every length
 # kept eight rows from ever verifying a copying text (a verify of eight rows costs 1.6-2.6
 # steps: it pays from a chance of ~0.7), so they never learned that it was one.
 DEFAULT_ACCEPTANCE_PRIOR = (0.45, 0.55, 0.8, 0.85)
