@@ -62,9 +62,9 @@ VERIFY_COST_EXPONENT = 0.7
 # bench_speculative's prompts, every proposal verified (bench_acceptance.py, results/
 # acceptance.md), 3- and 4-grams were accepted at 0.85 and 0.85 (summaries), 0.87 and 0.93
 # (edits), 0.91 for 4-grams in stories; 1- and 2-grams at 0.28-0.56 and 0.58-0.65. One prior
-# of 0.5 for every length
-# kept eight rows from ever verifying a copying text (a verify of eight rows costs 1.6-2.6
-# steps: it pays from a chance of ~0.7), so they never learned that it was one.
+# of 0.5 for every length kept eight rows from ever verifying a copying text (a verify of
+# eight rows costs 1.6-4.1 steps, results/avx512/step_costs_rows8.md: it pays from a chance
+# of ~0.7), so they never learned that it was one.
 DEFAULT_ACCEPTANCE_PRIOR = (0.45, 0.55, 0.8, 0.85)
 
 
