@@ -194,6 +194,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_draft = {"speculative_max_draft": args.max_draft} if args.max_draft else {}
         if args.no_learn_costs:
             max_draft["speculative_learn_costs"] = False
+        if args.max_rows:
+            max_draft["speculative_max_rows"] = args.max_rows
         targets.append(Service(ON, model, tmp / "on", args.streams, {**blas_traits, **max_draft}))
         targets.append(
             Service(
@@ -478,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=8, help="concurrent streams on (a)")
     parser.add_argument(
         "--max-draft", type=int, default=0, help="LMSPExtension.speculative_max_draft (0: default)"
+    )
+    parser.add_argument(
+        "--max-rows", type=int, default=0, help="LMSPExtension.speculative_max_rows (0: default)"
     )
     parser.add_argument(
         "--no-learn-costs",

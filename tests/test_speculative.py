@@ -25,6 +25,7 @@ from schedrun import CHAT, Result, add, collect, job, run, scheduler, streamed_t
 from jupyter_lmsp.engine.messages import WorkerSettings
 from jupyter_lmsp.engine.speculative import (
     DEFAULT_ACCEPTANCE_PRIOR,
+    DEFAULT_MAX_ROWS,
     OFF,
     Acceptance,
     NgramDrafter,
@@ -38,7 +39,12 @@ pytestmark = pytest.mark.timeout(300)
 
 # A verify step whenever any row has a proposal, as wide as the proposals go: the cost model
 # says every step costs the same, and it learns nothing from timing.
-FORCED = SpeculationSettings(verify_cost=(0.0, 0.0), sync_cost=0.0, learn_costs=False)
+FORCED = SpeculationSettings(
+    verify_cost=(0.0, 0.0), sync_cost=0.0, learn_costs=False, max_rows=1 << 16
+)
+# Settings that let eight rows verify (the default `max_rows` does not), for the tests of the
+# cost model and the planner at eight rows.
+EIGHT = SpeculationSettings(max_rows=8)
 SEEDED = {"temperature": 0.5, "top_p": 0.9, "seed": 1234}
 QUESTIONS = [
     "Tell me about the café on the corner.",
@@ -142,7 +148,7 @@ def test_eight_new_rows_verify_a_four_token_match_by_the_prior() -> None:
     """Eight rows pay 1.6-2.6 steps for a verify: with one prior of 0.5 for every match they
     never verified, so never learned that their text was a copy. By the default priors, eight
     4-gram matches are verified and eight 1-gram matches are not."""
-    settings = SpeculationSettings()
+    settings = EIGHT
     costs = StepCosts(settings)
     four, one = settings.prior_chance(4), settings.prior_chance(1)
     assert plan([(8, four)] * 8, 8, settings, costs) >= 2
@@ -150,9 +156,23 @@ def test_eight_new_rows_verify_a_four_token_match_by_the_prior() -> None:
     assert plan([(8, 0.5)] * 8, 8, settings, costs) == 0
 
 
-def test_the_planner_speculates_only_when_it_pays() -> None:
-    costs = StepCosts(SpeculationSettings())
+def test_batches_larger_than_max_rows_never_verify() -> None:
+    """Eight streams lost with speculation in the service on the machine where verifying
+    costs most, so by default a step of more than `max_rows` rows decodes one token per row:
+    proposals that would pay by the cost model are not verified there."""
     settings = SpeculationSettings()
+    assert settings.max_rows == DEFAULT_MAX_ROWS < 8
+    rows = settings.max_rows
+    costs = StepCosts(settings)
+    sure = [(8, 0.99)]
+    assert plan(sure * rows, rows, settings, costs) > 0
+    assert plan(sure * (rows + 1), rows + 1, settings, costs) == 0
+    assert plan(sure * 8, 8, EIGHT, costs) > 0
+
+
+def test_the_planner_speculates_only_when_it_pays() -> None:
+    settings = EIGHT
+    costs = StepCosts(settings)
     assert plan([], 1, settings, costs) == 0
     # One row, proposals that are usually right: wide steps.
     assert plan([(8, 0.9)], 1, settings, costs) >= 4
@@ -211,7 +231,7 @@ def test_measured_costs_turn_speculation_on_where_verifying_is_cheap() -> None:
     """The prior is the dearer machine's: eight rows right 60 % of the time do not speculate
     on it; once verify steps of eight rows are measured cheap (a machine with Haswell
     kernels: 1.3 steps), they do, and where they are measured dear, they stop."""
-    settings = SpeculationSettings()
+    settings = EIGHT
     rows = [(8, 0.6)] * 8
     for verify, speculates in ((0.13, True), (0.17, False)):
         costs = StepCosts(settings)
@@ -276,6 +296,7 @@ def test_settings_are_checked() -> None:
     for bad in (
         {"max_draft": -1},
         {"max_draft": 65},
+        {"max_rows": 0},
         {"min_ngram": 0},
         {"min_ngram": 3, "max_ngram": 2},
         {"verify_cost": (0.2,)},
@@ -309,6 +330,10 @@ def test_the_extension_traits_set_the_workers_speculation() -> None:
     for bad in (0, 65):
         with pytest.raises(TraitError, match="speculative_max_draft"):
             LMSPExtension(speculative_max_draft=bad)
+    assert default.max_rows == DEFAULT_MAX_ROWS
+    assert worker_settings(speculative_max_rows=8).speculation.max_rows == 8
+    with pytest.raises(TraitError, match="speculative_max_rows"):
+        LMSPExtension(speculative_max_rows=0)
 
 
 # --- the ragged KV cache ----------------------------------------------------------------------
@@ -449,13 +474,33 @@ def test_eight_rows_repeating_their_context_speculate_from_the_start(tiny) -> No
     model, tok = tiny
     counts = {}
     for name, prior in [("by length", DEFAULT_ACCEPTANCE_PRIOR), ("flat", (0.5,))]:
-        speculation = SpeculationSettings(learn_costs=False, acceptance_prior=prior)
+        speculation = SpeculationSettings(learn_costs=False, acceptance_prior=prior, max_rows=8)
         sched = scheduler(speculation=speculation, max_batch_size=8)
         jobs = [job(f"r{i}", messages=chat(QUESTIONS[i % 4]), max_tokens=80) for i in range(8)]
         results = run(model, tok, jobs, sched=sched)
         counts[name] = sched.speculation_stats().accepted
         assert drafted(results) == counts[name]
     assert counts["by length"] > 0 and counts["flat"] == 0, counts
+
+
+def test_a_batch_larger_than_max_rows_neither_looks_nor_verifies(tiny) -> None:
+    """Eight rows of the test model (which repeats itself, so eight rows allowed to verify
+    do, above) by the default settings: no look, no verify, until the batch is down to
+    `max_rows` rows; then they may. The text is the same."""
+    model, tok = tiny
+    jobs = [job(f"r{i}", messages=chat(QUESTIONS[i % 4]), max_tokens=60) for i in range(8)]
+    sched = scheduler(speculation=SpeculationSettings(learn_costs=False), max_batch_size=8)
+    capped = run(model, tok, jobs, sched=sched)
+    # Every row runs to max_tokens (greedy: the same on every run), so every step has eight.
+    assert all(len(r.tokens) == 60 for r in capped.values())
+    stats = sched.speculation_stats()
+    assert stats.looked == stats.verify_steps == stats.accepted == drafted(capped) == 0
+    off = run(model, tok, jobs, sched=scheduler(speculation=OFF, max_batch_size=8))
+    assert outputs(capped) == outputs(off)
+    # Four of them (the default max_rows) do speculate.
+    sched = scheduler(speculation=SpeculationSettings(learn_costs=False), max_batch_size=8)
+    run(model, tok, jobs[:DEFAULT_MAX_ROWS], sched=sched)
+    assert sched.speculation_stats().accepted > 0
 
 
 def test_step_costs_are_kept_from_batch_to_batch(tiny) -> None:

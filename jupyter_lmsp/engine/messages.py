@@ -40,7 +40,7 @@ class WorkerSettings:
     handed to the worker process when it starts: how many jobs decode together, the prompt
     cache's memory, how long an idle worker gathers a burst of jobs before its first step
     (seconds: until no job came for `gather_window`, at most `gather_limit`), and how it
-    speculates (`speculative_decoding`, `speculative_max_draft`)."""
+    speculates (`speculative_decoding`, `speculative_max_draft`, `speculative_max_rows`)."""
 
     max_batch_size: int = 8
     prompt_cache_bytes: int = 1 << 30

@@ -407,7 +407,10 @@ class SpeculativeGenerationBatch(GenerationBatch):
         if self._flight:
             inputs, input_logprobs, kept, ready = self._resolve()
         else:
-            eligible = self._eligible() if settings.active else []
+            # A batch too large to verify (`max_rows`) does not look: looking stalls the
+            # pipeline for nothing.
+            wide = len(self.uids) > settings.max_rows
+            eligible = self._eligible() if settings.active and not wide else []
             if not eligible or not self._worth_looking(eligible):
                 for i in eligible:  # not looked at: what it may find drifts back to the prior
                     row = self._rows[self.uids[i]]

@@ -41,6 +41,16 @@ from typing import Any
 DEFAULT_MAX_DRAFT = 8
 # A verify step feeds 1 + max_draft tokens per row; past this, no machine gains.
 MAX_DRAFT_LIMIT = 64
+# The most rows a step may have and still verify proposals (larger batches decode one token
+# per row and step, and do not look for proposals). Measured in the service on the demo
+# model, on the AVX-512 EPYC where verifying costs most (bench_speculative, speculation /
+# none, median (min-max) over rounds): one stream gained (edits ~2x); four streams gained,
+# grounded 1.13x (1.08-1.19), edits 1.09x (1.03-1.30) (results/avx512/speculative_rows4.md);
+# eight streams lost in both runs that let them verify, grounded 0.91x (0.85-0.96)
+# (speculative.md at 7ff7038), edits 0.92x (0.89-0.95) (speculative_cost_correction.md),
+# the second even with the planner's verify costs corrected to what steps of eight rows took:
+# the cost model does not see all of what a wide verify of many rows costs the service.
+DEFAULT_MAX_ROWS = 4
 DEFAULT_MIN_NGRAM = 1
 DEFAULT_MAX_NGRAM = 4
 # What looking for proposals costs a call (the model idle while it proposes), in ordinary
@@ -76,10 +86,12 @@ class SpeculationSettings:
     and `sync_cost`: the prior of the cost model (`StepCosts`); a step speculates only when
     the model expects it to make more tokens per second than an ordinary step.
     `acceptance_prior`: a new row's chance of acceptance by matched n-gram length (1, 2, ...;
-    the last for longer ones), before its own verifies say otherwise (`Acceptance`)."""
+    the last for longer ones), before its own verifies say otherwise (`Acceptance`).
+    `max_rows`: the most rows a step may have and still verify proposals."""
 
     enabled: bool = True
     max_draft: int = DEFAULT_MAX_DRAFT
+    max_rows: int = DEFAULT_MAX_ROWS
     min_ngram: int = DEFAULT_MIN_NGRAM
     max_ngram: int = DEFAULT_MAX_NGRAM
     verify_cost: tuple[float, float] = DEFAULT_VERIFY_COST
@@ -92,6 +104,8 @@ class SpeculationSettings:
     def __post_init__(self) -> None:
         if not 0 <= self.max_draft <= MAX_DRAFT_LIMIT:
             raise ValueError(f"max_draft must be in 0..{MAX_DRAFT_LIMIT}, got {self.max_draft}")
+        if self.max_rows < 1:
+            raise ValueError(f"max_rows must be at least 1, got {self.max_rows}")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError(
                 f"need 1 <= min_ngram <= max_ngram, got {self.min_ngram}, {self.max_ngram}"
@@ -409,8 +423,9 @@ def plan(
     an ordinary step (rows per unit).
 
     `candidates` has one (proposed tokens, chance) pair per row with a proposal; `rows` counts
-    every row in the step, proposal or not (all pay for the step's width)."""
-    if not candidates or rows <= 0:
+    every row in the step, proposal or not (all pay for the step's width); a step of more
+    than `settings.max_rows` rows never verifies."""
+    if not candidates or rows <= 0 or rows > settings.max_rows:
         return 0
     best, best_rate = 0, float(rows)
     longest = min(settings.max_draft, max(length for length, _ in candidates))
