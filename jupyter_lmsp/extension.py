@@ -172,8 +172,8 @@ class LMSPExtension(ExtensionApp):
         DEFAULT_MAX_ROWS,
         help="The most generations a worker's step may decode together and still speculate; "
         "larger batches decode one token per generation and step. Measured where verifying "
-        "costs most (a 2-CPU AVX-512 EPYC, the demo model): one stream gained, eight lost. "
-        "Raise it where verify steps of many rows are cheap (a GPU).",
+        "costs most (a 2-CPU AVX-512 EPYC, the demo model): one and four streams gained, eight "
+        "lost. Raise it where verify steps of many rows are cheap (a GPU).",
     ).tag(config=True)
 
     speculative_learn_costs = Bool(
