@@ -145,7 +145,7 @@ def test_a_new_rows_chance_starts_from_its_match_lengths_prior() -> None:
 
 
 def test_eight_new_rows_verify_a_four_token_match_by_the_prior() -> None:
-    """Eight rows pay 1.6-2.6 steps for a verify: with one prior of 0.5 for every match they
+    """Eight rows pay 1.6-4.1 steps for a verify: with one prior of 0.5 for every match they
     never verified, so never learned that their text was a copy. By the default priors, eight
     4-gram matches are verified and eight 1-gram matches are not."""
     settings = EIGHT
@@ -485,8 +485,9 @@ def test_eight_rows_repeating_their_context_speculate_from_the_start(tiny) -> No
 
 def test_a_batch_larger_than_max_rows_neither_looks_nor_verifies(tiny) -> None:
     """Eight rows of the test model (which repeats itself, so eight rows allowed to verify
-    do, above) by the default settings: no look, no verify, until the batch is down to
-    `max_rows` rows; then they may. The text is the same."""
+    do, above) by the default settings: all eight run to the end together, so no step ever
+    has `max_rows` rows or fewer, and none looks or verifies. The text is the same. Four of
+    them (`max_rows`) do speculate."""
     model, tok = tiny
     jobs = [job(f"r{i}", messages=chat(QUESTIONS[i % 4]), max_tokens=60) for i in range(8)]
     sched = scheduler(speculation=SpeculationSettings(learn_costs=False), max_batch_size=8)
