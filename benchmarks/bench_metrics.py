@@ -2,6 +2,7 @@
 metrics on and one with them off (`--LMSPExtension.metrics=False`), side by side in one run.
 
     .venv/bin/python benchmarks/bench_metrics.py --together [--control] [--rounds 5] [--pairs 4]
+    .venv/bin/python benchmarks/bench_metrics.py --switch [--control] [--pairs 6]
 
 1. Single-stream tok/s: one streamed response, decode = (tokens − 1) / (last delta − first
    delta), end-to-end = tokens / (last delta − request sent).
@@ -29,7 +30,10 @@ the median of the per-round costs, with their spread (target: within 2% over the
 first-started to the first CPU: they swap CPUs between a round's legs), so the two servers do
 not compete for cores and what a server's process spends is taken from its own worker.
 `--control` runs both servers with metrics off (an A/A run: what two identical servers differ
-by here). Results: benchmarks/results/metrics.md (and .json).
+by here). `--switch` uses one server per round instead of pairs, its metrics switched on or off
+before each block (`metrics_switch.py`, a server extension of the benchmark's own), speculation
+and the prompt cache off so a pair's blocks are the same work (`switch_round`). Results:
+benchmarks/results/metrics.md (and .json).
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import metrics_switch  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 from jupyter_lmsp.models.testmodel import make_test_model  # noqa: E402
@@ -78,14 +86,32 @@ def model_dir(kind: str, base: Path) -> Path:
     return ensure_demo_model(_default_model_dir())
 
 
-def start(base: Path, name: str, model: Path, metrics: bool, **traits: Any) -> ServerProcess:
+def start(
+    base: Path, name: str, model: Path, metrics: bool, switch: bool = False, **traits: Any
+) -> ServerProcess:
+    """A server of the bench model; with `switch`, one whose metrics the benchmark turns on and
+    off while it runs (`metrics_switch`, loaded from benchmarks/)."""
     data = base / name
     (data / "models").mkdir(parents=True)
     (data / "models" / "bench").symlink_to(model)
     server = ServerProcess(
-        data, default_model="bench", name=name, metrics=metrics, blas_threads=1, **traits
+        data,
+        default_model="bench",
+        name=name,
+        metrics=metrics,
+        blas_threads=1,
+        env={"PYTHONPATH": str(ROOT / "benchmarks")} if switch else None,
+        options=["--ServerApp.jpserver_extensions=metrics_switch=True"] if switch else None,
+        **traits,
     )
     return server.start()
+
+
+def set_metrics(server: ServerProcess, enabled: bool) -> None:
+    """Turn a `switch` server's metrics on or off (`metrics_switch`)."""
+    with httpx.Client(base_url=server.origin, headers=server.headers, timeout=30) as c:
+        r = c.post(metrics_switch.PATH, content="on" if enabled else "off")
+        assert r.status_code == 204, r.text
 
 
 def descendants(pid: int) -> list[int]:
@@ -270,6 +296,80 @@ def creates(server: ServerProcess, n: int) -> list[float]:
         return [create_once(c) for _ in range(n)]
 
 
+def record_round(
+    samples: dict[str, dict[str, list[float]]],
+    pooled: dict[str, dict[str, float]],
+    times: dict[str, list[float]],
+    create_cpu: dict[str, float],
+    args: argparse.Namespace,
+    round_: int,
+) -> None:
+    """A round's figures per mode, from its pooled blocks and its creates, added to `samples`."""
+    for m in MODES:
+        got_round = pooled[m]
+        samples[m]["single"].append(per(got_round["decoded"], got_round["decode_s"]))
+        samples[m]["single_e2e"].append(per(got_round["n"], got_round["e2e_s"]))
+        samples[m]["aggregate"].append(per(got_round["total"], got_round["wall"]))
+        # What the server process spent per output token (single + streams), in ms.
+        samples[m]["cpu_per_token"].append(
+            1000 * got_round["cpu"] / max(1.0, got_round["n"] + got_round["total"])
+        )
+        samples[m]["create_p50"].append(pct(times[m], 0.5))
+        samples[m]["create_p99"].append(pct(times[m], 0.99))
+        samples[m]["cpu_per_create"].append(1000 * create_cpu[m] / len(times[m]))
+    log(
+        f"round {round_}: single on/off "
+        f"{samples['on']['single'][-1] / samples['off']['single'][-1]:.3f}, "
+        f"{args.streams} streams on/off "
+        f"{samples['on']['aggregate'][-1] / samples['off']['aggregate'][-1]:.3f}, "
+        f"create → 202 p50 on {samples['on']['create_p50'][-1]:.2f} ms, "
+        f"off {samples['off']['create_p50'][-1]:.2f} ms"
+    )
+
+
+def switch_round(
+    base: Path, model: Path, args: argparse.Namespace, round_: int, on: Any
+) -> tuple[dict[str, dict[str, float]], dict[str, list[float]], dict[str, float]]:
+    """One round of `--switch`: one server for the generation and one for the creates, each
+    serving both modes, its metrics turned on or off before each block (ABBA order). Returns,
+    per mode, the pooled generation figures with their server CPU, the create times and the
+    creates' server CPU."""
+    pooled = {m: dict.fromkeys((*POOLED, "cpu"), 0.0) for m in MODES}
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    create_cpu = dict.fromkeys(MODES, 0.0)
+    # No speculation and no prompt cache: a pair's two blocks (the same prompts) are then the
+    # same work on the same process, whichever mode runs first.
+    same_work = {"speculative_decoding": False, "prompt_cache_bytes": 0}
+    server = start(base, f"gen-{round_}", model, True, switch=True, max_batch_size=8, **same_work)
+    try:
+        # A whole block first, not timed: the first 8-stream batch of a process is slower.
+        measure(server, args, round_, -1, None)
+        for block, m in enumerate(abba(args.pairs, round_)):
+            set_metrics(server, on(m))
+            got, cpu = timed_cpu(server, partial(measure, server, args, round_, block // 2, None))
+            add(pooled[m], got, cpu)
+            log(f"round {round_} block {block} {m}: {rates(got)}")
+    finally:
+        server.stop()
+    slow = {"max_batch_size": 1, "engine_token_delay": 60}
+    server = start(base, f"create-{round_}", model, True, switch=True, **slow)
+    try:
+        with server.client() as client:
+            for _ in range(20):  # warm up the connection and the code paths
+                create_once(client)
+            per_block = args.create_block
+            for m in abba(max(1, args.creates // per_block), round_):
+                set_metrics(server, on(m))
+                got_times, cpu = timed_cpu(
+                    server, lambda: [create_once(client) for _ in range(per_block)]
+                )
+                times[m].extend(got_times)
+                create_cpu[m] += cpu
+    finally:
+        server.stop()
+    return pooled, times, create_cpu
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -297,6 +397,19 @@ def main() -> int:
         help="confine each server with its worker to a CPU of its own (the servers swap CPUs "
         "between a round's legs): the two no longer compete for cores, and what a server's "
         "process spends is taken from its own worker",
+    )
+    parser.add_argument(
+        "--switch",
+        action="store_true",
+        help="one server per round serves both modes, its metrics turned on and off between "
+        "blocks (ABBA order; speculation and the prompt cache off, so a pair's blocks are the "
+        "same work): no second process, and adjacent blocks meet the same moment of the machine",
+    )
+    parser.add_argument(
+        "--create-block",
+        type=int,
+        default=10,
+        help="with --switch: creates per block (the metrics are switched between blocks)",
     )
     parser.add_argument("--model", choices=("demo", "tiny"), default="demo")
     parser.add_argument("--out", type=Path, default=RESULTS / "metrics")
@@ -329,6 +442,10 @@ def main() -> int:
     pairs_per_leg = max(1, args.pairs // 2)
     creates_per_leg = max(1, args.creates // 2)
     for round_ in range(args.rounds):
+        if args.switch:
+            pooled, times, create_cpu = switch_round(base, model, args, round_, on)
+            record_round(samples, pooled, times, create_cpu, args, round_)
+            continue
         # Per mode: single-stream (tokens, decode s, end-to-end s), aggregate (tokens, s) and
         # server CPU, pooled over the round's blocks; create times and CPU, over its creates.
         pooled = {m: dict.fromkeys((*POOLED, "cpu"), 0.0) for m in MODES}
@@ -389,26 +506,7 @@ def main() -> int:
                     c.close()
                 for s in servers.values():
                     s.stop()
-        for m in MODES:
-            got_round = pooled[m]
-            samples[m]["single"].append(per(got_round["decoded"], got_round["decode_s"]))
-            samples[m]["single_e2e"].append(per(got_round["n"], got_round["e2e_s"]))
-            samples[m]["aggregate"].append(per(got_round["total"], got_round["wall"]))
-            # What the server process spent per output token (single + streams), in ms.
-            samples[m]["cpu_per_token"].append(
-                1000 * got_round["cpu"] / max(1.0, got_round["n"] + got_round["total"])
-            )
-            samples[m]["create_p50"].append(pct(times[m], 0.5))
-            samples[m]["create_p99"].append(pct(times[m], 0.99))
-            samples[m]["cpu_per_create"].append(1000 * create_cpu[m] / len(times[m]))
-        log(
-            f"round {round_}: single on/off "
-            f"{samples['on']['single'][-1] / samples['off']['single'][-1]:.3f}, "
-            f"{args.streams} streams on/off "
-            f"{samples['on']['aggregate'][-1] / samples['off']['aggregate'][-1]:.3f}, "
-            f"create → 202 p50 on {samples['on']['create_p50'][-1]:.2f} ms, "
-            f"off {samples['off']['create_p50'][-1]:.2f} ms"
-        )
+        record_round(samples, pooled, times, create_cpu, args, round_)
 
     rows = [
         ("single-stream decode tok/s", "single", True),
@@ -470,17 +568,62 @@ def main() -> int:
         + (" --together" if args.together else "")
         + (" --pin" if args.pin else "")
         + (" --control" if args.control else "")
+        + (f" --switch --create-block {args.create_block}" if args.switch else "")
         + "`"
         f", {meta['started']} – {meta['finished']}. {meta['cpus']} CPUs, load average "
         f"{load_before[0]:.1f} before / {meta['load_after'][0]:.1f} after.",
         (
-            "**A/A control (`--control`): both servers have metrics off**; the 'on' column is "
-            "a second 'off' server, so the cost columns show what two identical servers differ "
-            "by on this machine."
+            (
+                "**A/A control (`--control`): metrics off in both modes**; the 'on' column is "
+                "the server's blocks of a second 'off' mode, so the cost columns show what "
+                "identical blocks differ by on this machine."
+                if args.switch
+                else "**A/A control (`--control`): both servers have metrics off**; the 'on' "
+                "column is a second 'off' server, so the cost columns show what two identical "
+                "servers differ by on this machine."
+            )
             if args.control
             else "Cost: how much worse with metrics on (target ≤ 2%, over the whole spread)."
         ),
         "",
+        *(switch_text(args) if args.switch else pair_text(args)),
+        "",
+        "| what | metrics on | metrics off | cost (median of rounds) | cost per round (min – max) "
+        "|",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for row in table:
+        lines.append(
+            f"| {row['what']} | {row['on']:.2f} | {row['off']:.2f} | {row['cost_percent']:+.1f}% "
+            f"| {row['cost_min']:+.1f}% – {row['cost_max']:+.1f}% |"
+        )
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def switch_text(args: argparse.Namespace) -> list[str]:
+    """How a `--switch` run was measured, for its report."""
+    return [
+        "`--switch`: one server per round serves both modes, its metrics turned on or off "
+        "(`metrics.set_enabled`, what `LMSPExtension.metrics` sets at start-up, through the "
+        "benchmark's `metrics_switch` server extension) before each block; a fresh server per "
+        "round for the generation and another for the creates. Speculative decoding and the "
+        "prompt cache are off, so a pair's two blocks (the same prompts) are the same work on "
+        "the same process; no second server competes for the CPUs.",
+        f"Each round: {args.pairs} blocks per mode in ABBA order (on, off, off, on, ...; odd "
+        f"rounds start with off), a block being a single stream then {args.streams} streams; "
+        f"a round's figure pools its blocks. Creates: {args.creates} per mode and round, "
+        f"in blocks of {args.create_block} in ABBA order, one at a time. Per-round cost = the "
+        "round's on vs off. *Server CPU* rows: the Jupyter server process's own CPU time (user "
+        "+ system, from /proc; the inference worker not counted) per output token or per "
+        "create, by the blocks of each mode.",
+    ]
+
+
+def pair_text(args: argparse.Namespace) -> list[str]:
+    """How a run with a server pair per leg was measured, for its report."""
+    return [
         "Each round has two legs, each with a fresh pair of servers (one with metrics on, "
         "one off) for the generation and another for the creates, started on-first in one leg "
         "and off-first in the other (in A/A runs the first-started server of a pair answered "
@@ -510,19 +653,7 @@ def main() -> int:
         "system, from /proc; the inference worker not counted) per output token or per create "
         "— where the metrics are kept, so on minus off is what they cost, independent of the "
         "machine's speed drift.",
-        "",
-        "| what | metrics on | metrics off | cost (median of rounds) | cost per round (min – max) "
-        "|",
-        "| --- | --- | --- | --- | --- |",
     ]
-    for row in table:
-        lines.append(
-            f"| {row['what']} | {row['on']:.2f} | {row['off']:.2f} | {row['cost_percent']:+.1f}% "
-            f"| {row['cost_min']:+.1f}% – {row['cost_max']:+.1f}% |"
-        )
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
 
 
 if __name__ == "__main__":
