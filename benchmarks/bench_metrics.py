@@ -414,6 +414,8 @@ def main() -> int:
     parser.add_argument("--model", choices=("demo", "tiny"), default="demo")
     parser.add_argument("--out", type=Path, default=RESULTS / "metrics")
     args = parser.parse_args()
+    if args.switch and (args.together or args.pin):
+        parser.error("--switch runs one server per round: --together and --pin are for pairs")
     started = time.strftime("%Y-%m-%d %H:%M:%S")
 
     def on(mode: str) -> bool:
@@ -545,6 +547,8 @@ def main() -> int:
         "together": args.together,
         "pin": args.pin,
         "control": args.control,
+        "switch": args.switch,
+        "create_block": args.create_block if args.switch else None,
         "tokens": args.tokens,
         "streams": args.streams,
         "creates": args.creates,
