@@ -100,11 +100,16 @@ def start(
         name=name,
         metrics=metrics,
         blas_threads=1,
-        env={"PYTHONPATH": str(ROOT / "benchmarks")} if switch else None,
+        env={"PYTHONPATH": search_path(ROOT / "benchmarks")} if switch else None,
         options=["--ServerApp.jpserver_extensions=metrics_switch=True"] if switch else None,
         **traits,
     )
     return server.start()
+
+
+def search_path(first: Path) -> str:
+    """`first` ahead of the caller's own PYTHONPATH (kept: a checkout put there stays in use)."""
+    return os.pathsep.join([str(first), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def set_metrics(server: ServerProcess, enabled: bool) -> None:
@@ -416,6 +421,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.switch and (args.together or args.pin):
         parser.error("--switch runs one server per round: --together and --pin are for pairs")
+    if args.switch and (
+        args.create_block < 1
+        or args.creates < args.create_block
+        or args.creates % args.create_block
+    ):
+        parser.error(
+            f"--switch times creates in blocks of --create-block ({args.create_block}): "
+            f"--creates ({args.creates}) must be a positive multiple of it"
+        )
     started = time.strftime("%Y-%m-%d %H:%M:%S")
 
     def on(mode: str) -> bool:
