@@ -319,7 +319,9 @@ def render(results: dict, meta: dict) -> str:
         "",
         f"Creates and SSE lag: median over {rounds} interleaved rounds (min–max), a new server "
         "(and database) per round and backend, the backends' order alternating. A target is met "
-        "(✓) only when every round meets it.",
+        "(✓) only when every round meets it. The measuring process's own garbage collector is "
+        "paused while it times creates and SSE readers (`harness_gc_paused`); the servers keep "
+        "theirs.",
         "",
         "| measure | SQLite | PostgreSQL | target (PostgreSQL) |",
         "|---|---|---|---|",
