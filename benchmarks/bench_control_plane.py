@@ -388,9 +388,6 @@ async def _reader(
     headers: dict[str, str],
     path: str,
     received: list[tuple[int, float]],
-    ready: asyncio.Event,
-    counter: list[int],
-    total: int,
 ) -> None:
     url = httpx.URL(f"{api}{path}")
     transport, protocol = await asyncio.get_running_loop().create_connection(
@@ -405,9 +402,6 @@ async def _reader(
             "Connection: close",
         ]
         transport.write(("\r\n".join(lines) + "\r\n\r\n").encode())
-        counter[0] += 1
-        if counter[0] == total:
-            ready.set()
         await asyncio.wait_for(protocol.done, 300)
     finally:
         transport.close()
@@ -435,19 +429,10 @@ async def watch_one_task(
     )
     task_id = r.json()["task_id"]
     got: list[list[tuple[int, float]]] = [[] for _ in range(readers)]
-    ready, counter = asyncio.Event(), [0]
     with harness_gc_paused():
         await asyncio.gather(
             *(
-                _reader(
-                    watcher_api,
-                    watcher_headers,
-                    f"/tasks/{task_id}/events",
-                    got[i],
-                    ready,
-                    counter,
-                    readers,
-                )
+                _reader(watcher_api, watcher_headers, f"/tasks/{task_id}/events", got[i])
                 for i in range(readers)
             )
         )

@@ -363,7 +363,8 @@ def switch_round(
             for _ in range(20):  # warm up the connection and the code paths
                 create_once(client)
             per_block = args.create_block
-            for m in abba(max(1, args.creates // per_block), round_):
+            # main() refuses a --creates that is not a positive multiple of --create-block.
+            for m in abba(args.creates // per_block, round_):
                 set_metrics(server, on(m))
                 got_times, cpu = timed_cpu(
                     server, lambda: [create_once(client) for _ in range(per_block)]
