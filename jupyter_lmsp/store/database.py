@@ -95,6 +95,34 @@ class Database:
         return self.dialect == dialect.POSTGRESQL
 
     @contextmanager
+    def writing(self) -> Iterator[Connection]:
+        """A write transaction on a SQLAlchemy Core connection (SQLite: BEGIN IMMEDIATE):
+        commits on success, rolls back on error. The store's one style: Core statements
+        executed on this connection. On PostgreSQL the rules lock the rows they change
+        (`select(...).with_for_update()`, `dialect.advisory_lock`)."""
+        with self.engine.connect() as conn:
+            if self.dialect == dialect.SQLITE:
+                conn = conn.execution_options(lmsp_begin="IMMEDIATE")
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A read transaction on a SQLAlchemy Core connection: one consistent snapshot of the
+        database (SQLite: a deferred BEGIN; PostgreSQL: REPEATABLE READ, READ ONLY), nothing
+        written; rolled back at the end."""
+        with self.engine.connect() as conn:
+            if self.dialect == dialect.SQLITE:
+                conn = conn.execution_options(lmsp_begin="DEFERRED")
+            else:
+                conn = conn.execution_options(
+                    isolation_level="REPEATABLE READ", postgresql_readonly=True
+                )
+            with conn.begin() as transaction:
+                yield conn
+                transaction.rollback()
+
+    @contextmanager
     def write(self) -> Iterator[Session]:
         """A write transaction (SQLite: BEGIN IMMEDIATE): commits on success, rolls back on
         error. On PostgreSQL the rules lock the rows they change (`Session.get(...,
