@@ -19,9 +19,11 @@ from typing import Any
 from jupyter_lmsp.engine.grammars import ResponseFormat, ToolSpec
 from jupyter_lmsp.engine.speculative import SpeculationSettings
 
-# Bounds the worker enforces (a job outside them fails with `invalid_request`).
-MAX_STOP_SEQUENCES = 4
-MAX_TOP_LOGPROBS = 20
+# Bounds the worker enforces (a job outside them fails with `invalid_request`): the wire's own,
+# defined once in protocol.tools (requests over them are refused before they get here); the
+# worker imports them from here.
+from jupyter_lmsp.protocol.tools import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES
+from jupyter_lmsp.protocol.tools import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS
 
 
 @dataclass
