@@ -231,6 +231,56 @@ def claim_tasks(
     return claimed
 
 
+@dataclass
+class Claim:
+    """What claiming a task to run found, committed in one transaction."""
+
+    task: Task | None  # as committed (None: no such task)
+    response: Response | None
+    committed: list[Committed]  # what to publish (the `loading` event, or the cancelled end)
+    run: bool  # True: hand it to the engine now
+    resume: bool  # True: it was `running` (resumed from its snapshot)
+
+
+def claim_to_run(db: Database, task_id: str, runner_id: str | None) -> Claim:
+    """Take a task to run, in one write transaction with the task row locked.
+
+    `queued` → `loading` (with its `response.loading`, or `task.loading`, event): run it.
+    `running` (a recovery left it to resume from its snapshot): run it, nothing appended.
+    `cancelling` (cancelled while it waited to resume): it ends `cancelled` here, as `finish`
+    would end it, and does not run. A task another runner holds, a terminal one or none at all:
+    nothing changes, nothing runs. Reading the state and moving it share the transaction, so a
+    cancel that lands meanwhile is seen either before (the task does not run) or after (the
+    runner finds it `cancelling` while it runs).
+    """
+    now = time.time()
+    with db.write() as session:
+        task = session.get(Task, task_id, with_for_update=True)
+        if task is None:
+            return Claim(None, None, [], run=False, resume=False)
+        response = session.get(Response, task.response_id) if task.response_id else None
+        state = TaskState(task.state)
+        if _not_held(task, runner_id) or state in TERMINAL_STATES:
+            return Claim(task, response, [], run=False, resume=False)
+        if state == TaskState.RUNNING:
+            return Claim(task, response, [], run=True, resume=True)
+        if state == TaskState.CANCELLING:
+            outcome = Outcome(TaskState.CANCELLED)
+            built = _terminate(task, response, outcome, now, _session_lookup(session, task.id))
+            events = _append(session, task, built, now)
+            return Claim(task, response, [Committed(task, response, events)], False, False)
+        if state != TaskState.QUEUED:
+            return Claim(task, response, [], run=False, resume=False)  # `loading`: claimed
+        task.state = TaskState.LOADING
+        loading: Event = (
+            ev.lifecycle(ev.LOADING, response_object(response, task))
+            if response is not None
+            else {"type": "task.loading", "task_id": task.id}
+        )
+        events = _append(session, task, [loading], now)
+    return Claim(task, response, [Committed(task, response, events)], run=True, resume=False)
+
+
 # ---------------------------------------------------------------------------------------------
 # 11.2: sequence numbers and state in the same transaction
 
