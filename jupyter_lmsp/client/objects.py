@@ -12,24 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+# The service's own state map (protocol.states, standard library only), not a copy of it.
+from ..protocol.states import TERMINAL_EVENT_TYPES, TERMINAL_RESPONSE_STATUSES, TERMINAL_STATES
 from .display import watcher_factory
 
 if TYPE_CHECKING:
     from .api import Client
 
-TERMINAL_TASK_STATES = frozenset({"completed", "failed", "cancelled"})
-TERMINAL_RESPONSE_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
-TERMINAL_EVENT_TYPES = frozenset(
-    {
-        "response.completed",
-        "response.incomplete",
-        "response.failed",
-        "response.cancelled",
-        "task.completed",
-        "task.failed",
-        "task.cancelled",
-    }
-)
+TERMINAL_TASK_STATES: frozenset[str] = frozenset(TERMINAL_STATES)
 
 
 def _short(text: str, n: int = 60) -> str:

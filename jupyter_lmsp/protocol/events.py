@@ -1,55 +1,272 @@
-"""Event builders: the data of every event in a task's log (LMSP B6, B10).
+"""The events of a task's log (LMSP B6, B10): one model per event type, and their builders.
+
+`Event` is the union of every event the service appends, discriminated on `type`; the OpenAPI
+document describes it as such (`oneOf` with a `discriminator`), so the sidebar's generated
+TypeScript narrows on `type` too. The models describe and check; the builders below return
+plain dicts (the store numbers and writes them on the hot path, where building a model per
+token would cost), and tests/test_event_models.py validates every builder's output against the
+union, so a builder cannot emit what the document does not say.
 
 Builders return dicts without `sequence_number`; the store assigns it in the transaction that
-appends the events. Every event carries `type`; lifecycle events carry the whole response
-object, so the openai SDK's stream helper sees one response id throughout.
-
-LMSP-only types (`response.loading`, `response.cancelling`, `response.cancelled`) follow the same
-shape as the lifecycle events of the Responses API.
+appends the events. Lifecycle events carry the whole response object, so the openai SDK's
+stream helper sees one response id throughout. LMSP-only types (`response.loading`,
+`response.cancelling`, `response.cancelled`) follow the same shape as the lifecycle events of
+the Responses API. Model registrations' tasks log `task.*` events. Which events move a task to
+which state is `states.EVENT_STATES`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import ConfigDict, Field
+from pydantic import Field, RootModel
 
-from .fields import WireObject
-from .responses import Response, function_call_item, output_message, output_text_part
+from .fields import WireObject, optional_on_wire
+from .responses import (
+    OutputItem,
+    OutputText,
+    Response,
+    TaskError,
+    function_call_item,
+    output_message,
+    output_text_part,
+)
+from .states import TERMINAL_EVENT_TYPES
 from .tools import Logprob
 
 EventData = dict[str, Any]
 
+Index = Annotated[int, Field(ge=0)]
 
-class Event(WireObject):
-    """One event of a task's log. `sequence_number` starts at 0 and grows by exactly 1; the
-    first event is `response.created`, the last exactly one terminal event
-    (`response.completed`, `.incomplete`, `.failed`, `.cancelled`). Lifecycle events carry the
-    whole response as `response`; text arrives as `response.output_text.delta`. Registration
-    tasks' events are `task.*`."""
 
-    model_config = ConfigDict(
-        extra="allow",
-        json_schema_extra=lambda schema: schema.update(required=["type", "sequence_number"]),
-    )
+class _Event(WireObject):
+    sequence_number: Index
 
-    type: str = Field(examples=["response.created", "response.output_text.delta"])
-    sequence_number: Annotated[int, Field(ge=0)]
-    response: Response | None = None
-    item_id: str | None = None
-    output_index: Annotated[int, Field(ge=0)] | None = None
-    content_index: Annotated[int, Field(ge=0)] | None = None
-    delta: str | None = None
-    text: str | None = None
-    logprobs: list[Logprob] | None = Field(
-        None, description="Text events of a response that includes log-probabilities."
-    )
-    arguments: str | None = Field(None, description="`response.function_call_arguments.done`.")
-    choice: Annotated[int, Field(ge=0)] | None = Field(
+
+# -- a response's lifecycle: the whole response object ---------------------------------------
+
+
+class _Lifecycle(_Event):
+    response: Response
+
+
+class ResponseCreatedEvent(_Lifecycle):
+    """The first event of a response's log (sequence 0): the task is `queued`."""
+
+    type: Literal["response.created"]
+
+
+class ResponseQueuedEvent(_Lifecycle):
+    """Queued again at recovery (restart policy `retry`): a new attempt follows."""
+
+    type: Literal["response.queued"]
+
+
+class ResponseLoadingEvent(_Lifecycle):
+    """LMSP: the task's model is being loaded (`loading`)."""
+
+    type: Literal["response.loading"]
+
+
+class ResponseInProgressEvent(_Lifecycle):
+    type: Literal["response.in_progress"]
+
+
+class ResponseCancellingEvent(_Lifecycle):
+    """LMSP: a cancel was accepted; the task ends `cancelled`."""
+
+    type: Literal["response.cancelling"]
+
+
+class ResponseCompletedEvent(_Lifecycle):
+    type: Literal["response.completed"]
+
+
+class ResponseIncompleteEvent(_Lifecycle):
+    type: Literal["response.incomplete"]
+
+
+class ResponseFailedEvent(_Lifecycle):
+    type: Literal["response.failed"]
+
+
+class ResponseCancelledEvent(_Lifecycle):
+    """LMSP: the task ended cancelled (the text produced so far stays in `output`)."""
+
+    type: Literal["response.cancelled"]
+
+
+# -- a response's output items ---------------------------------------------------------------
+
+
+class _ItemEvent(_Event):
+    """`choice` says which choice an item event belongs to, for a chat completion with `n` > 1
+    (absent otherwise)."""
+
+    model_config = {"json_schema_extra": optional_on_wire("choice")}
+
+    output_index: Index
+    choice: Index | None = Field(
         None,
         description="LMSP: which choice an item event belongs to, for a chat completion with "
         "`n` > 1 (absent otherwise).",
     )
+
+
+class ResponseOutputItemAddedEvent(_ItemEvent):
+    type: Literal["response.output_item.added"]
+    item: OutputItem
+
+
+class ResponseOutputItemDoneEvent(_ItemEvent):
+    type: Literal["response.output_item.done"]
+    item: OutputItem
+
+
+class _PartEvent(_ItemEvent):
+    item_id: str
+    content_index: Index
+
+
+class ResponseContentPartAddedEvent(_PartEvent):
+    type: Literal["response.content_part.added"]
+    part: OutputText
+
+
+class ResponseContentPartDoneEvent(_PartEvent):
+    type: Literal["response.content_part.done"]
+    part: OutputText
+
+
+class ResponseOutputTextDeltaEvent(_PartEvent):
+    """More text of a message: one per committed batch."""
+
+    type: Literal["response.output_text.delta"]
+    delta: str
+    logprobs: list[Logprob] = Field(
+        description="The delta's tokens' log-probabilities, when the response includes them "
+        "(empty otherwise)."
+    )
+
+
+class ResponseOutputTextDoneEvent(_PartEvent):
+    type: Literal["response.output_text.done"]
+    text: str
+    logprobs: list[Logprob] = Field(
+        description="The message's log-probabilities, when the response includes them."
+    )
+
+
+class ResponseFunctionCallArgumentsDeltaEvent(_ItemEvent):
+    type: Literal["response.function_call_arguments.delta"]
+    item_id: str
+    delta: str
+
+
+class ResponseFunctionCallArgumentsDoneEvent(_ItemEvent):
+    type: Literal["response.function_call_arguments.done"]
+    item_id: str
+    arguments: str
+
+
+# -- a model registration's task -------------------------------------------------------------
+
+
+class _TaskEvent(_Event):
+    task_id: Annotated[str, Field(pattern="^task_")]
+
+
+class TaskCreatedEvent(_TaskEvent):
+    type: Literal["task.created"]
+
+
+class TaskQueuedEvent(_TaskEvent):
+    type: Literal["task.queued"]
+
+
+class TaskLoadingEvent(_TaskEvent):
+    type: Literal["task.loading"]
+
+
+class TaskRunningEvent(_TaskEvent):
+    type: Literal["task.running"]
+
+
+class TaskProgressEvent(_TaskEvent):
+    """How far a registration got: `stage` (downloading, hashing, …) and its `fraction`."""
+
+    type: Literal["task.progress"]
+    stage: str
+    fraction: Annotated[float, Field(ge=0, le=1)]
+
+
+class TaskCancellingEvent(_TaskEvent):
+    type: Literal["task.cancelling"]
+    error: TaskError | None
+
+
+class _TaskEnded(_TaskEvent):
+    error: TaskError | None
+    result: dict[str, Any] | None = Field(
+        description='What the task made: `{"model": <the registered model>}`.'
+    )
+
+
+class TaskCompletedEvent(_TaskEnded):
+    type: Literal["task.completed"]
+
+
+class TaskFailedEvent(_TaskEnded):
+    type: Literal["task.failed"]
+
+
+class TaskCancelledEvent(_TaskEnded):
+    type: Literal["task.cancelled"]
+
+
+AnyEvent = Annotated[
+    ResponseCreatedEvent
+    | ResponseQueuedEvent
+    | ResponseLoadingEvent
+    | ResponseInProgressEvent
+    | ResponseCancellingEvent
+    | ResponseCompletedEvent
+    | ResponseIncompleteEvent
+    | ResponseFailedEvent
+    | ResponseCancelledEvent
+    | ResponseOutputItemAddedEvent
+    | ResponseContentPartAddedEvent
+    | ResponseOutputTextDeltaEvent
+    | ResponseOutputTextDoneEvent
+    | ResponseContentPartDoneEvent
+    | ResponseOutputItemDoneEvent
+    | ResponseFunctionCallArgumentsDeltaEvent
+    | ResponseFunctionCallArgumentsDoneEvent
+    | TaskCreatedEvent
+    | TaskQueuedEvent
+    | TaskLoadingEvent
+    | TaskRunningEvent
+    | TaskProgressEvent
+    | TaskCancellingEvent
+    | TaskCompletedEvent
+    | TaskFailedEvent
+    | TaskCancelledEvent,
+    Field(discriminator="type"),
+]
+
+
+class Event(RootModel[AnyEvent]):
+    """One event of a task's log, by its `type`. `sequence_number` starts at 0 and grows by
+    exactly 1; the first event is `response.created` (`task.created`), the last exactly one
+    terminal event (`response.completed`, `.incomplete`, `.failed`, `.cancelled`;
+    `task.completed`, `.failed`, `.cancelled`). Lifecycle events carry the whole response as
+    `response`; text arrives as `response.output_text.delta`."""
+
+
+def event_types() -> dict[str, type[WireObject]]:
+    """Every event type, with its model."""
+    members: tuple[type[WireObject], ...] = get_args(get_args(AnyEvent)[0])
+    return {get_args(member.model_fields["type"].annotation)[0]: member for member in members}
 
 
 CREATED = "response.created"
@@ -69,10 +286,6 @@ COMPLETED = "response.completed"
 INCOMPLETE = "response.incomplete"
 FAILED = "response.failed"
 CANCELLED = "response.cancelled"
-
-TERMINAL_EVENT_TYPES = frozenset(
-    {COMPLETED, INCOMPLETE, FAILED, CANCELLED, "task.completed", "task.failed", "task.cancelled"}
-)
 
 
 def is_terminal(event: EventData) -> bool:

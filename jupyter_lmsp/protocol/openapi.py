@@ -20,6 +20,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, models_json
 from .errors import Error
 from .fields import ID_PATTERN
 from .operations import Endpoint, EventStream, Operation, Reply
+from .states import EVENT_STATES, TERMINAL_EVENT_TYPES, TaskState
 
 Schema = dict[str, Any]
 
@@ -145,6 +146,7 @@ def openapi_document(
             schemas.pop(ref(endpoint.operation.query, "validation")["$ref"].rsplit("/", 1)[1], None)
     for stream in streams.values():
         schemas[stream.name] = _stream_item(stream, ref)
+    schemas |= event_state_schemas()
     tags = list(dict.fromkeys(e.operation.tag for e in endpoints))
     return {
         "openapi": OPENAPI_VERSION,
@@ -173,6 +175,27 @@ def openapi_document(
             "securitySchemes": SECURITY_SCHEMES,
         },
     }
+
+
+def event_state_schemas() -> dict[str, Schema]:
+    """The event -> task state map (`states.EVENT_STATES`) as enums: `QueuedEventType` are
+    the event types that move a task to `queued`, and so on, and `TerminalEventType` those
+    that end a log. As enums they become values in the sidebar's generated TypeScript
+    (openapi-typescript `--enum-values`), which its `taskstate.ts` reads: one map, not a copy."""
+    out: dict[str, Schema] = {}
+    for state in TaskState:
+        types = [t for t, s in EVENT_STATES.items() if s == state]
+        out[f"{state.value.capitalize()}EventType"] = {
+            "type": "string",
+            "description": f"The event types that move a task to `{state.value}`.",
+            "enum": types,
+        }
+    out["TerminalEventType"] = {
+        "type": "string",
+        "description": "The event types that end a task's log (exactly one, last).",
+        "enum": [t for t in EVENT_STATES if t in TERMINAL_EVENT_TYPES],
+    }
+    return out
 
 
 def _models_of(op: Operation) -> Iterable[tuple[type[BaseModel], JsonSchemaMode]]:

@@ -10,7 +10,7 @@ from pydantic import Field
 from .events import Event
 from .fields import Query, SequenceNumber, WireObject
 from .responses import TaskError
-from .states import RestartPolicy, TaskState
+from .states import EVENT_STATES, RestartPolicy, TaskState
 
 
 class Task(WireObject):
@@ -67,27 +67,8 @@ class TaskEventsQuery(Query):
     )
 
 
-# What each lifecycle event of a task's log moves the task to (docs/protocol.md, "Task states
-# and events"); every other event (text, progress) is no transition.
-LIFECYCLE_STATES: dict[str, TaskState] = {
-    "response.created": TaskState.QUEUED,
-    "response.queued": TaskState.QUEUED,
-    "response.loading": TaskState.LOADING,
-    "response.in_progress": TaskState.RUNNING,
-    "response.cancelling": TaskState.CANCELLING,
-    "response.completed": TaskState.COMPLETED,
-    "response.incomplete": TaskState.COMPLETED,
-    "response.failed": TaskState.FAILED,
-    "response.cancelled": TaskState.CANCELLED,
-    "task.created": TaskState.QUEUED,
-    "task.queued": TaskState.QUEUED,
-    "task.loading": TaskState.LOADING,
-    "task.running": TaskState.RUNNING,
-    "task.cancelling": TaskState.CANCELLING,
-    "task.completed": TaskState.COMPLETED,
-    "task.failed": TaskState.FAILED,
-    "task.cancelled": TaskState.CANCELLED,
-}
+# The lifecycle events (those that move a task to a state), as the lifecycle feed reads them.
+LIFECYCLE_STATES = EVENT_STATES
 
 
 class LifecycleEvent(WireObject):

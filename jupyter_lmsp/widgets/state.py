@@ -29,28 +29,12 @@ from typing import Any
 
 from ..client.errors import SequenceGapError
 from ..client.objects import Event, output_text_of
+from ..protocol.states import EVENT_STATES as _EVENT_STATES
+from ..protocol.states import TERMINAL_STATES as _TERMINAL_STATES
 
-# The task state each lifecycle event moves to.
-EVENT_STATES = {
-    "response.created": "queued",
-    "response.queued": "queued",
-    "response.loading": "loading",
-    "response.in_progress": "running",
-    "response.cancelling": "cancelling",
-    "response.completed": "completed",
-    "response.incomplete": "completed",
-    "response.failed": "failed",
-    "response.cancelled": "cancelled",
-    "task.created": "queued",
-    "task.queued": "queued",
-    "task.loading": "loading",
-    "task.running": "running",
-    "task.cancelling": "cancelling",
-    "task.completed": "completed",
-    "task.failed": "failed",
-    "task.cancelled": "cancelled",
-}
-TERMINAL_STATES = frozenset({"completed", "failed", "cancelled"})
+# The task state each lifecycle event moves to: the service's one map (protocol.states).
+EVENT_STATES: dict[str, str] = {event: str(state) for event, state in _EVENT_STATES.items()}
+TERMINAL_STATES = frozenset(str(state) for state in _TERMINAL_STATES)
 
 TokenCounter = Callable[[str], int]
 

@@ -13,27 +13,26 @@ import type { ITaskEvent } from './types';
  * function and its arguments for a function call item, the status for lifecycle events.
  */
 export function summarize(event: ITaskEvent): string {
-  if (typeof event.delta === 'string') {
-    return JSON.stringify(event.delta);
+  // `Event` is a union discriminated on `type`: each case sees its own event's fields.
+  switch (event.type) {
+    case 'response.output_text.delta':
+    case 'response.function_call_arguments.delta':
+      return JSON.stringify(event.delta);
+    case 'response.function_call_arguments.done':
+      return `arguments ${event.arguments}`;
+    case 'response.output_item.added':
+    case 'response.output_item.done':
+      if (event.item.type === 'function_call') {
+        const { name, arguments: args, status } = event.item;
+        return `call ${name}(${args}) ${status}`;
+      }
+      return '';
   }
-  const item = event.item as
-    | { type?: unknown; name?: unknown; arguments?: unknown; status?: unknown }
-    | undefined
-    | null;
-  if (item && item.type === 'function_call') {
-    const args = typeof item.arguments === 'string' ? item.arguments : '';
-    return `call ${String(item.name)}(${args}) ${String(item.status)}`;
+  if ('response' in event) {
+    return event.response.status;
   }
-  if (typeof event.arguments === 'string') {
-    return `arguments ${event.arguments}`;
-  }
-  const status = event.response?.status;
-  if (typeof status === 'string') {
-    return status;
-  }
-  const error = event.error as { message?: unknown } | undefined;
-  if (error && typeof error.message === 'string') {
-    return error.message;
+  if ('error' in event && event.error) {
+    return event.error.message;
   }
   return '';
 }

@@ -384,17 +384,17 @@ export class SidebarModel {
     }
     task.updated_at = Date.now() / 1000;
     view.task = task;
-    const growing =
+    if (
       event.type === 'response.output_text.delta' ||
-      event.type === 'response.function_call_arguments.delta';
-    if (growing && typeof event.delta === 'string') {
+      event.type === 'response.function_call_arguments.delta'
+    ) {
       view.chars = (view.chars ?? 0) + event.delta.length;
     }
     if (event.type === 'task.progress') {
-      view.stage = typeof event.stage === 'string' ? event.stage : view.stage;
-      view.fraction = typeof event.fraction === 'number' ? event.fraction : view.fraction;
+      view.stage = event.stage;
+      view.fraction = event.fraction;
     }
-    const tokens = event.response?.usage?.output_tokens;
+    const tokens = 'response' in event ? event.response.usage?.output_tokens : undefined;
     if (typeof tokens === 'number') {
       view.tokens = tokens;
     }

@@ -1,53 +1,56 @@
-/** What a task's events say about its state (docs/protocol.md, "Task states and events"). */
+/**
+ * What a task's events say about its state (docs/protocol.md, "Task states and events").
+ *
+ * The map is the service's own (jupyter_lmsp.protocol.states.EVENT_STATES): the OpenAPI
+ * document lists, per task state, the event types that move a task to it (`QueuedEventType`,
+ * ...), and openapi-typescript exports those enums as the value arrays imported here. Nothing
+ * is copied by hand; tests/test_event_states.py runs this module with node and fails if it
+ * disagrees with the Python map.
+ */
 
+import {
+  cancelledEventTypeValues,
+  cancellingEventTypeValues,
+  completedEventTypeValues,
+  failedEventTypeValues,
+  loadingEventTypeValues,
+  queuedEventTypeValues,
+  runningEventTypeValues,
+  terminalEventTypeValues
+} from './generated/lmsp';
 import type { TaskState } from './types';
 
-export const TERMINAL_STATES: ReadonlySet<string> = new Set([
-  'completed',
-  'failed',
-  'cancelled'
-]);
-
-const RESPONSE_EVENT_STATES: Readonly<Record<string, TaskState>> = {
-  'response.created': 'queued',
-  'response.queued': 'queued',
-  'response.loading': 'loading',
-  'response.in_progress': 'running',
-  'response.cancelling': 'cancelling',
-  'response.completed': 'completed',
-  'response.incomplete': 'completed',
-  'response.failed': 'failed',
-  'response.cancelled': 'cancelled'
+// Keyed by every TaskState, so a state the document adds fails to compile until it is listed.
+const EVENTS_BY_STATE: Readonly<Record<TaskState, readonly string[]>> = {
+  queued: queuedEventTypeValues,
+  loading: loadingEventTypeValues,
+  running: runningEventTypeValues,
+  cancelling: cancellingEventTypeValues,
+  completed: completedEventTypeValues,
+  failed: failedEventTypeValues,
+  cancelled: cancelledEventTypeValues
 };
 
-const TASK_EVENT_STATES: Readonly<Record<string, TaskState>> = {
-  created: 'queued',
-  queued: 'queued',
-  loading: 'loading',
-  in_progress: 'running',
-  running: 'running',
-  cancelling: 'cancelling',
-  completed: 'completed',
-  failed: 'failed',
-  cancelled: 'cancelled'
-};
+const EVENT_STATES: ReadonlyMap<string, TaskState> = new Map(
+  (Object.entries(EVENTS_BY_STATE) as [TaskState, readonly string[]][]).flatMap(
+    ([state, types]) => types.map(type => [type, state] as const)
+  )
+);
+
+const TERMINAL_EVENT_TYPES: ReadonlySet<string> = new Set(terminalEventTypeValues);
+
+export const TERMINAL_STATES: ReadonlySet<string> = new Set(
+  terminalEventTypeValues.flatMap(type => EVENT_STATES.get(type) ?? [])
+);
 
 /** The task state an event moves the task to, or null for an event that is no transition. */
 export function stateAfterEvent(type: string): TaskState | null {
-  const fromResponse = RESPONSE_EVENT_STATES[type];
-  if (fromResponse) {
-    return fromResponse;
-  }
-  if (type.startsWith('task.')) {
-    return TASK_EVENT_STATES[type.slice('task.'.length)] ?? null;
-  }
-  return null;
+  return EVENT_STATES.get(type) ?? null;
 }
 
 /** The last event of a task's log: nothing follows it. */
 export function isTerminalEvent(type: string): boolean {
-  const state = stateAfterEvent(type);
-  return state !== null && TERMINAL_STATES.has(state);
+  return TERMINAL_EVENT_TYPES.has(type);
 }
 
 export function isTerminal(state: string): boolean {

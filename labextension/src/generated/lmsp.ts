@@ -522,6 +522,16 @@ export interface components {
                 [key: string]: string | null;
             };
         };
+        /**
+         * @description The event types that move a task to `cancelled`.
+         * @enum {string}
+         */
+        CancelledEventType: "response.cancelled" | "task.cancelled";
+        /**
+         * @description The event types that move a task to `cancelling`.
+         * @enum {string}
+         */
+        CancellingEventType: "response.cancelling" | "task.cancelling";
         /** ChatCompletion */
         ChatCompletion: {
             id: string;
@@ -777,6 +787,11 @@ export interface components {
             object: "list";
             data: components["schemas"]["Client"][];
         };
+        /**
+         * @description The event types that move a task to `completed`.
+         * @enum {string}
+         */
+        CompletedEventType: "response.completed" | "response.incomplete" | "task.completed";
         /** CompletionTokensDetails */
         CompletionTokensDetails: {
             reasoning_tokens: number;
@@ -1117,49 +1132,13 @@ export interface components {
         };
         /**
          * Event
-         * @description One event of a task's log. `sequence_number` starts at 0 and grows by exactly 1; the
-         *     first event is `response.created`, the last exactly one terminal event
-         *     (`response.completed`, `.incomplete`, `.failed`, `.cancelled`). Lifecycle events carry the
-         *     whole response as `response`; text arrives as `response.output_text.delta`. Registration
-         *     tasks' events are `task.*`.
+         * @description One event of a task's log, by its `type`. `sequence_number` starts at 0 and grows by
+         *     exactly 1; the first event is `response.created` (`task.created`), the last exactly one
+         *     terminal event (`response.completed`, `.incomplete`, `.failed`, `.cancelled`;
+         *     `task.completed`, `.failed`, `.cancelled`). Lifecycle events carry the whole response as
+         *     `response`; text arrives as `response.output_text.delta`.
          */
-        Event: {
-            /**
-             * @example response.created
-             * @example response.output_text.delta
-             */
-            type: string;
-            sequence_number: number;
-            /** @default null */
-            response?: components["schemas"]["Response"] | null;
-            /** @default null */
-            item_id?: string | null;
-            /** @default null */
-            output_index?: number | null;
-            /** @default null */
-            content_index?: number | null;
-            /** @default null */
-            delta?: string | null;
-            /** @default null */
-            text?: string | null;
-            /**
-             * @description Text events of a response that includes log-probabilities.
-             * @default null
-             */
-            logprobs?: components["schemas"]["Logprob"][] | null;
-            /**
-             * @description `response.function_call_arguments.done`.
-             * @default null
-             */
-            arguments?: string | null;
-            /**
-             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
-             */
-            choice?: number | null;
-        } & {
-            [key: string]: unknown;
-        };
+        Event: components["schemas"]["ResponseCreatedEvent"] | components["schemas"]["ResponseQueuedEvent"] | components["schemas"]["ResponseLoadingEvent"] | components["schemas"]["ResponseInProgressEvent"] | components["schemas"]["ResponseCancellingEvent"] | components["schemas"]["ResponseCompletedEvent"] | components["schemas"]["ResponseIncompleteEvent"] | components["schemas"]["ResponseFailedEvent"] | components["schemas"]["ResponseCancelledEvent"] | components["schemas"]["ResponseOutputItemAddedEvent"] | components["schemas"]["ResponseContentPartAddedEvent"] | components["schemas"]["ResponseOutputTextDeltaEvent"] | components["schemas"]["ResponseOutputTextDoneEvent"] | components["schemas"]["ResponseContentPartDoneEvent"] | components["schemas"]["ResponseOutputItemDoneEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDoneEvent"] | components["schemas"]["TaskCreatedEvent"] | components["schemas"]["TaskQueuedEvent"] | components["schemas"]["TaskLoadingEvent"] | components["schemas"]["TaskRunningEvent"] | components["schemas"]["TaskProgressEvent"] | components["schemas"]["TaskCancellingEvent"] | components["schemas"]["TaskCompletedEvent"] | components["schemas"]["TaskFailedEvent"] | components["schemas"]["TaskCancelledEvent"];
         /** EventPage */
         EventPage: {
             /**
@@ -1177,6 +1156,11 @@ export interface components {
             event?: string;
             data: string;
         };
+        /**
+         * @description The event types that move a task to `failed`.
+         * @enum {string}
+         */
+        FailedEventType: "response.failed" | "task.failed";
         /** FormatJSONObject */
         FormatJSONObject: {
             /**
@@ -1549,6 +1533,11 @@ export interface components {
             max_choices: number;
         };
         /**
+         * @description The event types that move a task to `loading`.
+         * @enum {string}
+         */
+        LoadingEventType: "response.loading" | "task.loading";
+        /**
          * Logprob
          * @description One generated token's log-probability and its most likely alternatives (the shape of
          *     the Responses `output_text.logprobs` and of Chat's `logprobs.content`).
@@ -1740,6 +1729,11 @@ export interface components {
             cached_tokens: number;
             audio_tokens: number;
         };
+        /**
+         * @description The event types that move a task to `queued`.
+         * @enum {string}
+         */
+        QueuedEventType: "response.created" | "response.queued" | "task.created" | "task.queued";
         /** Reasoning */
         Reasoning: {
             /**
@@ -1812,6 +1806,91 @@ export interface components {
             /** @description LMSP: the stop sequences asked for. */
             stop: string[] | null;
         };
+        /**
+         * ResponseCancelledEvent
+         * @description LMSP: the task ended cancelled (the text produced so far stays in `output`).
+         */
+        ResponseCancelledEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.cancelled";
+        };
+        /**
+         * ResponseCancellingEvent
+         * @description LMSP: a cancel was accepted; the task ends `cancelled`.
+         */
+        ResponseCancellingEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.cancelling";
+        };
+        /** ResponseCompletedEvent */
+        ResponseCompletedEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.completed";
+        };
+        /** ResponseContentPartAddedEvent */
+        ResponseContentPartAddedEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            item_id: string;
+            content_index: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.content_part.added";
+            part: components["schemas"]["OutputText"];
+        };
+        /** ResponseContentPartDoneEvent */
+        ResponseContentPartDoneEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            item_id: string;
+            content_index: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.content_part.done";
+            part: components["schemas"]["OutputText"];
+        };
+        /**
+         * ResponseCreatedEvent
+         * @description The first event of a response's log (sequence 0): the task is `queued`.
+         */
+        ResponseCreatedEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.created";
+        };
         /** ResponseDeleted */
         ResponseDeleted: {
             id: string;
@@ -1826,11 +1905,181 @@ export interface components {
              */
             deleted: true;
         };
+        /** ResponseFailedEvent */
+        ResponseFailedEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.failed";
+        };
+        /** ResponseFunctionCallArgumentsDeltaEvent */
+        ResponseFunctionCallArgumentsDeltaEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.function_call_arguments.delta";
+            item_id: string;
+            delta: string;
+        };
+        /** ResponseFunctionCallArgumentsDoneEvent */
+        ResponseFunctionCallArgumentsDoneEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.function_call_arguments.done";
+            item_id: string;
+            arguments: string;
+        };
+        /** ResponseInProgressEvent */
+        ResponseInProgressEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.in_progress";
+        };
+        /** ResponseIncompleteEvent */
+        ResponseIncompleteEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.incomplete";
+        };
+        /**
+         * ResponseLoadingEvent
+         * @description LMSP: the task's model is being loaded (`loading`).
+         */
+        ResponseLoadingEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.loading";
+        };
+        /** ResponseOutputItemAddedEvent */
+        ResponseOutputItemAddedEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.output_item.added";
+            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"];
+        };
+        /** ResponseOutputItemDoneEvent */
+        ResponseOutputItemDoneEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.output_item.done";
+            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"];
+        };
+        /**
+         * ResponseOutputTextDeltaEvent
+         * @description More text of a message: one per committed batch.
+         */
+        ResponseOutputTextDeltaEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            item_id: string;
+            content_index: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.output_text.delta";
+            delta: string;
+            /** @description The delta's tokens' log-probabilities, when the response includes them (empty otherwise). */
+            logprobs: components["schemas"]["Logprob"][];
+        };
+        /** ResponseOutputTextDoneEvent */
+        ResponseOutputTextDoneEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default null
+             */
+            choice?: number | null;
+            item_id: string;
+            content_index: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.output_text.done";
+            text: string;
+            /** @description The message's log-probabilities, when the response includes them. */
+            logprobs: components["schemas"]["Logprob"][];
+        };
+        /**
+         * ResponseQueuedEvent
+         * @description Queued again at recovery (restart policy `retry`): a new attempt follows.
+         */
+        ResponseQueuedEvent: {
+            sequence_number: number;
+            response: components["schemas"]["Response"];
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.queued";
+        };
         /**
          * RestartPolicy
          * @enum {string}
          */
         RestartPolicy: "fail" | "retry" | "resume";
+        /**
+         * @description The event types that move a task to `running`.
+         * @enum {string}
+         */
+        RunningEventType: "response.in_progress" | "task.running";
         /** Service */
         Service: {
             /**
@@ -1896,6 +2145,57 @@ export interface components {
             updated_at: number;
             finished_at: number | null;
         };
+        /** TaskCancelledEvent */
+        TaskCancelledEvent: {
+            sequence_number: number;
+            task_id: string;
+            error: components["schemas"]["TaskError"] | null;
+            /** @description What the task made: `{"model": <the registered model>}`. */
+            result: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.cancelled";
+        };
+        /** TaskCancellingEvent */
+        TaskCancellingEvent: {
+            sequence_number: number;
+            task_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.cancelling";
+            error: components["schemas"]["TaskError"] | null;
+        };
+        /** TaskCompletedEvent */
+        TaskCompletedEvent: {
+            sequence_number: number;
+            task_id: string;
+            error: components["schemas"]["TaskError"] | null;
+            /** @description What the task made: `{"model": <the registered model>}`. */
+            result: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.completed";
+        };
+        /** TaskCreatedEvent */
+        TaskCreatedEvent: {
+            sequence_number: number;
+            task_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.created";
+        };
         /**
          * TaskError
          * @description Why a task failed: a `code` (`server_restarted`, `worker_crashed`, …) and a message.
@@ -1905,6 +2205,21 @@ export interface components {
             message: string;
         } & {
             [key: string]: unknown;
+        };
+        /** TaskFailedEvent */
+        TaskFailedEvent: {
+            sequence_number: number;
+            task_id: string;
+            error: components["schemas"]["TaskError"] | null;
+            /** @description What the task made: `{"model": <the registered model>}`. */
+            result: {
+                [key: string]: unknown;
+            } | null;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.failed";
         };
         /** TaskList */
         TaskList: {
@@ -1918,11 +2233,61 @@ export interface components {
             last_id: string | null;
             has_more: boolean;
         };
+        /** TaskLoadingEvent */
+        TaskLoadingEvent: {
+            sequence_number: number;
+            task_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.loading";
+        };
+        /**
+         * TaskProgressEvent
+         * @description How far a registration got: `stage` (downloading, hashing, …) and its `fraction`.
+         */
+        TaskProgressEvent: {
+            sequence_number: number;
+            task_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.progress";
+            stage: string;
+            fraction: number;
+        };
+        /** TaskQueuedEvent */
+        TaskQueuedEvent: {
+            sequence_number: number;
+            task_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.queued";
+        };
+        /** TaskRunningEvent */
+        TaskRunningEvent: {
+            sequence_number: number;
+            task_id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "task.running";
+        };
         /**
          * TaskState
          * @enum {string}
          */
         TaskState: "queued" | "loading" | "running" | "cancelling" | "completed" | "failed" | "cancelled";
+        /**
+         * @description The event types that end a task's log (exactly one, last).
+         * @enum {string}
+         */
+        TerminalEventType: "response.completed" | "response.incomplete" | "response.failed" | "response.cancelled" | "task.completed" | "task.failed" | "task.cancelled";
         /** TextConfig */
         TextConfig: {
             /**
@@ -2850,3 +3215,88 @@ export interface operations {
         };
     };
 }
+type FlattenedDeepRequired<T> = {
+    [K in keyof T]-?: FlattenedDeepRequired<T[K] extends unknown[] | undefined | null ? Extract<T[K], unknown[]>[number] : T[K]>;
+};
+type ReadonlyArray<T> = [
+    Exclude<T, undefined>
+] extends [
+    unknown[]
+] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
+export const pathsResponsesResponse_idInput_itemsGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/responses/{response_id}/input_items"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
+export const blasStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Blas"]["state"]> = ["choosing", "chosen"];
+export const blasCandidateVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["BlasCandidate"]["verdict"]> = ["accepted", "rejected", "skipped"];
+export const cancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CancelledEventType"]> = ["response.cancelled", "task.cancelled"];
+export const cancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CancellingEventType"]> = ["response.cancelling", "task.cancelling"];
+export const chatFormatJSONSchemaTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChatFormatJSONSchema"]["type"]> = ["json_schema"];
+export const chatMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChatMessage"]["role"]> = ["system", "developer", "user", "assistant", "tool"];
+export const choiceFinish_reasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Choice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
+export const chunkChoiceFinish_reasonAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChunkChoice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
+export const clientScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Client"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const completedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompletedEventType"]> = ["response.completed", "response.incomplete", "task.completed"];
+export const createChatCompletionRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["tool_choice"]> = ["auto", "none", "required"];
+export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];
+export const failedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailedEventType"]> = ["response.failed", "task.failed"];
+export const formatJSONObjectTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONObject"]["type"]> = ["json_object"];
+export const formatJSONObjectEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONObjectEcho"]["type"]> = ["json_object"];
+export const formatJSONSchemaTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONSchema"]["type"]> = ["json_schema"];
+export const formatJSONSchemaEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONSchemaEcho"]["type"]> = ["json_schema"];
+export const formatTextTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatText"]["type"]> = ["text"];
+export const formatTextEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatTextEcho"]["type"]> = ["text"];
+export const functionCallTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCall"]["type"]> = ["function_call"];
+export const functionCallStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCall"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const functionCallOutputItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCallOutputItem"]["type"]> = ["function_call_output"];
+export const functionCallOutputItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCallOutputItem"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const inputFunctionCallStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCall"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const inputFunctionCallItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallItem"]["type"]> = ["function_call"];
+export const inputFunctionCallItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallItem"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const inputFunctionCallOutputStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallOutput"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const inputItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputItem"]["type"]> = ["message"];
+export const inputItemRoleValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputItem"]["role"]> = ["user", "assistant", "system", "developer"];
+export const inputMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["role"]> = ["user", "assistant", "system", "developer"];
+export const inputMessageStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const inputMessagePhaseAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["phase"]> = ["commentary", "final_answer"];
+export const inputTextPartTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputTextPart"]["type"]> = ["input_text", "output_text", "text"];
+export const loadingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LoadingEventType"]> = ["response.loading", "task.loading"];
+export const modelStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Model"]["state"]> = ["available", "loaded", "missing", "corrupt"];
+export const outputMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["type"]> = ["message"];
+export const outputMessageStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const pairingRequested_scopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["requested_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const pairingGranted_scopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["granted_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const pairingDecisionRequestScopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingDecisionRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const pairingStartedScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingStarted"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const pairingTokenScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingToken"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const queuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["QueuedEventType"]> = ["response.created", "response.queued", "task.created", "task.queued"];
+export const responseStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["status"]> = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"];
+export const responseTool_choiceAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["tool_choice"]> = ["auto", "none", "required"];
+export const responseCancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCancelledEvent"]["type"]> = ["response.cancelled"];
+export const responseCancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCancellingEvent"]["type"]> = ["response.cancelling"];
+export const responseCompletedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCompletedEvent"]["type"]> = ["response.completed"];
+export const responseContentPartAddedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseContentPartAddedEvent"]["type"]> = ["response.content_part.added"];
+export const responseContentPartDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseContentPartDoneEvent"]["type"]> = ["response.content_part.done"];
+export const responseCreatedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCreatedEvent"]["type"]> = ["response.created"];
+export const responseFailedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseFailedEvent"]["type"]> = ["response.failed"];
+export const responseFunctionCallArgumentsDeltaEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"]["type"]> = ["response.function_call_arguments.delta"];
+export const responseFunctionCallArgumentsDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseFunctionCallArgumentsDoneEvent"]["type"]> = ["response.function_call_arguments.done"];
+export const responseInProgressEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseInProgressEvent"]["type"]> = ["response.in_progress"];
+export const responseIncompleteEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseIncompleteEvent"]["type"]> = ["response.incomplete"];
+export const responseLoadingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseLoadingEvent"]["type"]> = ["response.loading"];
+export const responseOutputItemAddedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseOutputItemAddedEvent"]["type"]> = ["response.output_item.added"];
+export const responseOutputItemDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseOutputItemDoneEvent"]["type"]> = ["response.output_item.done"];
+export const responseOutputTextDeltaEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseOutputTextDeltaEvent"]["type"]> = ["response.output_text.delta"];
+export const responseOutputTextDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseOutputTextDoneEvent"]["type"]> = ["response.output_text.done"];
+export const responseQueuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseQueuedEvent"]["type"]> = ["response.queued"];
+export const restartPolicyValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RestartPolicy"]> = ["fail", "retry", "resume"];
+export const runningEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RunningEventType"]> = ["response.in_progress", "task.running"];
+export const startPairingRequestScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StartPairingRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const taskCancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCancelledEvent"]["type"]> = ["task.cancelled"];
+export const taskCancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCancellingEvent"]["type"]> = ["task.cancelling"];
+export const taskCompletedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCompletedEvent"]["type"]> = ["task.completed"];
+export const taskCreatedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCreatedEvent"]["type"]> = ["task.created"];
+export const taskFailedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskFailedEvent"]["type"]> = ["task.failed"];
+export const taskLoadingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskLoadingEvent"]["type"]> = ["task.loading"];
+export const taskProgressEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskProgressEvent"]["type"]> = ["task.progress"];
+export const taskQueuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskQueuedEvent"]["type"]> = ["task.queued"];
+export const taskRunningEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskRunningEvent"]["type"]> = ["task.running"];
+export const taskStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskState"]> = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"];
+export const terminalEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalEventType"]> = ["response.completed", "response.incomplete", "response.failed", "response.cancelled", "task.completed", "task.failed", "task.cancelled"];
