@@ -11,68 +11,80 @@ import json
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlmodel import Session, col
+from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy.engine import Connection
 
 from ..auth import secrets as codes
 from ..auth.identity import is_jupyter_owner
 from .database import Database
+from .records import get, record, records, save, table
 from .tables import Client, Pairing
 
 MAX_FAILED_POLLS = 5
 SLOW_DOWN_STEP = 5
+
+_pairings = table(Pairing)
+_clients = table(Client)
+_INSERT_PAIRING = insert(_pairings)
+_INSERT_CLIENT = insert(_clients)
+# Unexpired pending requests, the one expiring first first.
+_WAITING = (
+    select(_pairings.c.expires_at)
+    .where(_pairings.c.status == "pending", _pairings.c.expires_at > bindparam("now"))
+    .order_by(_pairings.c.expires_at)
+)
+_PENDING_BY_CODE = select(_pairings).where(
+    _pairings.c.user_code == bindparam("code"),
+    _pairings.c.status == "pending",
+    _pairings.c.expires_at > bindparam("now"),
+)
+_CLIENT_BY_TOKEN = select(_clients).where(_clients.c.token_hash == bindparam("wanted"))
+_TOUCH = (
+    update(_clients)
+    .where(_clients.c.id == bindparam("client_id"))
+    .values(last_used_at=bindparam("now"))
+)
+_PAIRED_BY = select(_clients.c.id).where(_clients.c.paired_by == bindparam("owner"))
 
 
 def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = None) -> float | None:
     """Store a new pairing request, unless `max_pending` unexpired requests already wait: then
     nothing is stored and the time the oldest of them expires is returned (None on success).
     Counting and inserting share the transaction, so concurrent starts cannot overshoot."""
-    with db.write() as session:
+    with db.writing() as conn:
         if max_pending is not None:
-            waiting = (
-                select(col(Pairing.expires_at))
-                .where(
-                    col(Pairing.status) == "pending",
-                    col(Pairing.expires_at) > pairing.created_at,
-                )
-                .order_by(col(Pairing.expires_at))
-            )
-            expiries = list(session.execute(waiting).scalars())
+            expiries = list(conn.execute(_WAITING, {"now": pairing.created_at}).scalars())
             if len(expiries) >= max_pending:
-                return expiries[0]
-        session.add(pairing)
+                return float(expiries[0])
+        conn.execute(_INSERT_PAIRING, pairing.model_dump())
     return None
 
 
 def get_pairing(db: Database, pairing_id: str) -> Pairing | None:
-    with db.read() as session:
-        return session.get(Pairing, pairing_id)
+    with db.reading() as conn:
+        return get(conn, Pairing, pairing_id)
 
 
 def list_pairings(db: Database, status: str | None = "pending") -> list[Pairing]:
     """Pairing requests, oldest first (a flood of new ones never pushes an earlier one down)."""
     now = time.time()
-    with db.read() as session:
-        query = select(Pairing).order_by(col(Pairing.created_at))
-        if status is not None:
-            query = query.where(col(Pairing.status) == status)
-        if status == "pending":
-            query = query.where(col(Pairing.expires_at) > now)
-        return list(session.execute(query).scalars())
+    query = select(_pairings).order_by(_pairings.c.created_at)
+    if status is not None:
+        query = query.where(_pairings.c.status == status)
+    if status == "pending":
+        query = query.where(_pairings.c.expires_at > now)
+    with db.reading() as conn:
+        return records(Pairing, conn.execute(query))
 
 
 def find_pairing(db: Database, id_or_user_code: str) -> Pairing | None:
-    with db.read() as session:
-        pairing = session.get(Pairing, id_or_user_code)
+    with db.reading() as conn:
+        pairing = get(conn, Pairing, id_or_user_code)
         if pairing is not None:
             return pairing
         code = codes.normalize_user_code(id_or_user_code)
-        query = select(Pairing).where(
-            col(Pairing.user_code) == code,
-            col(Pairing.status) == "pending",
-            col(Pairing.expires_at) > time.time(),
-        )
-        return session.execute(query).scalars().first()
+        row = conn.execute(_PENDING_BY_CODE, {"code": code, "now": time.time()}).first()
+        return None if row is None else record(Pairing, row)
 
 
 def decide_pairing(
@@ -96,8 +108,8 @@ def decide_pairing(
     "self_approval".
     """
     now = time.time()
-    with db.write() as session:
-        pairing = session.get(Pairing, pairing_id)
+    with db.writing() as conn:
+        pairing = get(conn, Pairing, pairing_id, for_update=True)
         if pairing is None:
             return None, "not_found"
         if pairing.status != "pending":
@@ -117,7 +129,7 @@ def decide_pairing(
         pairing.status = "approved" if approve else "denied"
         pairing.decided_at = now
         pairing.decided_by = decided_by
-        session.add(pairing)
+        save(conn, pairing)
     return pairing, "ok"
 
 
@@ -132,8 +144,8 @@ class PollResult:
 
 def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
     now = time.time()
-    with db.write() as session:
-        pairing = session.get(Pairing, pairing_id)
+    with db.writing() as conn:
+        pairing = get(conn, Pairing, pairing_id, for_update=True)
         if pairing is None:
             return PollResult("not_found")
         if not codes.matches(device_code, pairing.device_code_hash):
@@ -142,7 +154,7 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             pairing.failed_attempts += 1
             if pairing.failed_attempts >= MAX_FAILED_POLLS and pairing.status == "pending":
                 pairing.expires_at = min(pairing.expires_at, now)
-            session.add(pairing)
+            save(conn, pairing)
             return PollResult("invalid_grant", pairing)
         if pairing.status == "claimed":
             return PollResult("expired_token", pairing)
@@ -158,7 +170,7 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             pairing.last_polled_at = now
             if too_soon:
                 pairing.interval += SLOW_DOWN_STEP
-            session.add(pairing)
+            save(conn, pairing)
             return PollResult("slow_down" if too_soon else "authorization_pending", pairing)
         # approved: release the token, once
         token = codes.new_access_token()
@@ -169,22 +181,23 @@ def poll_pairing(db: Database, pairing_id: str, device_code: str) -> PollResult:
             scopes=pairing.granted_scopes or "[]",
             created_at=now,
             approved_by=pairing.decided_by,
-            paired_by=_jupyter_user_of(session, pairing.decided_by),
+            paired_by=_jupyter_user_of(conn, pairing.decided_by),
         )
-        session.add(client)
+        # The client first: the pairing refers to it (a foreign key).
+        conn.execute(_INSERT_CLIENT, client.model_dump())
         pairing.status = "claimed"
         pairing.client_id = client.id
         pairing.last_polled_at = now
-        session.add(pairing)
+        save(conn, pairing)
     return PollResult("token", pairing, client, token)
 
 
 def client_for_token(db: Database, token: str) -> Client | None:
     """The live (not revoked) client whose token this is."""
     wanted = codes.secret_hash(token)
-    with db.read() as session:
-        query = select(Client).where(col(Client.token_hash) == wanted)
-        client = session.execute(query).scalars().first()
+    with db.reading() as conn:
+        row = conn.execute(_CLIENT_BY_TOKEN, {"wanted": wanted}).first()
+    client = None if row is None else record(Client, row)
     if client is None or client.revoked_at is not None:
         return None
     if not codes.matches(token, client.token_hash):
@@ -193,43 +206,39 @@ def client_for_token(db: Database, token: str) -> Client | None:
 
 
 def touch_client(db: Database, client_id: str, now: float | None = None) -> None:
-    with db.write() as session:
-        client = session.get(Client, client_id)
-        if client is not None:
-            client.last_used_at = time.time() if now is None else now
-            session.add(client)
+    with db.writing() as conn:
+        conn.execute(_TOUCH, {"client_id": client_id, "now": time.time() if now is None else now})
 
 
 def list_clients(
     db: Database, include_revoked: bool = False, paired_by: str | None = None
 ) -> list[Client]:
     """Paired clients (only those `paired_by` approved, when given), oldest first."""
-    with db.read() as session:
-        query = select(Client).order_by(col(Client.created_at))
-        if not include_revoked:
-            query = query.where(col(Client.revoked_at).is_(None))
-        if paired_by is not None:
-            query = query.where(col(Client.paired_by) == paired_by)
-        return list(session.execute(query).scalars())
+    query = select(_clients).order_by(_clients.c.created_at)
+    if not include_revoked:
+        query = query.where(_clients.c.revoked_at.is_(None))
+    if paired_by is not None:
+        query = query.where(_clients.c.paired_by == paired_by)
+    with db.reading() as conn:
+        return records(Client, conn.execute(query))
 
 
 def clients_paired_by(db: Database, owner: str) -> frozenset[str]:
     """The ids of every client (revoked too) whose pairing `owner` approved: their tasks and
     responses are `owner`'s to see (LMSP B12)."""
-    with db.read() as session:
-        query = select(col(Client.id)).where(col(Client.paired_by) == owner)
-        return frozenset(session.execute(query).scalars())
+    with db.reading() as conn:
+        return frozenset(conn.execute(_PAIRED_BY, {"owner": owner}).scalars())
 
 
 def get_client(db: Database, client_id: str) -> Client | None:
-    with db.read() as session:
-        return session.get(Client, client_id)
+    with db.reading() as conn:
+        return get(conn, Client, client_id)
 
 
-def _jupyter_user_of(session: Session, approver: str | None) -> str | None:
+def _jupyter_user_of(conn: Connection, approver: str | None) -> str | None:
     """The Jupyter user a client approved by `approver` belongs to: the approver itself, or
     the user of the approving client."""
     if approver is None or is_jupyter_owner(approver):
         return approver
-    client = session.get(Client, approver)
+    client = get(conn, Client, approver)
     return client.paired_by if client is not None else None

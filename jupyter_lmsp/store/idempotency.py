@@ -15,11 +15,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, text
-from sqlmodel import col
+from sqlalchemy import bindparam, delete, insert
 
 from .database import Database
+from .records import advisory_lock, get, table, upsert
 from .tables import IdempotencyKey
+
+_keys = table(IdempotencyKey)
+_INSERT = insert(_keys)
+_DELETE = delete(_keys).where(
+    _keys.c.caller == bindparam("the_caller"), _keys.c.key == bindparam("the_key")
+)
+# A claim without a result (the request failed before it had one worth replaying).
+_RELEASE = _DELETE.where(_keys.c.status_code.is_(None), _keys.c.response_id.is_(None))
 
 
 @dataclass
@@ -37,18 +45,13 @@ def claim_key(
     """Claim `key` for the request being handled by the runner `runner_id` (the claim dies
     with that runner: its recovery releases it)."""
     now = time.time()
-    with db.write() as session:
-        if db.is_postgres:
-            # The row may not exist yet, so there is no row to lock: two claims of one key
-            # take turns on its name instead (SQLite's write lock does that already).
-            session.execute(
-                text("SELECT pg_advisory_xact_lock(hashtext(:name))"),
-                {"name": f"idempotency:{caller}\n{key}"},
-            )
-        row = session.get(IdempotencyKey, (caller, key), with_for_update=True)
+    with db.writing() as conn:
+        # The row may not exist yet, so there is no row to lock: two claims of one key
+        # take turns on its name instead (SQLite's write lock does that already).
+        advisory_lock(conn, f"idempotency:{caller}\n{key}")
+        row = get(conn, IdempotencyKey, caller, key, for_update=True)
         if row is not None and row.expires_at <= now:
-            session.delete(row)
-            session.flush()
+            conn.execute(_DELETE, {"the_caller": caller, "the_key": key})
             row = None
         if row is None:
             row = IdempotencyKey(
@@ -59,7 +62,7 @@ def claim_key(
                 expires_at=now + ttl,
                 runner_id=runner_id,
             )
-            session.add(row)
+            conn.execute(_INSERT, row.model_dump())
             return Claim("new", row)
         if row.request_digest != digest:
             return Claim("mismatch", row)
@@ -92,18 +95,11 @@ def finished_row(
 
 
 def complete_key(db: Database, row: IdempotencyKey) -> None:
-    with db.write() as session:
-        session.merge(row)
+    with db.writing() as conn:
+        upsert(conn, row)
 
 
 def release_key(db: Database, caller: str, key: str) -> None:
     """Forget a claim whose request failed without a result worth replaying (a 5xx)."""
-    with db.write() as session:
-        session.execute(
-            delete(IdempotencyKey).where(
-                col(IdempotencyKey.caller) == caller,
-                col(IdempotencyKey.key) == key,
-                col(IdempotencyKey.status_code).is_(None),
-                col(IdempotencyKey.response_id).is_(None),
-            )
-        )
+    with db.writing() as conn:
+        conn.execute(_RELEASE, {"the_caller": caller, "the_key": key})

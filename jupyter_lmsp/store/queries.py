@@ -1,6 +1,7 @@
 """Read-only look-ups: tasks, responses, events, and the service's identity.
 
-Each function opens one read transaction and returns detached rows or plain values.
+Each function opens one read transaction (`Database.reading`, Core statements on its
+connection; `service_identity` may write once) and returns table models or plain values.
 """
 
 from __future__ import annotations
@@ -9,12 +10,55 @@ import json
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import select
-from sqlmodel import col
+from sqlalchemy import bindparam, func, select
+from sqlalchemy.dialects import postgresql, sqlite
 
 from ..protocol.states import TaskState
 from .database import Database
+from .records import get, records, table
 from .tables import Response, ServiceConfig, Task, TaskEvent
+
+_tasks = table(Task)
+_events = table(TaskEvent)
+_config = table(ServiceConfig)
+_EVENTS = (
+    select(_events.c.data)
+    .where(
+        _events.c.task_id == bindparam("task_id"), _events.c.sequence_number > bindparam("after")
+    )
+    .order_by(_events.c.sequence_number)
+)
+_TO_RUN = (
+    select(_tasks)
+    .where(
+        _tasks.c.state.in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]),
+        _tasks.c.kind == bindparam("kind"),
+    )
+    .order_by(_tasks.c.created_at)
+)
+_BY_STATE = select(_tasks.c.state, func.count()).group_by(_tasks.c.state)
+_LAST_EVENT = select(func.max(_events.c.id))
+_LIFECYCLE = (
+    select(
+        _events.c.id,
+        _events.c.task_id,
+        _events.c.sequence_number,
+        _events.c.type,
+        _events.c.created_at,
+        _tasks.c.owner,
+        _tasks.c.kind,
+        _tasks.c.model,
+        _tasks.c.response_id,
+    )
+    .join_from(_events, _tasks, _tasks.c.id == _events.c.task_id)
+    .where(
+        _events.c.id > bindparam("after"),
+        _events.c.id <= bindparam("top"),
+        _events.c.type.in_(bindparam("types", expanding=True)),
+    )
+    .order_by(_events.c.id)
+    .limit(bindparam("limit"))
+)
 
 
 @dataclass
@@ -24,27 +68,27 @@ class TaskPage:
 
 
 def get_task(db: Database, task_id: str) -> Task | None:
-    with db.read() as session:
-        return session.get(Task, task_id)
+    with db.reading() as conn:
+        return get(conn, Task, task_id)
 
 
 def get_response(db: Database, response_id: str) -> tuple[Response, Task] | None:
-    with db.read() as session:
-        response = session.get(Response, response_id)
+    with db.reading() as conn:
+        response = get(conn, Response, response_id)
         if response is None:
             return None
-        task = session.get(Task, response.task_id)
+        task = get(conn, Task, response.task_id)
         if task is None:
             return None
         return response, task
 
 
 def get_task_and_response(db: Database, task_id: str) -> tuple[Task, Response | None] | None:
-    with db.read() as session:
-        task = session.get(Task, task_id)
+    with db.reading() as conn:
+        task = get(conn, Task, task_id)
         if task is None:
             return None
-        response = session.get(Response, task.response_id) if task.response_id else None
+        response = get(conn, Response, task.response_id) if task.response_id else None
         return task, response
 
 
@@ -59,23 +103,23 @@ def list_tasks(
 ) -> TaskPage:
     """Tasks newest first (of `owners`, when given); `after` is the id of the last task of
     the previous page."""
-    with db.read() as session:
-        query = select(Task)
-        if states:
-            query = query.where(col(Task.state).in_(states))
-        if kind:
-            query = query.where(col(Task.kind) == kind)
-        if owners is not None:
-            query = query.where(col(Task.owner).in_(owners))
+    query = select(_tasks)
+    if states:
+        query = query.where(_tasks.c.state.in_(states))
+    if kind:
+        query = query.where(_tasks.c.kind == kind)
+    if owners is not None:
+        query = query.where(_tasks.c.owner.in_(owners))
+    with db.reading() as conn:
         if after:
-            anchor = session.get(Task, after)
+            anchor = get(conn, Task, after)
             if anchor is not None:
                 query = query.where(
-                    (col(Task.created_at) < anchor.created_at)
-                    | ((col(Task.created_at) == anchor.created_at) & (col(Task.id) < anchor.id))
+                    (_tasks.c.created_at < anchor.created_at)
+                    | ((_tasks.c.created_at == anchor.created_at) & (_tasks.c.id < anchor.id))
                 )
-        query = query.order_by(col(Task.created_at).desc(), col(Task.id).desc()).limit(limit + 1)
-        rows = list(session.execute(query).scalars())
+        query = query.order_by(_tasks.c.created_at.desc(), _tasks.c.id.desc()).limit(limit + 1)
+        rows = records(Task, conn.execute(query))
         return TaskPage(rows[:limit], len(rows) > limit)
 
 
@@ -83,46 +127,39 @@ def list_events(
     db: Database, task_id: str, after: int = -1, limit: int | None = None
 ) -> list[dict]:
     """The task's committed events with `sequence_number > after`, in order."""
-    with db.read() as session:
-        query = (
-            select(col(TaskEvent.data))
-            .where(col(TaskEvent.task_id) == task_id, col(TaskEvent.sequence_number) > after)
-            .order_by(col(TaskEvent.sequence_number))
-        )
-        if limit is not None:
-            query = query.limit(limit)
-        return [json.loads(data) for data in session.execute(query).scalars()]
+    query = _EVENTS if limit is None else _EVENTS.limit(limit)
+    with db.reading() as conn:
+        found = conn.execute(query, {"task_id": task_id, "after": after}).scalars()
+        return [json.loads(data) for data in found]
 
 
 def tasks_to_run(db: Database, kind: str = "response", runner_id: str | None = None) -> list[Task]:
     """Unfinished tasks of `kind` to pick up, oldest first: those `runner_id` holds (after
     start-up recovery, or a recovery that adopted them), or every one when None."""
-    with db.read() as session:
-        query = (
-            select(Task)
-            .where(
-                col(Task.state).in_([TaskState.QUEUED, TaskState.RUNNING, TaskState.LOADING]),
-                col(Task.kind) == kind,
-            )
-            .order_by(col(Task.created_at))
-        )
-        if runner_id is not None:
-            query = query.where(Task.runner_id == runner_id)  # type: ignore[arg-type]
-        return list(session.execute(query).scalars())
+    query = _TO_RUN if runner_id is None else _TO_RUN.where(_tasks.c.runner_id == runner_id)
+    with db.reading() as conn:
+        return records(Task, conn.execute(query, {"kind": kind}))
 
 
 def service_identity(db: Database) -> str:
     """The service id: made once, stored in `service_config`, the same after every restart."""
-    with db.read() as session:
-        row = session.get(ServiceConfig, "service_id")
+    with db.reading() as conn:
+        row = get(conn, ServiceConfig, "service_id")
         if row is not None:
-            return json.loads(row.value)
-    with db.write() as session:
-        row = session.get(ServiceConfig, "service_id")
-        if row is None:
-            row = ServiceConfig(key="service_id", value=json.dumps(f"svc_{secrets.token_hex(16)}"))
-            session.add(row)
-        return json.loads(row.value)
+            return str(json.loads(row.value))
+    made = json.dumps(f"svc_{secrets.token_hex(16)}")
+    dialect = postgresql if db.is_postgres else sqlite
+    with db.writing() as conn:
+        # Two servers starting together on a new database: the first insert wins, and both
+        # read back the one stored.
+        conn.execute(
+            dialect.insert(_config)
+            .values(key="service_id", value=made)
+            .on_conflict_do_nothing(index_elements=["key"])
+        )
+        row = get(conn, ServiceConfig, "service_id")
+        assert row is not None
+        return str(json.loads(row.value))
 
 
 TASK_STATES: tuple[str, ...] = tuple(str(s) for s in TaskState)
@@ -130,11 +167,8 @@ TASK_STATES: tuple[str, ...] = tuple(str(s) for s in TaskState)
 
 def count_tasks_by_state(db: Database) -> dict[str, int]:
     """How many tasks the database holds in each state (every server's)."""
-    with db.read() as session:
-        rows = session.connection().exec_driver_sql(
-            "SELECT state, COUNT(*) FROM tasks GROUP BY state"
-        )
-        return {str(state): int(n) for state, n in rows}
+    with db.reading() as conn:
+        return {str(state): int(n) for state, n in conn.execute(_BY_STATE)}
 
 
 @dataclass
@@ -154,8 +188,8 @@ class LifecycleRow:
 
 def last_event_id(db: Database) -> int:
     """The row id of the newest event (every task's), -1 when there is none."""
-    with db.read() as session:
-        found = session.connection().exec_driver_sql("SELECT MAX(id) FROM task_events").scalar()
+    with db.reading() as conn:
+        found = conn.execute(_LAST_EVENT).scalar()
         return -1 if found is None else int(found)
 
 
@@ -166,20 +200,12 @@ def lifecycle_events(
     the row id the read covered: the last event's when `limit` rows came, else the newest
     event's (the next read starts there, not again over the text events in between). Row ids
     follow commit order (one writer at a time), so no event appears later below it."""
-    marks = ", ".join("?" * len(types))
-    with db.read() as session:
-        conn = session.connection()
-        top = conn.exec_driver_sql("SELECT MAX(id) FROM task_events").scalar()
+    with db.reading() as conn:
+        top = conn.execute(_LAST_EVENT).scalar()
         if top is None or top <= after:
             return [], after
-        rows = [
-            LifecycleRow(*row)
-            for row in conn.exec_driver_sql(
-                "SELECT e.id, e.task_id, e.sequence_number, e.type, e.created_at, t.owner,"
-                " t.kind, t.model, t.response_id FROM task_events e JOIN tasks t"
-                f" ON t.id = e.task_id WHERE e.id > ? AND e.id <= ? AND e.type IN ({marks})"
-                " ORDER BY e.id LIMIT ?",
-                (after, top, *types, limit),
-            )
-        ]
+        found = conn.execute(
+            _LIFECYCLE, {"after": after, "top": top, "types": list(types), "limit": limit}
+        )
+        rows = [LifecycleRow(*row) for row in found]
         return rows, rows[-1].id if len(rows) == limit else int(top)

@@ -27,15 +27,26 @@ from functools import cache
 from pathlib import Path
 
 import psutil
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, insert, select, update
 
 from ..protocol.ids import new_id
 from .database import Database
+from .records import records, table
 from .tables import Runner
 
 # A process's start time is computed from the boot time, which the kernel may report a
 # fraction of a second differently as the clock is adjusted: equal within this is the same.
 START_TIME_TOLERANCE = 1.0
+
+_runners = table(Runner)
+_INSERT = insert(_runners)
+_RENEW = (
+    update(_runners)
+    .where(_runners.c.id == bindparam("runner_id"))
+    .values(heartbeat_at=bindparam("now"), lease_expires_at=bindparam("until"))
+)
+_DELETE = delete(_runners).where(_runners.c.id == bindparam("runner_id"))
+_ALL = select(_runners).order_by(_runners.c.started_at)
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,8 @@ def register(
         heartbeat_at=now,
         lease_expires_at=now + lease_seconds,
     )
-    with db.write() as session:
-        session.add(runner)
+    with db.writing() as conn:
+        conn.execute(_INSERT, runner.model_dump())
     return runner
 
 
@@ -121,10 +132,9 @@ def renew(db: Database, runner_id: str, lease_seconds: float) -> bool:
     """The heartbeat: extend the lease. False if the runner is no longer registered (another
     process found its lease expired and recovered its tasks)."""
     now = time.time()
-    with db.write_cursor() as cursor:
-        changed = cursor.execute(
-            "UPDATE runners SET heartbeat_at = ?, lease_expires_at = ? WHERE id = ?",
-            (now, now + lease_seconds, runner_id),
+    with db.writing() as conn:
+        changed = conn.execute(
+            _RENEW, {"runner_id": runner_id, "now": now, "until": now + lease_seconds}
         ).rowcount
     return changed == 1
 
@@ -132,13 +142,13 @@ def renew(db: Database, runner_id: str, lease_seconds: float) -> bool:
 def unregister(db: Database, runner_id: str) -> None:
     """A runner stopping cleanly: its row goes, and with it its hold on unfinished tasks
     (they are then nobody's, and the next recovery, by any server, takes them)."""
-    with db.write() as session:
-        session.execute(delete(Runner).where(Runner.id == runner_id))  # type: ignore[arg-type]
+    with db.writing() as conn:
+        conn.execute(_DELETE, {"runner_id": runner_id})
 
 
 def list_runners(db: Database) -> list[Runner]:
-    with db.read() as session:
-        return list(session.execute(select(Runner).order_by(Runner.started_at)).scalars())  # type: ignore[arg-type]
+    with db.reading() as conn:
+        return records(Runner, conn.execute(_ALL))
 
 
 def gone_runners(db: Database, now: float | None = None) -> list[tuple[Runner, str]]:

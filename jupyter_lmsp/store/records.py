@@ -1,0 +1,99 @@
+"""Rows as table models, on a SQLAlchemy Core connection: the small helpers the store's
+look-ups share (`queries`, `clients`, `idempotency`, `runners`, `models`).
+
+The store's one SQL style is Core statements executed on the `Connection` that
+`Database.writing()` / `Database.reading()` yield. Callers still get the table models of
+`tables` (`Task`, `Client`, ...), built from the rows (`Model(**row._mapping)`), detached:
+nothing is loaded later, so they stay readable after the transaction ends.
+
+Statements are built once per table (`by_key`) and SQLAlchemy caches their compiled form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import cache
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, Table, Update, and_, bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Row
+from sqlmodel import SQLModel
+
+M = TypeVar("M", bound=SQLModel)
+
+
+def table(model: type[SQLModel]) -> Table:
+    return model.__table__  # type: ignore[attr-defined]
+
+
+@cache
+def by_key(model: type[SQLModel]) -> Select[Any]:
+    """`SELECT * FROM <table> WHERE <primary key> = :<key column>...`, built once."""
+    t = table(model)
+    return select(t).where(and_(*(col == bindparam(col.name) for col in t.primary_key)))
+
+
+@cache
+def _update_by_key(model: type[SQLModel]) -> Update:
+    # The SET clause comes from the parameters given (those named as columns); the key's
+    # parameters are named apart, so they never become part of it.
+    t = table(model)
+    return update(t).where(and_(*(col == bindparam(f"key_{col.name}") for col in t.primary_key)))
+
+
+def save(conn: Connection, row: SQLModel) -> int:
+    """Write every column of `row` to the stored row with its primary key; how many rows
+    changed (0: there is none)."""
+    t = table(type(row))
+    values = row.model_dump()
+    keys = {c.name for c in t.primary_key}
+    params = {name: value for name, value in values.items() if name not in keys}
+    params.update({f"key_{name}": values[name] for name in keys})
+    return int(conn.execute(_update_by_key(type(row)), params).rowcount)
+
+
+def record(model: type[M], row: Row[Any]) -> M:
+    """A table model built from a row of its table."""
+    return model(**row._mapping)
+
+
+def get(conn: Connection, model: type[M], *key: Any, for_update: bool = False) -> M | None:
+    """The row of `model`'s table with this primary key (in the key's column order), or None.
+    `for_update` locks it until the transaction ends (PostgreSQL; nothing on SQLite, whose
+    write transactions hold the one write lock already)."""
+    t = table(model)
+    statement = by_key(model)
+    if for_update:
+        statement = statement.with_for_update()
+    row = conn.execute(
+        statement, dict(zip((c.name for c in t.primary_key), key, strict=True))
+    ).first()
+    return None if row is None else record(model, row)
+
+
+def records(model: type[M], rows: Iterable[Row[Any]]) -> list[M]:
+    return [model(**row._mapping) for row in rows]
+
+
+def upsert(conn: Connection, row: SQLModel) -> None:
+    """Insert `row`, or replace the stored row with its primary key (one statement: `INSERT ...
+    ON CONFLICT DO UPDATE`, in the backend's own dialect)."""
+    t = table(type(row))
+    values = row.model_dump()
+    keys = [c.name for c in t.primary_key]
+    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(t).values(values)
+    conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=keys,
+            set_={name: statement.excluded[name] for name in values if name not in keys},
+        )
+    )
+
+
+def advisory_lock(conn: Connection, name: str) -> None:
+    """Hold a lock on `name` until the transaction ends, on PostgreSQL (on SQLite the write
+    transaction already excludes every other writer). For rows that may not exist yet."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(name))))
