@@ -21,8 +21,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 TERMINAL = {"completed", "failed", "cancelled"}
 
 
-def frames(client: httpx.Client, until, headers=None, params=None, timeout=60.0) -> list[dict]:
-    """SSE frames of `/lifecycle` (id, event and data checked together) until `until(frames)`."""
+def frames(
+    client: httpx.Client, until, headers=None, params=None, timeout=60.0, opened=None
+) -> list[dict]:
+    """SSE frames of `/lifecycle` (id, event and data checked together) until `until(frames)`.
+
+    `opened()` is called once the 200 is in: the server has fixed the stream's starting point
+    before it answers (LifecycleStream.start), so what is committed after is on the stream.
+    """
     out: list[dict[str, Any]] = []
     frame: dict[str, str] = {}
     deadline = time.monotonic() + timeout
@@ -33,6 +39,8 @@ def frames(client: httpx.Client, until, headers=None, params=None, timeout=60.0)
         params=params,
     ) as r:
         assert r.status_code == 200, r.read()
+        if opened is not None:
+            opened()
         for line in r.iter_lines():
             assert time.monotonic() < deadline, out
             if line.startswith(("id: ", "event: ", "data: ")):
@@ -63,14 +71,15 @@ def test_live_transitions_then_a_reconnect(lmsp_data):
         ready = threading.Event()
 
         def follow():
+            def until(out):
+                return len(ids) == 2 and ended(ids)(out)
+
             with server.client() as watcher:
-                ready.set()
-                got.extend(frames(watcher, lambda out: len(ids) == 2 and ended(ids)(out)))
+                got.extend(frames(watcher, until, opened=ready.set))
 
         reader = threading.Thread(target=follow)
         reader.start()
-        ready.wait()
-        time.sleep(0.5)  # the stream is open (it starts from now)
+        assert ready.wait(60), "the lifecycle stream never opened"
         # Greedy: sampled at the default temperature, the test model may end on EOS within the
         # four tokens (the task then completes rather than stopping incomplete).
         done = c.post(
@@ -130,18 +139,20 @@ def test_a_paired_client_sees_its_own_tasks_and_is_cut_off_when_revoked(lmsp_dat
         )
         assert {e["task_id"] for e in everything} == {owner_task["task_id"], theirs["task_id"]}
 
-        closed = threading.Event()
+        opened, closed = threading.Event(), threading.Event()
 
         def follow():
             with bearer(server, client["access_token"]) as c, c.stream("GET", "/lifecycle") as r:
-                assert r.status_code == 200
-                for _ in r.iter_lines():
-                    pass
+                if r.status_code == 200:
+                    opened.set()
+                    for _ in r.iter_lines():
+                        pass
             closed.set()
 
         reader = threading.Thread(target=follow, daemon=True)
         reader.start()
-        time.sleep(0.5)
+        assert opened.wait(30), "the client's lifecycle stream never opened"
+        assert not closed.is_set()
         assert own.delete(f"/clients/{client['client_id']}").status_code == 200
         assert closed.wait(10), "the revoked client's lifecycle stream stayed open"
 

@@ -200,18 +200,28 @@ def test_an_admin_client_cannot_escalate_or_approve_itself(lmsp_data):
 
 
 def _read_stream(client, method, path, body, out):
-    """Read an SSE stream to its end, recording when it ended and what it said."""
+    """Read an SSE stream to its end, recording when it ended and what it said.
+
+    `out["open"]` (a threading.Event) is set once the answer's status is in and, for a stream
+    that says something before its first token, once its first `data:` line has arrived: the
+    readiness signal the test waits for before it revokes.
+    """
     try:
         with client.stream(method, path, json=body) as r:
             out["status"] = r.status_code
             out["lines"] = []
+            if not out["data_first"]:
+                out["open"].set()
             for line in r.iter_lines():
                 out["lines"].append(line)
-                if line.startswith("data:") and "output_text.delta" in line:
-                    out.setdefault("first_delta", time.monotonic())
+                if line.startswith("data:"):
+                    out["open"].set()
+                    if "output_text.delta" in line:
+                        out.setdefault("first_delta", time.monotonic())
     except httpx.HTTPError as e:
         out["error"] = repr(e)
     out["ended"] = time.monotonic()
+    out["open"].set()  # (a stream that failed to open does not keep the test waiting)
 
 
 def test_revoking_a_client_closes_its_streams_and_cancels_its_tasks(lmsp_data):
@@ -223,7 +233,13 @@ def test_revoking_a_client_closes_its_streams_and_cancels_its_tasks(lmsp_data):
                 client.post("/responses", json={**long, "background": True}).json()
                 for _ in range(3)
             ]  # two decode, one waits queued (max_batch_size 2)
-            streams = [{}, {}, {}]
+            # The response stream says response.created at once and the task's event stream
+            # replays its log; the chat stream says nothing before its task's first token (it
+            # waits queued behind the two decoding tasks), so it is open once its 200 is in.
+            streams = [
+                {"open": threading.Event(), "data_first": data_first}
+                for data_first in (True, True, False)
+            ]
             threads = [
                 threading.Thread(
                     target=_read_stream,
@@ -257,7 +273,14 @@ def test_revoking_a_client_closes_its_streams_and_cancels_its_tasks(lmsp_data):
             for t in threads:
                 t.start()
             wait_task(owner, bg[0]["task_id"], lambda t: t["state"] == "running")
-            time.sleep(1.0)  # the streams are open and following
+            for s in streams:
+                assert s["open"].wait(60), s
+            # Every stream is open, following, and has not ended before the revocation.
+            for t, s in zip(threads, streams, strict=True):
+                assert t.is_alive() and "ended" not in s, s
+                assert s["status"] == 200, s
+            assert any(line.startswith("data:") for line in streams[0]["lines"]), streams[0]
+            assert any(line.startswith("data:") for line in streams[1]["lines"]), streams[1]
             revoked_at = time.monotonic()
             r = owner.delete(f"/clients/{c['client_id']}")
             assert r.status_code == 200 and r.json()["revoked_at"] is not None
