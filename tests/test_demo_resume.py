@@ -11,16 +11,15 @@ from test_engine import Engine, detokenized, new_id, start_engine
 
 from jupyter_lmsp.engine.blas import BlasChoice
 from jupyter_lmsp.engine.messages import JobFinished
-from jupyter_lmsp.models.demo import ensure_demo_model
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("demo_gguf")]
+pytestmark = [pytest.mark.timeout(600)]
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory, worker_blas: BlasChoice):
-    model = ensure_demo_model(tmp_path_factory.mktemp("demo"))
+def demo(demo_model_dir: Path, worker_blas: BlasChoice):
+    model = demo_model_dir
     # The BLAS the probe accepted, with one thread (worker_blas is chosen for one).
     engine = start_engine(model, env=worker_blas.env)
     from mlx_lm.utils import load_tokenizer

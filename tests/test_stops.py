@@ -24,13 +24,6 @@ MAX_TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def tiny(test_model_dir: Path) -> tuple[Any, Any]:
-    from mlx_lm import load
-
-    return load(str(test_model_dir))
-
-
-@pytest.fixture(scope="module")
 def full(tiny: tuple[Any, Any]) -> Any:
     """The uninterrupted greedy run, without stop sequences."""
     model, tok = tiny
