@@ -6,7 +6,8 @@ shows it. The kernel finds its server by itself (runtime file), as a user's kern
    shown is exactly the stored response's text (nothing doubled, nothing missing).
 2. A second notebook with a long generation: pressing the widget's Cancel button ends it
    `cancelled`.
-3. A TaskBoard lists both tasks, filters them by state, and opens a row as a TaskWatcher.
+3. A TaskBoard lists the tasks (a completed and a cancelled one of its own, whichever tests ran
+   before it), filters them by state, and opens a row as a TaskWatcher.
 
 Screenshots go to `test-artifacts/browser/`.
 """
@@ -89,11 +90,10 @@ def page(lab: LabServer) -> Iterator[Any]:
         yield page
 
 
-def open_and_run(
-    page: Any, lab: LabServer, name: str, first: bool, selector: str = WATCHER
-) -> None:
-    """Open `name`, wait for its kernel to be connected and idle, run all its cells."""
-    if first:
+def open_and_run(page: Any, lab: LabServer, name: str, selector: str = WATCHER) -> None:
+    """Open `name` (loading JupyterLab first, unless an earlier test has), wait for its kernel
+    to be connected and idle, run all its cells."""
+    if not page.evaluate("() => window.jupyterapp !== undefined"):
         page.goto(f"{lab.url}lab/tree/{name}?token={TOKEN}")
         page.wait_for_function("() => window.jupyterapp !== undefined", timeout=120_000)
     else:
@@ -133,7 +133,7 @@ def watcher_view(page: Any) -> dict[str, str]:
 
 
 def test_watcher_shows_text_growing_until_completed(page, lab):
-    open_and_run(page, lab, "watch.ipynb", first=True)
+    open_and_run(page, lab, "watch.ipynb")
     lengths: list[int] = []
     deadline = time.monotonic() + 120
     view = watcher_view(page)
@@ -162,7 +162,7 @@ def test_watcher_shows_text_growing_until_completed(page, lab):
 
 
 def test_cancel_button_cancels_the_task(page, lab):
-    open_and_run(page, lab, "cancel.ipynb", first=False)
+    open_and_run(page, lab, "cancel.ipynb")
     page.wait_for_function(
         "sel => (document.querySelector(sel + ' .lmsp-text') || {}).textContent",
         arg=WATCHER,
@@ -188,31 +188,57 @@ def test_cancel_button_cancels_the_task(page, lab):
     assert view["text"]
 
 
+def make_board_tasks(lab: LabServer) -> tuple[str, str]:
+    """A completed and a cancelled task of the board test's own (the board must show them
+    whichever of the other tests ran before it): their ids."""
+    with lab.client() as c:
+        done = c.post("/responses", json={"input": "a", "max_output_tokens": 3}).json()
+        assert c.get(f"/tasks/{done['task_id']}").json()["state"] == "completed", done
+        long = c.post(
+            "/responses", json={"input": "b", "background": True, "max_output_tokens": 2000}
+        ).json()
+        deadline = time.monotonic() + 120
+        while c.get(f"/tasks/{long['task_id']}").json()["state"] != "running":
+            assert time.monotonic() < deadline, "the long task never ran"
+            time.sleep(0.05)
+        assert c.post(f"/tasks/{long['task_id']}/cancel").is_success
+        while c.get(f"/tasks/{long['task_id']}").json()["state"] != "cancelled":
+            assert time.monotonic() < deadline, "the long task was never cancelled"
+            time.sleep(0.05)
+        return done["task_id"], long["task_id"]
+
+
 def test_board_lists_filters_and_opens_tasks(page, lab):
-    open_and_run(page, lab, "board.ipynb", first=False, selector=BOARD)
-    rows = f"{BOARD} tr.lmsp-row"
-    page.wait_for_function(
-        "sel => document.querySelectorAll(sel).length >= 2", arg=rows, timeout=30_000
-    )
+    completed, cancelled_here = make_board_tasks(lab)
     with lab.client() as c:
         listed = c.get("/tasks", params={"limit": 100}).json()["data"]
+    assert {completed, cancelled_here} <= {t["id"] for t in listed}
+    open_and_run(page, lab, "board.ipynb", selector=BOARD)
+    rows = f"{BOARD} tr.lmsp-row"
+    page.wait_for_function(
+        "a => document.querySelectorAll(a.sel).length === a.n",
+        arg={"sel": rows, "n": len(listed)},
+        timeout=30_000,
+    )
     shown = page.eval_on_selector_all(rows, "rs => rs.map(r => r.dataset.taskId)")
     assert shown == [t["id"] for t in listed]  # newest first, like the service
 
+    cancelled = [t["id"] for t in listed if t["state"] == "cancelled"]
+    assert cancelled[0] == cancelled_here  # the newest cancelled task
     page.select_option(f"{BOARD} select.lmsp-board-filter", "cancelled")
     page.wait_for_function(
-        "sel => { const rs = document.querySelectorAll(sel);"
-        " return rs.length === 1 && rs[0].querySelector('.lmsp-state').textContent === 'cancelled'; }",
-        arg=rows,
+        "a => { const rs = [...document.querySelectorAll(a.sel)];"
+        " return rs.length === a.n"
+        " && rs.every(r => r.querySelector('.lmsp-state').textContent === 'cancelled'); }",
+        arg={"sel": rows, "n": len(cancelled)},
         timeout=30_000,
     )
-    page.click(f"{rows} .lmsp-open")
+    page.click(f"{rows} .lmsp-open")  # the first row: the newest cancelled task
     page.wait_for_function(
         "sel => (document.querySelector(sel + ' .lmsp-state') || {}).textContent === 'cancelled'",
         arg=WATCHER,
         timeout=30_000,
     )
-    cancelled = [t["id"] for t in listed if t["state"] == "cancelled"]
-    assert watcher_view(page)["task"] == cancelled[0]
+    assert watcher_view(page)["task"] == cancelled_here
     page.wait_for_timeout(300)
     page.screenshot(path=str(ARTIFACTS / "board.png"), full_page=True)
