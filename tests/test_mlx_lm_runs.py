@@ -17,7 +17,6 @@ from typing import Any
 
 import mlx.core as mx
 import mlx_lm
-import pytest
 from mlxlm import (
     BATCHING,
     SPEC_BATCH,
@@ -33,8 +32,10 @@ from mlxlm import (
 # --- the model, its loading and its tokenizer ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def loaded(test_model_dir: Path) -> tuple[Any, Any]:
+def test_mlx_lm_load_gives_the_model_and_its_tokenizer(test_model_dir: Path) -> None:
+    """What `engine/loader.py` (and the shared `tiny` fixture the other tests here use) take
+    from `mlx_lm.load`: a tuple whose first two items are the model and its tokenizer."""
+    TokenizerWrapper = internal("mlx_lm.tokenizer_utils", "TokenizerWrapper")
     try:
         found = mlx_lm.load(str(test_model_dir))
     except Exception as e:
@@ -45,13 +46,19 @@ def loaded(test_model_dir: Path) -> tuple[Any, Any]:
         "jupyter_lmsp/engine/loader.py",
         f"returned {type(found).__name__}, not (model, tokenizer, ...)",
     )
-    return found[0], found[1]
+    require(
+        callable(found[0]) and isinstance(found[1], TokenizerWrapper),
+        "mlx_lm.load",
+        "jupyter_lmsp/engine/loader.py",
+        f"gave ({type(found[0]).__name__}, {type(found[1]).__name__}), not (a model, a "
+        "TokenizerWrapper)",
+    )
 
 
-def test_loaded_models_state_their_vocabulary_and_make_caches(loaded: tuple[Any, Any]) -> None:
+def test_loaded_models_state_their_vocabulary_and_make_caches(tiny: tuple[Any, Any]) -> None:
     KVCache, make_prompt_cache = internals("mlx_lm.models.cache", "KVCache", "make_prompt_cache")
 
-    model, _ = loaded
+    model, _ = tiny
     vocab = getattr(getattr(model, "args", None), "vocab_size", None)
     require(
         isinstance(vocab, int),
@@ -68,10 +75,10 @@ def test_loaded_models_state_their_vocabulary_and_make_caches(loaded: tuple[Any,
     )
 
 
-def test_the_tokenizer_wrapper_has_what_the_engine_reads(loaded: tuple[Any, Any]) -> None:
+def test_the_tokenizer_wrapper_has_what_the_engine_reads(tiny: tuple[Any, Any]) -> None:
     TokenizerWrapper = internal("mlx_lm.tokenizer_utils", "TokenizerWrapper")
 
-    _, tokenizer = loaded
+    _, tokenizer = tiny
     require(
         isinstance(tokenizer, TokenizerWrapper),
         "mlx_lm.load",
@@ -115,6 +122,12 @@ def test_the_tokenizer_wrapper_has_what_the_engine_reads(loaded: tuple[Any, Any]
         f"gave {ids!r}",
     )
     detokenizer = tokenizer.detokenizer
+    require(
+        detokenizer is not tokenizer.detokenizer,
+        "TokenizerWrapper.detokenizer",
+        f"{BATCHING} (a TextStream per choice)",
+        "two reads gave the same object: choices decoding at once would share its state",
+    )
     has_attributes(
         detokenizer,
         ["add_token", "finalize", "text"],
@@ -227,7 +240,7 @@ def _decode(generator: Any, prompts: list[list[int]], max_tokens: int) -> dict[i
 
 
 def test_the_generator_decodes_through_the_batch_put_in_its_place(
-    loaded: tuple[Any, Any],
+    tiny: tuple[Any, Any],
 ) -> None:
     """batching.py sets `BatchGenerator._generation_batch` to a `SpeculativeGenerationBatch`:
     the generator must hand it the prefilled rows (`extend`) and step it (`next`), and greedy
@@ -238,7 +251,7 @@ def test_the_generator_decodes_through_the_batch_put_in_its_place(
     from jupyter_lmsp.engine.speculative import SpeculationSettings
     from jupyter_lmsp.engine.worker import encode_chat
 
-    model, tokenizer = loaded
+    model, tokenizer = tiny
     # Long enough for the test model to repeat itself, so rows find n-gram proposals; a verify
     # step whenever a row has one (every step costs the same to the planner).
     questions = ["Tell me about the café on the corner.", "Why?"]
@@ -291,11 +304,11 @@ def test_the_generator_decodes_through_the_batch_put_in_its_place(
 
 
 def test_the_generator_returns_and_removes_sequences_with_their_caches(
-    loaded: tuple[Any, Any],
+    tiny: tuple[Any, Any],
 ) -> None:
     from jupyter_lmsp.engine.sampling import GREEDY
 
-    model, tokenizer = loaded
+    model, tokenizer = tiny
     generator = _generator(model, tokenizer)
     uids = generator.insert_segments(
         [[[5, 6, 7], [8, 9, 10]], [[11, 12, 13, 14]]],
@@ -335,13 +348,13 @@ def test_the_generator_returns_and_removes_sequences_with_their_caches(
     generator.close()
 
 
-def test_generate_step_yields_a_token_and_its_log_probabilities(loaded: tuple[Any, Any]) -> None:
+def test_generate_step_yields_a_token_and_its_log_probabilities(tiny: tuple[Any, Any]) -> None:
     generate_step = internal("mlx_lm.generate", "generate_step")
     make_prompt_cache = internal("mlx_lm.models.cache", "make_prompt_cache")
 
     from jupyter_lmsp.engine.sampling import GREEDY
 
-    model, _ = loaded
+    model, _ = tiny
     steps = generate_step(
         mx.array([5, 6, 7]),
         model,
