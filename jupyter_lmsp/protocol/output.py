@@ -15,7 +15,8 @@ output items, each at its own `output_index`, in the order they begin:
 The runner commits `Batch`es: per choice, the tokens and raw text generated (what a resumed
 job needs), and the `Piece`s that text made (content, call begin/arguments/end, a choice's
 end). `Attempt.apply` turns them into events; the state after them is the task's snapshot, so
-the snapshot always covers exactly the committed events. The snapshot is JSON with these keys:
+the snapshot always covers exactly the committed events. The snapshot is JSON with these keys
+(typed in `protocol.snapshot`, and validated as it is loaded):
 
 - `output_index`, `item_id`, `open`, `token_ids`, `text`, `input_tokens`: the attempt's first
   output index, its first message's id, whether the attempt is open, choice 0's tokens and raw
@@ -41,7 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import events as ev
+from . import snapshot as stored
 from .responses import function_call_item, output_message
+from .snapshot import ChoiceSnapshot, Snapshot, SnapshotItem
 
 Event = dict[str, Any]
 LogprobLookup = Callable[[str], list[dict[str, Any]]]
@@ -142,7 +145,7 @@ def call_ids(base: str, output_index: int) -> tuple[str, str]:
 class Attempt:
     """A task's output state (its snapshot), read and changed by the store's rules."""
 
-    def __init__(self, data: dict[str, Any]) -> None:
+    def __init__(self, data: Snapshot) -> None:
         self.data = data
         if "items" not in data:
             data["items"] = self._legacy_items()
@@ -152,12 +155,12 @@ class Attempt:
 
     @classmethod
     def load(cls, snapshot: str | None) -> Attempt:
-        return cls(json.loads(snapshot) if snapshot else {})
+        return cls(stored.load(snapshot))
 
     def dump(self) -> str:
         return json.dumps(self.data, separators=(",", ":"))
 
-    def _legacy_items(self) -> list[dict[str, Any]]:
+    def _legacy_items(self) -> list[SnapshotItem]:
         item_id = self.data.get("item_id")
         if not item_id:
             return []
@@ -179,7 +182,7 @@ class Attempt:
         return bool(self.data.get("open"))
 
     @property
-    def items(self) -> list[dict[str, Any]]:
+    def items(self) -> list[SnapshotItem]:
         return list(self.data["items"])
 
     @property
@@ -201,7 +204,7 @@ class Attempt:
         indexes = [item["output_index"] for item in self.data["items"]]
         return max(indexes) + 1 if indexes else int(self.data.get("output_index", 0))
 
-    def choice_state(self, choice: int) -> dict[str, Any]:
+    def choice_state(self, choice: int) -> ChoiceSnapshot:
         """Choice `choice`'s `token_ids`, `text` and `finish_reason` (None if still going)."""
         if choice == 0:
             return {
@@ -211,10 +214,10 @@ class Attempt:
             }
         choices = self.data.get("choices") or []
         if choice - 1 < len(choices):
-            return dict(choices[choice - 1])
+            return ChoiceSnapshot(**choices[choice - 1])
         return {"token_ids": [], "text": "", "finish_reason": None}
 
-    def choices(self, n: int) -> list[dict[str, Any]]:
+    def choices(self, n: int) -> list[ChoiceSnapshot]:
         return [self.choice_state(i) for i in range(n)]
 
     def output(self, lookup: LogprobLookup | None = None) -> list[dict[str, Any]]:
@@ -245,17 +248,17 @@ class Attempt:
         messages opened when `eager` (no tools), one per choice."""
         start = previous.next_index if previous.started else 0
         attempt = cls(
-            {
-                "base": base,
-                "output_index": start,
-                "item_id": message_id(base, start) if eager else None,
-                "open": True,
-                "token_ids": [],
-                "text": "",
-                "input_tokens": input_tokens,
-                "items": [],
-                "next_index": start,
-            }
+            Snapshot(
+                base=base,
+                output_index=start,
+                item_id=message_id(base, start) if eager else None,
+                open=True,
+                token_ids=[],
+                text="",
+                input_tokens=input_tokens,
+                items=[],
+                next_index=start,
+            )
         )
         if n > 1:
             attempt.data["n"] = n
@@ -321,13 +324,13 @@ class Attempt:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _choice_slot(self, choice: int) -> dict[str, Any]:
+    def _choice_slot(self, choice: int) -> Snapshot | ChoiceSnapshot:
         if choice == 0:
             return self.data
         choices = self.data.setdefault("choices", [])
         while len(choices) < choice:
             choices.append({"token_ids": [], "text": "", "finish_reason": None})
-        slot: dict[str, Any] = choices[choice - 1]
+        slot: ChoiceSnapshot = choices[choice - 1]
         return slot
 
     def _take_index(self) -> int:
@@ -335,26 +338,26 @@ class Attempt:
         self.data["next_index"] = index + 1
         return index
 
-    def _label(self, event: Event, item: dict[str, Any]) -> Event:
+    def _label(self, event: Event, item: SnapshotItem) -> Event:
         """Events of a job with several choices say whose they are (LMSP `choice`)."""
         if self.data.get("n", 1) > 1 or self.data.get("label"):
             event["choice"] = item.get("choice", 0)
         return event
 
-    def _open_items(self, choice: int) -> list[dict[str, Any]]:
+    def _open_items(self, choice: int) -> list[SnapshotItem]:
         return [
             item
             for item in self.data["items"]
             if item.get("choice", 0) == choice and item["status"] == "in_progress"
         ]
 
-    def _message(self, choice: int) -> dict[str, Any] | None:
+    def _message(self, choice: int) -> SnapshotItem | None:
         for item in self._open_items(choice):
             if item["type"] == "message":
                 return item
         return None
 
-    def _call(self, choice: int, index: int) -> dict[str, Any]:
+    def _call(self, choice: int, index: int) -> SnapshotItem:
         for item in self.data["items"]:
             if (
                 item["type"] == "function_call"
@@ -367,7 +370,7 @@ class Attempt:
     def _open_message(self, choice: int) -> list[Event]:
         index = self._take_index()
         item_id = message_id(self.base, index)
-        item: dict[str, Any] = {
+        item: SnapshotItem = {
             "type": "message",
             "id": item_id,
             "output_index": index,
@@ -407,7 +410,7 @@ class Attempt:
     def _open_call(self, choice: int, index: int, name: str) -> list[Event]:
         output_index = self._take_index()
         item_id, call_id = call_ids(self.base, output_index)
-        item = {
+        item: SnapshotItem = {
             "type": "function_call",
             "id": item_id,
             "call_id": call_id,
@@ -433,7 +436,7 @@ class Attempt:
 
     def _close(
         self,
-        item: dict[str, Any],
+        item: SnapshotItem,
         status: str,
         lookup: LogprobLookup | None,
         fresh: dict[str, list[dict[str, Any]]],
@@ -453,13 +456,13 @@ class Attempt:
             )
         return [self._label(event, item) for event in built]
 
-    def _logprobs(self, item: dict[str, Any], lookup: LogprobLookup | None) -> list[dict[str, Any]]:
+    def _logprobs(self, item: SnapshotItem, lookup: LogprobLookup | None) -> list[dict[str, Any]]:
         if not item.get("lp") or lookup is None:
             return []
         return lookup(item["id"])
 
     def _wire(
-        self, item: dict[str, Any], status: str, lookup: LogprobLookup | None
+        self, item: SnapshotItem, status: str, lookup: LogprobLookup | None
     ) -> dict[str, Any]:
         if item["type"] == "message":
             return output_message(item["id"], item["text"], status, self._logprobs(item, lookup))
