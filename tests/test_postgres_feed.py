@@ -28,6 +28,7 @@ from jupyter_lmsp.services.bus import EventBus
 from jupyter_lmsp.services.catalog import ModelCatalog
 from jupyter_lmsp.services.feed import EventFeed
 from jupyter_lmsp.services.runner import TaskRunner
+from jupyter_lmsp.services.running import RunningTask
 from jupyter_lmsp.store import notify, rules
 from jupyter_lmsp.store.database import Database
 
@@ -170,7 +171,8 @@ def test_a_cancel_committed_elsewhere_reaches_the_runner_holding_the_task(
         bus.bind(asyncio.get_running_loop())
         runner = _runner(here, bus, tmp_path)
         runner.runner_id = "runner_here"
-        runner.active.add(tid)  # as if its generation ran here
+        # As if its generation ran here.
+        runner.slots.tasks[tid] = RunningTask(tid, owner="", has_slot=True)
         runner.notice_cancelled = noticed.append  # type: ignore[method-assign]
         rows = here.engine.raw_connection()
         try:

@@ -3,7 +3,8 @@ log-probabilities, several choices, a structured-output format and function tool
 issues 14 and 15). One code path for both APIs: `services.responses` and `services.chat` turn
 their requests into a `Generation`, which is checked when the request arrives (`check`: a
 schema the grammar compiler cannot take is a 400 whose `param` points into it), stored in the
-task's `params`, and made into the worker's `GenerateJob` when the task runs (`job_for`).
+task's `params` (`protocol.params.TaskParams`), and made into the worker's `GenerateJob` when
+the task runs (`job_for`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..engine.grammars import (
 from ..engine.messages import ChoiceResume, GenerateJob
 from ..protocol.errors import LMSPError, invalid
 from ..protocol.output import Attempt
+from ..protocol.params import TaskParams
 from ..protocol.tools import FormatSpec, ToolsSpec
 from ..protocol.validation import render_path
 from ..store.tables import Model, Response, Task
@@ -65,14 +67,14 @@ class Generation:
         return out
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> Generation:
+    def from_params(cls, params: TaskParams) -> Generation:
         return cls(
-            stop=list(params.get("stop", [])),
-            logprobs=bool(params.get("logprobs", False)),
-            top_logprobs=int(params.get("top_logprobs", 0)),
-            n=int(params.get("n", 1)),
-            format=FormatSpec.from_json(params["format"]) if params.get("format") else None,
-            tools=ToolsSpec.from_json(params["tools"]) if params.get("tools") else None,
+            stop=list(params.stop),
+            logprobs=params.logprobs,
+            top_logprobs=params.top_logprobs,
+            n=params.n,
+            format=params.format_spec(),
+            tools=params.tools_spec(),
         )
 
     def engine_format(self) -> ResponseFormat | None:
@@ -150,20 +152,26 @@ def _schema_error(issue: GrammarIssue, param: str) -> LMSPError:
     )
 
 
-def job_for(task: Task, response: Response, model: Model, resume: bool) -> GenerateJob:
-    """The worker's job for a response task (resumed from its snapshot when `resume`)."""
-    params = json.loads(task.params)
-    generation = Generation.from_params(params)
+def job_for(
+    task: Task,
+    response: Response,
+    model: Model,
+    params: TaskParams,
+    generation: Generation,
+    resume: bool,
+) -> GenerateJob:
+    """The worker's job for a response task (resumed from its snapshot when `resume`), from
+    its params parsed once (`generation` is `Generation.from_params(params)`)."""
     attempt = Attempt.load(task.snapshot) if resume else Attempt({})
     points = attempt.choices(generation.n) if resume else None
     return GenerateJob(
         job_id=task.id,
         model_path=str(model.path),
         messages=stored_messages(response, task),
-        max_tokens=params["max_tokens"],
-        temperature=params["temperature"],
-        top_p=params["top_p"],
-        seed=params["seed"],
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
         expected_files=json.loads(model.files) if model.files else None,
         stop=generation.stop,
         logprobs=generation.logprobs,

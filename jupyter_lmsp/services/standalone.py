@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..store import rules
 from ..store.database import Database
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -109,15 +108,4 @@ class StandaloneWorker:
             self.lease.stop(unregister=True)
 
     async def _claim(self) -> None:
-        """Claim what there is room for: enough to keep every slot busy, and one more batch
-        waiting (so a slot freed is filled without waiting for the next claim)."""
-        runner = self.runner
-        room = 2 * self.max_active - len(runner.active) - len(runner.queue)
-        if room <= 0 or runner.runner_id is None:
-            return
-        claimed = await runner.committer.call(
-            rules.claim_tasks, self.db, runner.runner_id, self.models or None, room
-        )
-        for task_id, owner in claimed:
-            runner.submit(task_id, owner)
-        self.claimed += len(claimed)
+        self.claimed += await self.runner.claim_shared(self.models or None)

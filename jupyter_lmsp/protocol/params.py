@@ -1,0 +1,52 @@
+"""A response task's stored `params`: how to generate, as `services.responses` and
+`services.chat` write it into the task row (JSON text) when the request is accepted.
+
+The runner reads it once, into `TaskParams`, when it claims the task (`services.claiming`);
+the job it builds and the generation features it keeps come from that one parse. Only what
+differs from the defaults is written (`services.generation.Generation.params`), so every
+feature field has a default. Rows written before the conversation moved into the response's
+`request` also hold `messages`, `context` and `input_messages`: those keys are kept
+(`extra="allow"`), and `services.conversation` reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .tools import FormatSpec, ToolsSpec
+
+
+class TaskParams(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    # The prompt's tokens as admission counted them, and what the task holds of its caller's
+    # quota while unfinished (`services.admission` sums `budget` in SQL).
+    prompt_tokens: int = 0
+    budget: int = 0
+    stop: list[str] = Field(default_factory=list)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    n: int = 1
+    # `FormatSpec.to_json()` / `ToolsSpec.to_json()`.
+    format: dict[str, Any] | None = None
+    tools: dict[str, Any] | None = None
+
+    @classmethod
+    def load(cls, text: str) -> TaskParams:
+        """Parse a task row's `params` column."""
+        return cls.model_validate_json(text)
+
+    def dump(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+    def format_spec(self) -> FormatSpec | None:
+        return FormatSpec.from_json(self.format) if self.format else None
+
+    def tools_spec(self) -> ToolsSpec | None:
+        return ToolsSpec.from_json(self.tools) if self.tools else None

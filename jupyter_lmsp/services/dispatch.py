@@ -1,0 +1,238 @@
+"""The engine's messages, turned into what a task runner does with them.
+
+The worker's messages (`engine.messages`) come on the engine's reader thread; the runner hands
+each to its loop, where `EngineDispatcher` reads them into the task's record
+(`services.running`): a job started (its output assembler, `running`), its tokens (read into
+its pending output, `services.output`), a choice's or the job's end, a failure, a cancel (or
+the pause it was), the worker's own start and exit. What ends a task is decided here and
+committed through the runner (`TaskRunner.finish`).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..engine.messages import (
+    ChoiceFinished,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    JobTokens,
+    WorkerExited,
+    WorkerReady,
+)
+from ..protocol.objects import usage_object
+from ..protocol.output import Batch
+from ..protocol.states import TaskState
+from ..store import queries, rules
+from . import metrics
+from .assembly import OutputAssembler
+from .output import read
+from .running import RunningTask
+
+if TYPE_CHECKING:
+    from .runner import TaskRunner
+
+log = logging.getLogger(__name__)
+
+
+class EngineDispatcher:
+    def __init__(self, runner: TaskRunner) -> None:
+        self.runner = runner
+
+    def __call__(self, message: object) -> None:
+        match message:
+            case WorkerReady(pid=pid, blas=blas):
+                self.runner.worker_info = {"state": "ready", "pid": pid, "blas": blas}
+            case JobStarted():
+                self.job_started(message)
+            case JobTokens():
+                self.job_tokens(message)
+            case ChoiceFinished(job_id=task_id, choice=choice, finish_reason=reason):
+                self.choice_ended(task_id, choice, reason)
+            case JobFinished(choices=choices):
+                ends = [(c.choice, c.finish_reason) for c in choices] or [
+                    (0, message.finish_reason)
+                ]
+                self.job_finished(message, ends)
+            case JobFailed(job_id=task_id, code=code, message=text):
+                self.job_failed(task_id, code, text)
+            case JobCancelled(job_id=task_id, output_tokens=o):
+                self.job_cancelled(task_id, o)
+            case WorkerExited(job_ids=job_ids, exitcode=code):
+                self.worker_exited(list(job_ids), code)
+
+    def job_started(self, message: JobStarted) -> None:
+        runner, task_id = self.runner, message.job_id
+        runner.clock.started(
+            task_id,
+            message.input_tokens,
+            message.cached_tokens,
+            message.cache_bytes,
+            message.load_seconds,
+            message.cache_reused_bytes,
+        )
+        task = runner.slots.get(task_id)
+        if task is not None:
+            task.cached_tokens = message.cached_tokens
+            if task.has_slot:
+                task.running_since = time.monotonic()
+            output = task.output
+            if output is not None:
+                output.assembler = OutputAssembler(
+                    message.tool_format, output.generation.function_names(), output.generation.n
+                )
+                self._read(task, functools.partial(_restored, output.resumed))
+        runner.committer.run(
+            rules.start_running,
+            runner.db,
+            task_id,
+            message.input_tokens,
+            runner_id=runner.runner_id,
+            then=runner.committed,
+        )
+
+    def job_tokens(self, message: JobTokens) -> None:
+        runner = self.runner
+        runner.clock.tokens(message.job_id, len(message.token_ids), message.batch_sizes)
+        task = runner.slots.get(message.job_id)
+        if task is None:
+            return
+        runner.output.arriving(task)
+        if self._read(task, lambda a: a.tokens(message)):
+            runner.output.added(task, message.text)
+
+    def choice_ended(self, task_id: str, choice: int, reason: str) -> None:
+        task = self.runner.slots.get(task_id)
+        if task is None or task.output is None or choice in task.output.ended:
+            return
+        task.output.ended.add(choice)
+        self._read(task, lambda a: a.end(choice, reason))
+
+    def job_finished(self, message: JobFinished, ends: list[tuple[int, str]]) -> None:
+        task_id = message.job_id
+        for choice, reason in ends:
+            self.choice_ended(task_id, choice, reason)
+        self.runner.clock.accepted_drafts(task_id, message.accepted_draft_tokens)
+        task = self._flush(task_id)
+        broken = _broken(task)
+        if broken is not None:
+            self.runner.finish(task_id, rules.Outcome(TaskState.FAILED, error=broken))
+            return
+        cut = any(reason == "length" for _, reason in ends)
+        usage = usage_object(
+            message.input_tokens,
+            message.output_tokens,
+            task.cached_tokens if task is not None else 0,
+            message.accepted_draft_tokens,
+        )
+        self.runner.finish(
+            task_id,
+            rules.Outcome(
+                TaskState.COMPLETED,
+                incomplete_reason="max_output_tokens" if cut else None,
+                usage=usage,
+            ),
+        )
+
+    def job_failed(self, task_id: str, code: str, message: str) -> None:
+        broken = _broken(self._flush(task_id))
+        self.runner.finish(
+            task_id,
+            rules.Outcome(TaskState.FAILED, error=broken or {"code": code, "message": message}),
+            corrupt=code == "model_digest_mismatch",
+        )
+
+    def job_cancelled(self, task_id: str, output_tokens: int) -> None:
+        runner = self.runner
+        task = self._flush(task_id)
+        broken = _broken(task)
+        if broken is not None:
+            # Stopped because a call it wrote could not be read: it failed.
+            failed = rules.Outcome(TaskState.FAILED, error=broken)
+            runner.finish(task_id, failed, output_tokens=output_tokens)
+            return
+        if task is not None and task.pausing:
+            # Paused to free its slot: its state decides (read after its tokens committed)
+            # whether it waits for its turn or ends cancelled.
+            runner.committer.run(
+                queries.get_task,
+                runner.db,
+                task_id,
+                then=functools.partial(runner.paused, task_id, output_tokens),
+            )
+            return
+        runner.finish(
+            task_id,
+            rules.Outcome(TaskState.CANCELLED),
+            output_tokens=output_tokens,
+            cached_tokens=task.cached_tokens if task is not None else 0,
+        )
+
+    def worker_exited(self, job_ids: list[str], exitcode: int | None) -> None:
+        """The worker died: commit what its tasks generated, let the restart policy decide
+        what becomes of each (`rules.recover_after_worker_exit`), and start a new worker."""
+        runner = self.runner
+        log.error("inference worker exited (code %s) holding %d task(s)", exitcode, len(job_ids))
+        runner.worker_info = {"state": "restarting", "last_exit_code": exitcode}
+        runner.clock.worker_restarted()
+        held = sorted(set(job_ids) | {t.task_id for t in runner.slots.active()})
+        tasks = [t for t in map(runner.slots.get, held) if t is not None]
+        runner.output.flush(tasks)
+        for task in tasks:
+            task.stopped()
+        runner.committer.run(
+            rules.recover_after_worker_exit,
+            runner.db,
+            held,
+            runner_id=runner.runner_id,
+            then=functools.partial(self._after_worker_exit, held),
+        )
+        runner.engine.restart()
+
+    def _after_worker_exit(self, held: list[str], report: rules.RecoveryReport) -> None:
+        runner = self.runner
+        metrics.recovered("worker_exit", report.by_policy)
+        for committed in report.committed:
+            runner.publish(committed)
+            # Those the restart policy ended (`fail`) end here.
+            runner.clock.ended(committed.task.id, committed.task.model, str(committed.task.state))
+        for task_id in reversed(report.adopted):
+            if runner.slots.push_front(task_id, report.owners[task_id]):
+                runner.clock.queued(task_id)
+        adopted = set(report.adopted)
+        for task_id in held:
+            if task_id not in adopted and not runner.slots.holds(task_id):
+                runner.slots.forget(task_id)
+        runner.schedule()
+
+    def _read(self, task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool:
+        """Read the engine's output into the task's pending batch (`output.read`); a task
+        whose output broke now commits what was read before and stops generating."""
+        added = read(task, step)
+        if added is None:
+            self.runner.output.flush([task])
+            self.runner.engine.cancel(task.task_id)
+            return False
+        return added
+
+    def _flush(self, task_id: str) -> RunningTask | None:
+        task = self.runner.slots.get(task_id)
+        if task is not None:
+            self.runner.output.flush([task])
+        return task
+
+
+def _broken(task: RunningTask | None) -> dict[str, str] | None:
+    return task.output.broken if task is not None and task.output is not None else None
+
+
+def _restored(texts: list[str], assembler: OutputAssembler) -> Batch:
+    """Feed a resumed task's parsers the text committed before (nothing new to commit)."""
+    assembler.restore(texts)
+    return Batch()

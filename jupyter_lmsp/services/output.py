@@ -1,0 +1,95 @@
+"""A runner's output stage: the engine's tokens read into each task's pending batch, and the
+pending batches committed together, with the snapshot that covers them (LMSP B7).
+
+This is the one place tokens are coalesced (the worker sends every step's tokens as they
+come): for `interval` seconds, then every running task's pending output is committed in one
+transaction, however many tasks decode at once. A crash loses at most that much uncommitted
+work, and a resumed task continues from exactly what its watchers saw. A task's first text is
+committed on the loop's next turn instead (with whatever else is pending then: the first
+tokens of a batch's other tasks arrive in the same turn), so nobody waits an interval for it.
+With `interval` <= 0 every message is committed as it comes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from ..protocol.output import Batch
+from .assembly import OutputAssembler, ToolCallError
+from .running import RunningTask
+
+log = logging.getLogger(__name__)
+
+# Called with the batches to commit (by task id) and when the oldest of their tokens came.
+Commit = Callable[[dict[str, Batch], float], None]
+
+
+def read(task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool | None:
+    """Add what `step` makes of the engine's output to the task's pending batch: True when
+    added, False when there is nothing to add to (no output yet, or one that broke), None
+    when the output broke now (a tool call the model wrote cannot be read: `output.broken`
+    says why, and its generation must stop)."""
+    output = task.output
+    if output is None or output.assembler is None or output.broken is not None:
+        return False
+    try:
+        output.pending.add(step(output.assembler))
+    except ToolCallError as e:
+        log.warning("task %s: unreadable tool call: %s", task.task_id, e)
+        output.broken = {"code": "tool_call_invalid", "message": f"A tool call: {e}"}
+        return None
+    return True
+
+
+class OutputStage:
+    def __init__(self, interval: float, commit: Commit) -> None:
+        self.interval = interval
+        self.commit = commit
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # One timer for all running tasks: their tokens are committed together.
+        self._handle: asyncio.Handle | None = None
+        self._tasks: Callable[[], Iterable[RunningTask]] = tuple
+
+    def bind(
+        self, loop: asyncio.AbstractEventLoop, tasks: Callable[[], Iterable[RunningTask]]
+    ) -> None:
+        self.loop = loop
+        self._tasks = tasks
+
+    def arriving(self, task: RunningTask) -> None:
+        """Tokens are about to be read for `task` (marks when its pending output began)."""
+        if task.output is not None and not task.output.pending:
+            task.output.pending_since = time.monotonic()
+
+    def added(self, task: RunningTask, text: str) -> None:
+        """Output was added to `task`'s pending batch: commit it when it is due."""
+        assert self.loop is not None
+        if self.interval <= 0:
+            self.flush([task])
+        elif text and not task.producing:
+            # The first text (a token may complete none, e.g. half a character).
+            task.producing = True
+            if self._handle is not None:
+                self._handle.cancel()
+            self._handle = self.loop.call_soon(self.flush_all)
+        elif self._handle is None:
+            self._handle = self.loop.call_later(self.interval, self.flush_all)
+
+    def flush(self, tasks: Iterable[RunningTask]) -> None:
+        """Commit the output held for these tasks, in one transaction."""
+        batches: dict[str, Batch] = {}
+        oldest = float("inf")
+        for task in tasks:
+            output = task.output
+            if output is not None and output.pending:
+                oldest = min(oldest, output.pending_since)
+                batches[task.task_id] = output.take()
+        if batches:
+            self.commit(batches, oldest)
+
+    def flush_all(self) -> None:
+        self._handle = None
+        self.flush(list(self._tasks()))
