@@ -12,6 +12,8 @@ What these tests prove, on a real PostgreSQL cluster:
   from the table when the feed starts;
 - a cancel another server commits for a task this server's runner holds is noticed through
   the notification of its `cancelling` event.
+
+A feed says when it listens (`EventFeed.listening`): the tests commit only after that.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 
 import psycopg
 import pytest
+from sqlalchemy import insert, update
 from storehelpers import make_task, new_task, to_running
 
 from jupyter_lmsp.services import feed as feed_module
@@ -31,6 +34,7 @@ from jupyter_lmsp.services.runner import TaskRunner
 from jupyter_lmsp.services.running import RunningTask
 from jupyter_lmsp.store import notify, rules
 from jupyter_lmsp.store.database import Database
+from jupyter_lmsp.store.tables import Runner, Task, TaskEvent
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -62,11 +66,11 @@ def test_the_trigger_announces_committed_events_only(pg_url):
             n_events = len(rules_events(db, tid))
             assert got == [(tid, seq) for seq in range(n_events)]
             # A transaction that rolls back announces nothing.
-            with pytest.raises(RuntimeError), db.write_cursor() as cursor:
-                cursor.execute(
-                    "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
-                    " VALUES (?, ?, 'x', '{}', 0)",
-                    (tid, 999),
+            with pytest.raises(RuntimeError), db.writing() as conn:
+                conn.execute(
+                    insert(TaskEvent.__table__).values(
+                        task_id=tid, sequence_number=999, type="x", data="{}", created_at=0
+                    )
                 )
                 raise RuntimeError("rolled back")
             assert list(listener.notifies(timeout=0.5)) == []
@@ -78,6 +82,12 @@ def rules_events(db, tid):
     from jupyter_lmsp.store import queries
 
     return queries.list_events(db, tid)
+
+
+async def _listening(feed, timeout=10.0):
+    """Until the feed listens (and has read what was committed before)."""
+    loop = asyncio.get_running_loop()
+    assert await loop.run_in_executor(None, feed.listening.wait, timeout), "never listened"
 
 
 def _collect(sub, until_type, timeout):
@@ -111,7 +121,7 @@ def test_events_committed_by_another_server_arrive_by_notification(two, tmp_path
         sub.seen(0)  # the watcher read the log up to `response.created`
         feed.start(asyncio.get_running_loop())
         try:
-            await asyncio.sleep(0.3)  # listening
+            await _listening(feed)
             started = time.monotonic()
             writer = asyncio.get_running_loop().run_in_executor(None, _drive, there, tid)
             got = await _collect(sub, "response.completed", timeout=20)
@@ -174,22 +184,30 @@ def test_a_cancel_committed_elsewhere_reaches_the_runner_holding_the_task(
         # As if its generation ran here.
         runner.slots.tasks[tid] = RunningTask(tid, owner="", has_slot=True)
         runner.notice_cancelled = noticed.append  # type: ignore[method-assign]
-        rows = here.engine.raw_connection()
-        try:
-            cur = rows.cursor()
-            cur.execute(
-                "INSERT INTO runners (id, kind, host, boot_id, pid, process_started_at, label,"
-                " started_at, heartbeat_at, lease_expires_at)"
-                " VALUES ('runner_here', 'server', 'h', 'b', 1, 0, '', 0, 0, 1e12)"
+        with here.writing() as conn:
+            conn.execute(
+                insert(Runner.__table__).values(
+                    id="runner_here",
+                    kind="server",
+                    host="h",
+                    boot_id="b",
+                    pid=1,
+                    process_started_at=0,
+                    label="",
+                    started_at=0,
+                    heartbeat_at=0,
+                    lease_expires_at=1e12,
+                )
             )
-            cur.execute("UPDATE tasks SET runner_id = 'runner_here' WHERE id = %s", (tid,))
-            rows.commit()
-        finally:
-            rows.close()
+            conn.execute(
+                update(Task.__table__)
+                .where(Task.__table__.c.id == tid)
+                .values(runner_id="runner_here")
+            )
         feed = EventFeed(here, bus, runner, interval=0.02)
         feed.start(asyncio.get_running_loop())
         try:
-            await asyncio.sleep(0.3)
+            await _listening(feed)
             await asyncio.get_running_loop().run_in_executor(None, rules.request_cancel, there, tid)
             deadline = time.monotonic() + 5
             while not noticed and time.monotonic() < deadline:

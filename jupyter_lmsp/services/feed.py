@@ -10,31 +10,33 @@ commits on its own bus; this feed makes the rest visible here, by polling from o
 - the tasks this server's runner holds that another server committed `cancelling`, handed to
   the runner (`notice_cancelled`), which stops their generation.
 
-On SQLite a poll costs one `PRAGMA data_version` (which changes when another connection
-commits) every `interval` seconds; the queries run only when something changed.
+The database side is the store's (`store.feed.ChangeWatch`: its own connection, the
+statements); this module schedules it. On SQLite a poll costs one `PRAGMA data_version`
+(which changes when another connection commits) every `interval` seconds; the queries run
+only when something changed.
 
 On PostgreSQL the thread listens instead (`LISTEN lmsp_events`, `store.notify`): each
 committed event arrives as a notification naming its task and sequence number, and only the
 tasks named are read — the events of those watched here, and whether one this server runs was
 committed `cancelling`. Every `FULL_POLL_SECONDS` (and after reconnecting) everything watched
 is read once, so a notification lost with a broken connection costs latency, never an event.
+
+`listening` is set once the watch is open and what was committed before it has been read:
+from then on, every commit reaches this server (tests wait on it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable
 from typing import Any
 
-from ..store import notify
 from ..store.database import Database
-from ..store.dialect import PgCursor
+from ..store.feed import ChangeWatch, FeedError
 from .bus import EventBus
 from .runner import TaskRunner
 
@@ -42,16 +44,8 @@ log = logging.getLogger(__name__)
 
 # On PostgreSQL, how often everything watched is read even without a notification.
 FULL_POLL_SECONDS = 1.0
-
-
-class _PgReader:
-    """A psycopg connection read with statements in SQLite's parameter style."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-
-    def execute(self, sql: str, params: Any = ()) -> PgCursor:
-        return PgCursor(self.conn).execute(sql, params)
+# After a failure to read or listen, the pause before connecting again.
+RECONNECT_SECONDS = 1.0
 
 
 class EventFeed:
@@ -63,6 +57,8 @@ class EventFeed:
         self.runner = runner
         self.interval = interval
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Set while the watch is open and caught up (see the module docstring).
+        self.listening = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # The runner's tasks last seen `cancelling` (each is reported once).
@@ -83,85 +79,52 @@ class EventFeed:
             self._thread = None
 
     def _run(self) -> None:
-        if self.db.is_postgres:
-            self._listen()
-            return
-        assert self.db.path is not None
-        conn = sqlite3.connect(self.db.path, isolation_level=None, timeout=10)
+        if not self.db.is_postgres and self.db.path is None:
+            return  # an in-memory database: this process's alone, nothing to watch
+        watch = ChangeWatch(self.db)
+        # PostgreSQL wakes up for notifications: a longer wait costs no latency, and still
+        # notices a stop (and the periodic full read) in time.
+        timeout = self.interval * 10 if watch.names_tasks else self.interval
         try:
-            conn.execute("PRAGMA query_only=1")
-            version = None
-            while not self._stop.wait(self.interval):
+            while not self._stop.is_set():
                 try:
-                    (now,) = conn.execute("PRAGMA data_version").fetchone()
-                    if now == version:
-                        continue
-                    version = now
-                    self.poll(conn)
-                except sqlite3.Error:
-                    log.exception("LMSP: reading the shared database failed")
+                    with watch.opened():
+                        self.poll(watch)  # what was committed before watching
+                        self.listening.set()
+                        last_full = time.monotonic()
+                        while not self._stop.is_set():
+                            named = watch.wait(timeout)
+                            if named is None:  # something changed (SQLite)
+                                self.poll(watch)
+                            elif time.monotonic() - last_full >= FULL_POLL_SECONDS:
+                                self.poll(watch)
+                                last_full = time.monotonic()
+                            elif named:
+                                self.poll(watch, named)
+                except FeedError:
+                    self.listening.clear()
+                    if self._stop.is_set():
+                        return
+                    log.exception("LMSP: reading the shared database failed; reconnecting")
+                    self._stop.wait(RECONNECT_SECONDS)
         finally:
-            conn.close()
+            self.listening.clear()
+            watch.dispose()
 
-    def _listen(self) -> None:
-        import psycopg
-
-        dsn = self.db.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {notify.CHANNEL}")
-                    reader = _PgReader(conn)
-                    self.poll(reader)  # what was committed before listening
-                    last_full = time.monotonic()
-                    while not self._stop.is_set():
-                        named: set[str] = set()
-                        for note in conn.notifies(timeout=self.interval * 10, stop_after=1):
-                            parsed = notify.parse(note.payload)
-                            if parsed is not None:
-                                named.add(parsed[0])
-                        # Whatever else arrived meanwhile, without waiting.
-                        for note in conn.notifies(timeout=0):
-                            parsed = notify.parse(note.payload)
-                            if parsed is not None:
-                                named.add(parsed[0])
-                        if time.monotonic() - last_full >= FULL_POLL_SECONDS:
-                            self.poll(reader)
-                            last_full = time.monotonic()
-                        elif named:
-                            self.poll(reader, named)
-            except psycopg.Error:
-                if self._stop.is_set():
-                    return
-                log.exception("LMSP: listening to the shared database failed; reconnecting")
-                self._stop.wait(1.0)
-
-    def poll(self, conn: Any, only: Iterable[str] | None = None) -> None:
+    def poll(self, watch: ChangeWatch, only: Iterable[str] | None = None) -> None:
         """Read what changed (of the tasks `only` names, if given) and hand it to the loop."""
-        batches: list[tuple[str, list[dict[str, Any]]]] = []
         named = set(only) if only is not None else None
-        for task_id, after in self.bus.watched().items():
-            if named is not None and task_id not in named:
-                continue
-            if self.runner.holds(task_id):
-                continue  # its events come from this server's own commits
-            rows = conn.execute(
-                "SELECT data FROM task_events WHERE task_id = ? AND sequence_number > ?"
-                " ORDER BY sequence_number",
-                (task_id, after),
-            ).fetchall()
-            if rows:
-                batches.append((task_id, [json.loads(data) for (data,) in rows]))
+        wanted = {
+            task_id: after
+            for task_id, after in self.bus.watched().items()
+            # A task this server runs: its events come from this server's own commits.
+            if (named is None or task_id in named) and not self.runner.holds(task_id)
+        }
+        batches = watch.events(wanted) if wanted else []
         cancelled: list[str] = []
         runner_id = self.runner.runner_id
         if runner_id is not None and (named is None or any(map(self.runner.holds, named))):
-            now = {
-                task_id
-                for (task_id,) in conn.execute(
-                    "SELECT id FROM tasks WHERE runner_id = ? AND state = 'cancelling'",
-                    (runner_id,),
-                )
-            }
+            now = watch.cancelling(runner_id)
             cancelled = sorted(now - self._cancelling)
             self._cancelling = now
         if (batches or cancelled) and self.loop is not None and not self.loop.is_closed():
