@@ -100,14 +100,13 @@ class ResponseCancelledEvent(_Lifecycle):
 
 
 class _ItemEvent(_Event):
-    """`choice` says which choice an item event belongs to, for a chat completion with `n` > 1
-    (absent otherwise)."""
+    """An event of one output item (`output_index`)."""
 
     model_config = {"json_schema_extra": optional_on_wire("choice")}
 
     output_index: Index
-    choice: Index | None = Field(
-        None,
+    choice: Index = Field(
+        0,
         description="LMSP: which choice an item event belongs to, for a chat completion with "
         "`n` > 1 (absent otherwise).",
     )
@@ -384,22 +383,19 @@ def call_arguments(item_id: str, output_index: int, delta: str) -> EventData:
 def call_closed(
     item_id: str, call_id: str, output_index: int, name: str, arguments: str, status: str
 ) -> list[EventData]:
-    """The end of a function call item: its arguments (when it completed), then the item."""
-    done: list[EventData] = []
-    if status == "completed":
-        done.append(
-            {
-                "type": ARGUMENTS_DONE,
-                "item_id": item_id,
-                "output_index": output_index,
-                "arguments": arguments,
-            }
-        )
-    done.append(
+    """The end of a function call item: its arguments, then the item. A call cut off (output
+    limit, cancel) gets its `function_call_arguments.done` too, with the arguments written so
+    far: the Responses streams close every item's arguments before the item."""
+    return [
+        {
+            "type": ARGUMENTS_DONE,
+            "item_id": item_id,
+            "output_index": output_index,
+            "arguments": arguments,
+        },
         {
             "type": ITEM_DONE,
             "output_index": output_index,
             "item": function_call_item(item_id, call_id, name, arguments, status),
-        }
-    )
-    return done
+        },
+    ]

@@ -15,7 +15,10 @@ export type TaskState = Schemas['TaskState'];
 export type ITask = Schemas['Task'];
 export type ITaskList = Schemas['TaskList'];
 export type IErrorObject = Schemas['ErrorDetail'];
-/** One event of a task's log; lifecycle events of a response carry `response`. */
+/**
+ * One event of a task's log: a union discriminated on `type` (one member per event type), so a
+ * `switch (event.type)` or `'response' in event` narrows it to that event's fields.
+ */
 export type ITaskEvent = Schemas['Event'];
 export type IEventPage = Schemas['EventPage'];
 /** One transition of one of the caller's tasks (GET /lifecycle). */

@@ -1848,9 +1848,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             item_id: string;
             content_index: number;
             /**
@@ -1866,9 +1866,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             item_id: string;
             content_index: number;
             /**
@@ -1921,9 +1921,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
@@ -1938,9 +1938,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
@@ -1988,9 +1988,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
@@ -2004,9 +2004,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             /**
              * @description discriminator enum property added by openapi-typescript
              * @enum {string}
@@ -2023,9 +2023,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             item_id: string;
             content_index: number;
             /**
@@ -2043,9 +2043,9 @@ export interface components {
             output_index: number;
             /**
              * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
-             * @default null
+             * @default 0
              */
-            choice?: number | null;
+            choice?: number;
             item_id: string;
             content_index: number;
             /**
