@@ -18,37 +18,21 @@ import asyncio
 import contextlib
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from ..store.errors import is_locked
 from . import metrics
+
+__all__ = ["Committer", "is_locked"]
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
 # Pauses between attempts of a job that found the database locked, seconds.
 RETRY_PAUSES = (0.05, 0.1, 0.2, 0.5, 1.0)
-
-
-def is_locked(exc: BaseException) -> bool:
-    """SQLite's "database is locked" / "busy", or PostgreSQL's deadlock or serialization
-    failure (the transaction was rolled back and may simply run again), raised directly or
-    wrapped by SQLAlchemy."""
-    for error in (exc, getattr(exc, "orig", None)):
-        if isinstance(error, sqlite3.OperationalError) and (
-            "locked" in str(error) or "busy" in str(error)
-        ):
-            return True
-        if getattr(error, "sqlstate", None) in _PG_RETRYABLE:
-            return True
-    return False
-
-
-# PostgreSQL's serialization_failure and deadlock_detected.
-_PG_RETRYABLE = frozenset({"40001", "40P01"})
 
 
 class Committer:
