@@ -17,10 +17,9 @@ from typing import Any
 
 from .store import backup, runners
 from .store.database import Database, sqlite_url
+from .store.inventory import UnfinishedTask, row_counts, unfinished_by_holder, unfinished_tasks
 from .store.schema import SchemaStatus
 from .store.tables import Runner
-
-UNFINISHED = ("queued", "loading", "running", "cancelling")
 
 
 @dataclass
@@ -28,17 +27,6 @@ class RunnerState:
     runner: Runner
     gone: str | None  # why it is gone, or None while alive
     tasks: Counter[str] = field(default_factory=Counter)  # unfinished tasks it holds, by state
-
-
-@dataclass
-class UnfinishedTask:
-    id: str
-    kind: str
-    state: str
-    on_restart: str
-    owner: str
-    runner_id: str | None
-    created_at: float
 
 
 @dataclass
@@ -81,40 +69,14 @@ def examine(path: Path, *, quick: bool = False, limit: int = 20) -> Diagnosis:
         ]
         by_id = {s.runner.id: s for s in states}
         unheld: Counter[str] = Counter()
-        with db.read() as session:
-            conn = session.connection()
-            marks = ", ".join("?" * len(UNFINISHED))
-            for runner_id, state, n in conn.exec_driver_sql(
-                f"SELECT runner_id, state, count(*) FROM tasks WHERE state IN ({marks})"
-                " GROUP BY runner_id, state",
-                UNFINISHED,
-            ):
-                if runner_id in by_id:
-                    by_id[runner_id].tasks[state] += n
-                else:
-                    unheld[state] += n
-            rows = conn.exec_driver_sql(
-                "SELECT id, kind, state, on_restart, owner, runner_id, created_at FROM tasks"
-                f" WHERE state IN ({marks}) ORDER BY created_at LIMIT ?",
-                (*UNFINISHED, limit),
-            ).fetchall()
-            total = conn.exec_driver_sql(
-                f"SELECT count(*) FROM tasks WHERE state IN ({marks})", UNFINISHED
-            ).scalar()
-            counts = {
-                table: conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar() or 0
-                for table in ("tasks", "task_events", "responses", "models", "clients")
-            }
+        for runner_id, state, n in unfinished_by_holder(db):
+            if runner_id in by_id:
+                by_id[runner_id].tasks[state] += n
+            else:
+                unheld[state] += n
+        listed, total = unfinished_tasks(db, limit)
         return Diagnosis(
-            path,
-            size,
-            status,
-            problems,
-            states,
-            [UnfinishedTask(*row) for row in rows],
-            total or 0,
-            unheld,
-            counts,
+            path, size, status, problems, states, listed, total, unheld, row_counts(db)
         )
     finally:
         db.dispose()
