@@ -20,6 +20,8 @@ from jupyter_lmsp.protocol.output import Attempt, Batch, CallArguments, CallBegi
 from jupyter_lmsp.protocol.states import EVENT_STATES
 from jupyter_lmsp.store import rules
 
+REF = "#/components/schemas/"
+
 LOGPROB = {
     "token": "Hi",
     "bytes": [72, 105],
@@ -134,3 +136,25 @@ def test_every_event_that_moves_a_state_is_a_model_and_the_constants_name_models
     assert set(EVENT_STATES) <= set(event_types())
     constants = {v for k, v in vars(ev).items() if k.isupper() and isinstance(v, str)}
     assert constants <= set(event_types())
+
+
+def test_the_document_describes_the_union_with_its_discriminator():
+    from jupyter_lmsp import __version__
+    from jupyter_lmsp.handlers.openapi import document
+
+    schemas = document("/lmsp/v1", __version__)["components"]["schemas"]
+    union = schemas["Event"]
+    assert union["discriminator"]["propertyName"] == "type"
+    mapping = union["discriminator"]["mapping"]
+    assert set(mapping) == set(event_types())
+    assert sorted(m["$ref"] for m in union["oneOf"]) == sorted(mapping.values())
+    for type_, ref in mapping.items():
+        member = schemas[ref.rsplit("/", 1)[1]]
+        assert member["properties"]["type"]["const"] == type_
+        assert member["additionalProperties"] is False
+        assert {"type", "sequence_number"} <= set(member["required"])
+    # A task's event page and its SSE stream hold this union.
+    assert schemas["EventPage"]["properties"]["data"]["items"] == {"$ref": REF + "Event"}
+    assert schemas["EventStreamItem"]["properties"]["data"]["contentSchema"] == {
+        "$ref": REF + "Event"
+    }
