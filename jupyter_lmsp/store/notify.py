@@ -5,8 +5,8 @@ A trigger on `task_events` sends, for every event inserted, a notification on th
 (`"<task_id> <sequence_number>"`). PostgreSQL delivers notifications only when, and only if,
 the transaction commits, in commit order: a server that listens learns of each committed
 event without polling. The payload only says where to look: the listener reads the events from
-the table (`services.feed`), so a notification missed (a listener reconnecting) costs latency,
-never an event.
+the table (`store.feed`, which `services.feed` drives), so a notification missed (a
+listener reconnecting) costs latency, never an event.
 
 The trigger is created with the tables (`install`, on PostgreSQL only) and by migration 0004
 for databases made before it. SQLite has no such thing: its servers poll `PRAGMA
