@@ -22,7 +22,8 @@ What the grammars allow:
   The calls may be followed by one newline, then the end.
   `parallel=False` or `max_calls=1` allows one call; `max_calls` bounds them. Arguments follow
   the function's `parameters` (strictly when the tool is `strict`, else leniently as above;
-  a function without parameters takes `{}` when strict, any object otherwise).
+  a function without parameters takes `{}` when strict, any object otherwise). A strict
+  tool's objects are closed unless they say otherwise (`closed_objects`).
 - With both a response format and tools (not "none"): the JSON, or calls.
 
 JSON whitespace is limited to at most 12 characters at each place JSON allows it (small models
@@ -337,10 +338,62 @@ def _format_schema(fmt: ResponseFormat) -> dict[str, Any]:
 
 def _arguments_schema(tool: FunctionTool) -> dict[str, Any]:
     if tool.parameters is not None:
-        return tool.parameters
+        return closed_objects(tool.parameters) if tool.strict else tool.parameters
     if tool.strict:
         return {"type": "object", "properties": {}, "additionalProperties": False}
     return {"type": "object"}
+
+
+# Where a schema holds sub-schemas: keywords whose value is one, a list of them, or a map of
+# names to them.
+_ONE_SCHEMA = (
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+)
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# Keywords that already say what an object's other keys may be.
+_OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def closed_objects(schema: Any) -> Any:
+    """`schema` with every object that does not say what its other keys may be closed
+    (`additionalProperties: false`), at every depth: OpenAI's strict mode means closed objects,
+    and clients (LangGraph's default `bind_tools`) send strict schemas that leave it out.
+    An object schema is one of type `object` or with `properties`; one that combines
+    sub-schemas (`anyOf`, `allOf`, `$ref`, ...) without its own properties is left open, so the
+    combination's members decide."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE_SCHEMA:
+        if isinstance(out.get(key), dict):
+            out[key] = closed_objects(out[key])
+    for key in _SCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed_objects(child) for child in out[key]]
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed_objects(child) for name, child in out[key].items()}
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = closed_objects(out["additionalProperties"])
+    kind = out.get("type")
+    is_object = kind == "object" or (isinstance(kind, list) and "object" in kind)
+    says_keys = any(key in out for key in _OPEN_KEYWORDS)
+    if ("properties" in out or (is_object and not _combines(out))) and not says_keys:
+        out["additionalProperties"] = False
+    return out
+
+
+def _combines(schema: dict[str, Any]) -> bool:
+    return any(key in schema for key in ("anyOf", "allOf", "oneOf", "$ref"))
 
 
 def _with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
