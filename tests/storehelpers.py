@@ -8,7 +8,7 @@
   `append_output` → `request_cancel` / `finish`.
 - `raw`, `task_row`, `events_of`, `dump` read the database with the plain driver (`sqlite3`, or
   psycopg through `PgConnection`), on a connection of their own, so the tests see what is
-  committed and nothing the store's own session may still hold.
+  committed and nothing the store's own connection may still hold.
 - `check_log` asserts the invariants every task's log keeps at every committed moment: sequence
   numbers contiguous from 0, `next_sequence` equal to the event count, `response.created` first,
   at most one terminal event and only as the last event, and the last event matching the state.
@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 import time
@@ -25,22 +26,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy.exc
+from sqlalchemy.engine import Connection
+
 from jupyter_lmsp.protocol import events as ev
 from jupyter_lmsp.protocol.ids import new_id
 from jupyter_lmsp.protocol.objects import response_object, usage_object
 from jupyter_lmsp.store import rules
 from jupyter_lmsp.store.database import Database, sqlite_url
-from jupyter_lmsp.store.dialect import PgCursor, SqliteCursor
 
+# What a violated constraint raises: from the store, SQLAlchemy's error (wrapping the driver's);
+# from the tests' own plain connections, the driver's.
 try:
     import psycopg
 
     INTEGRITY_ERRORS: tuple[type[Exception], ...] = (
+        sqlalchemy.exc.IntegrityError,
         sqlite3.IntegrityError,
         psycopg.IntegrityError,
     )
 except ImportError:  # pragma: no cover
-    INTEGRITY_ERRORS = (sqlite3.IntegrityError,)
+    INTEGRITY_ERRORS = (sqlalchemy.exc.IntegrityError, sqlite3.IntegrityError)
 from jupyter_lmsp.store.tables import Response, Task
 
 UNFINISHED = ("queued", "loading", "running", "cancelling")
@@ -119,10 +125,45 @@ def db_path(db: Database) -> str:
     return db.url.removeprefix("sqlite:///")
 
 
+class PgRow(tuple[Any, ...]):
+    """A psycopg row as the tests read `sqlite3.Row`s: `row[0]`, `row["id"]`, `dict(row)`."""
+
+    names: tuple[str, ...]
+
+    def __new__(cls, values: Any, names: tuple[str, ...]) -> PgRow:
+        row = super().__new__(cls, values)
+        row.names = names
+        return row
+
+    def keys(self) -> tuple[str, ...]:
+        return self.names
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            return tuple.__getitem__(self, self.names.index(key))
+        return tuple.__getitem__(self, key)
+
+
+def _pg_rows(cursor: Any) -> Any:
+    if cursor.description is None:
+        return tuple
+    names = tuple(column.name for column in cursor.description)
+    return lambda values: PgRow(values, names)
+
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def pg_style(sql: str) -> str:
+    """A test's statement in SQLite's parameter style (`?`, `:name`) in psycopg's."""
+    return _NAMED.sub(r"%(\1)s", sql.replace("%", "%%").replace("?", "%s"))
+
+
 class PgConnection:
     """A psycopg connection (autocommit) that takes SQLite's parameter style and gives rows
-    like `sqlite3.Row`: the tests' plain reads work on both backends. `BEGIN` starts a
-    REPEATABLE READ transaction (one snapshot, as SQLite's read transaction)."""
+    like `sqlite3.Row`: the tests' plain reads, on the driver and not through the store, work
+    on both backends. `BEGIN` starts a REPEATABLE READ transaction (one snapshot, as SQLite's
+    read transaction)."""
 
     def __init__(self, url: str) -> None:
         import psycopg
@@ -130,13 +171,16 @@ class PgConnection:
         dsn = url.replace("postgresql+psycopg://", "postgresql://")
         self.conn = psycopg.connect(dsn, autocommit=True)
 
-    def execute(self, sql: str, params: Any = ()) -> PgCursor:
+    def execute(self, sql: str, params: Any = ()) -> Any:
         if sql.strip().upper() == "BEGIN":
             sql = "BEGIN ISOLATION LEVEL REPEATABLE READ"
-        return PgCursor(self.conn).execute(sql, params)
+        cursor = self.conn.cursor(row_factory=_pg_rows)
+        return cursor.execute(pg_style(sql), params)
 
-    def executemany(self, sql: str, rows: Any) -> PgCursor:
-        return PgCursor(self.conn).executemany(sql, rows)
+    def executemany(self, sql: str, rows: Any) -> Any:
+        cursor = self.conn.cursor(row_factory=_pg_rows)
+        cursor.executemany(pg_style(sql), list(rows))
+        return cursor
 
     def close(self) -> None:
         self.conn.close()
@@ -245,11 +289,11 @@ def make_task(
 def make_tasks(db: Database, n: int, state: str, on_restart: str = "fail", **kw: Any) -> list[str]:
     """`n` tasks driven to `state` by the real rule functions, committed in one transaction.
 
-    Each rule function opens `db.write()`; here they all get the same session (see
+    Each rule function opens `db.writing()`; here they all get the same connection (see
     `OneTransaction`), so making a thousand tasks costs one commit instead of five thousand.
     """
-    with db.write() as session:
-        shared = OneTransaction(session)
+    with db.writing() as conn:
+        shared = OneTransaction(conn)
         ids = [_drive(shared, state, on_restart, **kw) for _ in range(n)]  # type: ignore[arg-type]
     conn = raw(db)
     try:
@@ -264,29 +308,15 @@ def make_tasks(db: Database, n: int, state: str, on_restart: str = "fail", **kw:
 
 
 class OneTransaction:
-    """Stands in for a `Database` inside an open write transaction: every `write()` the rule
-    functions open is that same transaction, committed (or not) by whoever opened it."""
+    """Stands in for a `Database` inside an open write transaction: every `writing()` the
+    rule functions open is that same transaction, committed (or not) by whoever opened it."""
 
-    def __init__(self, session: Any) -> None:
-        self.session = session
-
-    @contextmanager
-    def write(self) -> Iterator[Any]:
-        yield self.session
-        self.session.flush()
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
 
     @contextmanager
-    def write_cursor(self) -> Iterator[Any]:
-        self.session.flush()
-        dbapi = self.session.connection().connection.dbapi_connection
-        if self.session.get_bind().dialect.name == "postgresql":
-            yield PgCursor(dbapi)
-        else:
-            cursor = dbapi.cursor(SqliteCursor)
-            cursor.row_factory = sqlite3.Row
-            yield cursor
-        # rows written around the ORM: reload what the session holds
-        self.session.expire_all()
+    def writing(self) -> Iterator[Connection]:
+        yield self.conn
 
 
 def _drive(
@@ -442,7 +472,7 @@ def _close(db_or_conn: Database | sqlite3.Connection, conn: sqlite3.Connection) 
 
 class PausingDatabase(Database):
     """A `Database` whose write transactions, while `hold()` is active, stop just before
-    COMMIT: every change of the transaction is flushed to SQLite (so it holds the write lock
+    COMMIT: every statement of the transaction has run (so it holds the write lock
     and has written its rows) but not yet committed. The test then looks at the file from
     another connection, and lets the transaction go on."""
 
@@ -464,19 +494,10 @@ class PausingDatabase(Database):
             self.release.set()
 
     @contextmanager
-    def write_cursor(self) -> Iterator[Any]:
-        with super().write_cursor() as cursor:
-            yield cursor
+    def writing(self) -> Iterator[Connection]:
+        with super().writing() as conn:
+            yield conn
             if self._holding:
-                self.paused.set()
-                assert self.release.wait(30), "the test never released the transaction"
-
-    @contextmanager
-    def write(self) -> Iterator[Any]:
-        with super().write() as session:
-            yield session
-            if self._holding:
-                session.flush()
                 self.paused.set()
                 assert self.release.wait(30), "the test never released the transaction"
 

@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import sqlalchemy.exc
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
@@ -37,12 +38,19 @@ from legacydb import (
     V010_TABLES,
     release_0_1_0_database,
 )
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import bindparam, create_engine, delete, func, insert, inspect, select
 from sqlmodel import SQLModel
 from storehelpers import POLICIES, UNFINISHED, check_log, make_task, open_db
 
 from jupyter_lmsp.store import backup, rules, schema
 from jupyter_lmsp.store.database import Database, sqlite_url
+from jupyter_lmsp.store.records import table as table_of
+from jupyter_lmsp.store.tables import Response, Task, TaskEvent
+
+_TASKS, _RESPONSES, _EVENTS = (table_of(m) for m in (Task, Response, TaskEvent))
+_EVENTS_OF = (
+    select(func.count()).select_from(_EVENTS).where(_EVENTS.c.task_id == bindparam("task_id"))
+)
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -427,29 +435,31 @@ def test_foreign_keys_are_enforced(tmp_path):
     db = open_db(tmp_path)
     try:
         task_id = make_task(db, "completed")
-        with db.write_cursor() as cursor:
-            (events,) = cursor.execute(
-                "SELECT count(*) FROM task_events WHERE task_id = ?", (task_id,)
-            ).fetchone()
+        with db.writing() as conn:
+            events = conn.execute(_EVENTS_OF, {"task_id": task_id}).scalar_one()
         assert events > 3
         # An event for a task that does not exist is refused.
-        with pytest.raises(sqlite3.IntegrityError), db.write_cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO task_events (task_id, sequence_number, type, data, created_at)"
-                " VALUES ('task_nope', 0, 'x', '{}', 0)"
+        with pytest.raises(sqlalchemy.exc.IntegrityError), db.writing() as conn:
+            conn.execute(
+                insert(_EVENTS),
+                {
+                    "task_id": "task_nope",
+                    "sequence_number": 0,
+                    "type": "x",
+                    "data": "{}",
+                    "created_at": 0,
+                },
             )
         # A response and its task go together: deleting only the task breaks a deferred key,
         # which fails at commit.
-        with pytest.raises(sqlite3.IntegrityError), db.write_cursor() as cursor:
-            cursor.execute("DELETE FROM tasks WHERE id = ?", (task_id,))
+        with pytest.raises(sqlalchemy.exc.IntegrityError), db.writing() as conn:
+            conn.execute(delete(_TASKS).where(_TASKS.c.id == task_id))
         # Deleting both deletes the task's events with them.
-        with db.write_cursor() as cursor:
-            cursor.execute("DELETE FROM responses WHERE task_id = ?", (task_id,))
-            cursor.execute("DELETE FROM tasks WHERE id = ?", (task_id,))
-        with db.write_cursor() as cursor:
-            (left,) = cursor.execute(
-                "SELECT count(*) FROM task_events WHERE task_id = ?", (task_id,)
-            ).fetchone()
+        with db.writing() as conn:
+            conn.execute(delete(_RESPONSES).where(_RESPONSES.c.task_id == task_id))
+            conn.execute(delete(_TASKS).where(_TASKS.c.id == task_id))
+        with db.writing() as conn:
+            left = conn.execute(_EVENTS_OF, {"task_id": task_id}).scalar_one()
         assert left == 0
     finally:
         db.dispose()

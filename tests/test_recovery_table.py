@@ -273,7 +273,10 @@ def test_second_start_up_changes_nothing(store):
 
 
 def _fail_on_call(monkeypatch, name, n):
-    real = getattr(rules, name)
+    """Make the `n`-th call of `name` (a function the recovery module calls, or `events.write`,
+    the one writer of events) raise."""
+    module, attr = (rules.events, "write") if name == "events.write" else (rules.recovery, name)
+    real = getattr(module, attr)
     calls = {"n": 0}
 
     def wrapper(*args, **kwargs):
@@ -282,18 +285,19 @@ def _fail_on_call(monkeypatch, name, n):
             raise RuntimeError(f"injected failure in {name} call {n}")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rules, name, wrapper)
+    monkeypatch.setattr(module, attr, wrapper)
     return calls
 
 
 @pytest.mark.parametrize(
     "name,n",
     [
-        ("_terminate", 1),
-        ("_terminate", 7),
-        ("_number", 5),
-        ("_number", 30),
-        ("_close_open_item", 9),
+        ("terminate", 1),
+        ("terminate", 7),
+        ("close_open_item", 9),
+        # after the task rows and their events were written, before the responses
+        ("save_responses", 1),
+        ("events.write", 1),
     ],
 )
 def test_recovery_failing_part_way_leaves_everything_as_before(store, monkeypatch, name, n):

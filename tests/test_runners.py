@@ -28,6 +28,7 @@ import time
 
 import psutil
 import pytest
+from sqlalchemy import insert
 from storehelpers import (
     OUTPUT,
     POLICIES,
@@ -96,8 +97,8 @@ def _runner(
         heartbeat_at=now,
         lease_expires_at=now + lease_left,
     )
-    with db.write() as session:
-        session.add(row)
+    with db.writing() as conn:
+        conn.execute(insert(Runner.__table__), row.model_dump())
     return row.id
 
 

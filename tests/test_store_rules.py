@@ -30,6 +30,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import event
 from storehelpers import (
     INTEGRITY_ERRORS,
     OUTPUT_TEXT,
@@ -169,13 +170,29 @@ def test_create_task_failing_mid_transaction_leaves_nothing_duplicate_task_id(db
     assert types_of(db, existing) == ["response.created"]
 
 
-def test_create_task_failing_in_first_event_leaves_nothing(db, monkeypatch):
+def test_create_task_failing_in_first_event_leaves_nothing(db):
+    make_task(db, "running")  # something already there, which must stay as it is
     before = dump(db)
     task, response = new_task()
-    monkeypatch.setattr(rules, "response_object", _boom)  # after the task and response flush
-    with pytest.raises(RuntimeError, match="injected"):
-        rules.create_task(db, task, response)
+    ran: list[str] = []
+
+    def fail_on_the_event(_conn, _cursor, statement, *_args):
+        # On the store's connection, inside its transaction: the response's and the task's
+        # rows are written by then, and the INSERT of the first event never runs.
+        ran.append(statement.split("(", 1)[0].strip())
+        if statement.startswith("INSERT INTO task_events"):
+            raise RuntimeError("injected failure")
+
+    event.listen(db.engine, "before_cursor_execute", fail_on_the_event)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            rules.create_task(db, task, response)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", fail_on_the_event)
+    assert ran[-3:] == ["INSERT INTO responses", "INSERT INTO tasks", "INSERT INTO task_events"]
     assert dump(db) == before
+    assert task_row(db, task.id) is None
+    assert response_row(db, response.id) is None
 
 
 # ---------------------------------------------------------------------------------------------
