@@ -6,7 +6,7 @@ PORT ?= 8888
 DEMO_MODEL := smollm2-135m-instruct
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
-.PHONY: install serve test lint format clean chromium postgresql labextension lint-ts types
+.PHONY: install serve test test-fast lint format clean chromium postgresql labextension lint-ts types
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -95,8 +95,20 @@ types: install labextension/node_modules/.yarn-state.yml
 lint-ts: labextension/node_modules/.yarn-state.yml
 	cd labextension && $(JLPM) lint
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
+# (--dist loadfile: a module's shared server or engine is started once, and the tests of a
+# file never race each other). Most of a test's time is spent waiting on the servers and MLX
+# workers it starts, so three workers keep two CPUs busy.
+TEST_WORKERS ?= 3
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+
 test: install lint labextension lint-ts chromium postgresql
-	$(VENV)/bin/pytest -ra --durations=30
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -ra --durations=30
+
+# The edit loop (a developer's target, not a set-up step): the tests not marked slow (no
+# server subprocess, no browser), in parallel, without the lint and build steps.
+test-fast: install
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not slow" -q -ra --durations=10
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
