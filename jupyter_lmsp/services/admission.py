@@ -24,8 +24,8 @@ from ..auth.scopes import Caller
 from ..engine.grammars import ToolSpec
 from ..engine.tokens import PromptCounter, PromptTooHard, context_window
 from ..protocol.errors import LMSPError
-from ..protocol.states import RECOVERY_TABLE
-from ..store.dialect import POSTGRESQL, Cursor, advisory_lock, dialect_of
+from ..store import quotas
+from ..store.quotas import Connection
 from ..store.tables import Model
 
 P = ParamSpec("P")
@@ -33,7 +33,6 @@ T = TypeVar("T")
 
 # How long a client over its quota is told to wait: its tasks finish in seconds to minutes.
 RETRY_AFTER = 5
-_UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
 
 
 @dataclass
@@ -123,7 +122,7 @@ class Admission:
 
     def quota(
         self, caller: Caller, budget: int, output_param: str = "max_output_tokens"
-    ) -> Callable[[Cursor], None] | None:
+    ) -> Callable[[Connection], None] | None:
         """The check `rules.create_task` runs in its transaction for a task of `caller` that
         holds `budget` tokens; None for the owner."""
         if caller.is_owner:
@@ -138,20 +137,10 @@ class Admission:
             )
         max_tasks, max_tokens = self.max_tasks, self.max_tokens
 
-        def check(cursor: Cursor) -> None:
-            marks = ", ".join("?" * len(_UNFINISHED))
-            if dialect_of(cursor) == POSTGRESQL:
-                # Writers run side by side there: creates of one owner take turns, so two
-                # cannot both count the same tasks and overshoot together.
-                advisory_lock(cursor, f"quota:{caller.id}")
-                budget_sql = "CAST(CAST(params AS json) ->> 'budget' AS bigint)"
-            else:
-                budget_sql = "json_extract(params, '$.budget')"
-            tasks, tokens = cursor.execute(
-                f"SELECT COUNT(*), CAST(COALESCE(SUM({budget_sql}), 0) AS bigint)"
-                f" FROM tasks WHERE owner = ? AND state IN ({marks})",
-                (caller.id, *_UNFINISHED),
-            ).fetchone()
+        def check(conn: Connection) -> None:
+            # Counted in the creating transaction, under the owner's quota lock (see
+            # store.quotas): concurrent creates cannot both pass on the same count.
+            tasks, tokens = quotas.held(conn, caller.id)
             if tasks >= max_tasks:
                 raise _too_many(
                     "too_many_tasks",

@@ -331,7 +331,8 @@ class ModelRegistrar:
         return rules.Outcome(
             TaskState.COMPLETED,
             result={"model": shown},
-            also=lambda session: session.merge(row),
+            # The model's row commits with the task's end, or not at all.
+            also=lambda conn: model_store.put_model(conn, row),
         )
 
 

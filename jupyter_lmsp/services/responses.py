@@ -23,7 +23,7 @@ from ..protocol.output import Attempt
 from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseDeleted
 from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries, rules
-from ..store.dialect import Cursor
+from ..store.quotas import Connection
 from ..store.tables import Model, Response, Task
 from . import generation, metrics
 from .admission import Plan
@@ -181,7 +181,7 @@ class _Admitted:
     model: Model
     conversation: list[dict[str, Any]]
     plan: Plan
-    admit: Callable[[Cursor], None] | None
+    admit: Callable[[Connection], None] | None
 
 
 def _model_and_context(
