@@ -105,10 +105,11 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test: install lint labextension lint-ts chromium postgresql
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -ra --durations=30
 
-# The edit loop (a developer's target, not a set-up step): the tests not marked slow (no
-# server subprocess, no browser), in parallel, without the lint and build steps.
+# The edit loop (a developer's target, not a set-up step): the tests neither marked slow (no
+# server subprocess, no browser) nor demo (no demo model), in parallel, without the lint and
+# build steps.
 test-fast: install
-	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not slow" -q -ra --durations=10
+	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -m "not slow and not demo" -q -ra --durations=10
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

@@ -18,6 +18,15 @@ from jupyter_lmsp.models.testmodel import make_test_model
 from jupyter_lmsp.store.database import sqlite_url
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `demo` every test that needs the demo model (through `demo_gguf`, which
+    `demo_model_dir` uses too): the 135M-parameter model is what makes those tests slow, and
+    `make test-fast` leaves them out."""
+    for item in items:
+        if "demo_gguf" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.demo)
+
+
 @pytest.fixture(scope="session")
 def test_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight test model (see jupyter_lmsp.models.testmodel), made once."""
