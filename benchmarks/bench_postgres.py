@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import insert
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -58,6 +59,8 @@ from storehelpers import make_task, make_tasks, usage  # noqa: E402
 from jupyter_lmsp.engine.blas.candidates import read_cpu  # noqa: E402
 from jupyter_lmsp.store import rules  # noqa: E402
 from jupyter_lmsp.store.database import Database, sqlite_url  # noqa: E402
+from jupyter_lmsp.store.records import table  # noqa: E402
+from jupyter_lmsp.store.tables import Runner  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BACKENDS = ("sqlite", "postgresql")
@@ -122,8 +125,8 @@ def bench_cross_server_sse(base: Path, db_url: str, watchers: int, tokens: int) 
         got, task_id = asyncio.run(run())
     db = Database(db_url)
     try:
-        with db.read() as session:
-            rows = session.connection().exec_driver_sql(
+        with db.reading() as conn:
+            rows = conn.exec_driver_sql(
                 f"SELECT sequence_number, created_at FROM task_events WHERE task_id = '{task_id}'"
             )
             committed = {int(seq): float(at) for seq, at in rows}
@@ -174,14 +177,25 @@ def _claims_once(urls: Urls, backend: str, n_tasks: int, k: int) -> float:
     db_url = urls.new(backend)
     db = Database(db_url)
     make_tasks(db, n_tasks, "queued")
-    with db.write_cursor() as cursor:
-        for i in range(k):
-            cursor.execute(
-                "INSERT INTO runners (id, kind, host, boot_id, pid, process_started_at,"
-                " label, started_at, heartbeat_at, lease_expires_at)"
-                " VALUES (?, 'worker', 'bench', 'bench', ?, 0, '', 0, 0, 1e12)",
-                (f"w{i}", i + 1),
-            )
+    with db.writing() as conn:
+        conn.execute(
+            insert(table(Runner)),
+            [
+                {
+                    "id": f"w{i}",
+                    "kind": "worker",
+                    "host": "bench",
+                    "boot_id": "bench",
+                    "pid": i + 1,
+                    "process_started_at": 0,
+                    "label": "",
+                    "started_at": 0,
+                    "heartbeat_at": 0,
+                    "lease_expires_at": 1e12,
+                }
+                for i in range(k)
+            ],
+        )
     start, done = ctx.Event(), ctx.Queue()
     procs = [ctx.Process(target=_claimer, args=(db_url, f"w{i}", start, done)) for i in range(k)]
     for p in procs:

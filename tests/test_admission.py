@@ -8,6 +8,7 @@ import json
 import threading
 
 import pytest
+from sqlalchemy import insert, update
 from storehelpers import make_task, new_task, open_db
 
 from jupyter_lmsp.auth.scopes import Caller
@@ -15,6 +16,7 @@ from jupyter_lmsp.protocol.errors import LMSPError
 from jupyter_lmsp.services.admission import Admission
 from jupyter_lmsp.services.fairqueue import FairQueue, over_share
 from jupyter_lmsp.store import rules
+from jupyter_lmsp.store.records import table
 from jupyter_lmsp.store.tables import Client, Task
 
 
@@ -89,28 +91,30 @@ def test_a_quota_holds_under_concurrent_creates(tmp_path):
 
 def test_revoking_cancels_the_clients_tasks_and_those_it_approved(tmp_path):
     db = open_db(tmp_path)
-    with db.write() as session:
-        session.add(Client(id="client_a", name="a", token_hash="h1", scopes="[]", created_at=1))
-        session.add(
-            Client(
-                id="client_b",
-                name="b",
-                token_hash="h2",
-                scopes="[]",
-                created_at=1,
-                approved_by="client_a",
-            )
-        )
-        session.add(Client(id="client_c", name="c", token_hash="h3", scopes="[]", created_at=1))
+    clients = [
+        Client(id="client_a", name="a", token_hash="h1", scopes="[]", created_at=1),
+        Client(
+            id="client_b",
+            name="b",
+            token_hash="h2",
+            scopes="[]",
+            created_at=1,
+            approved_by="client_a",
+        ),
+        Client(id="client_c", name="c", token_hash="h3", scopes="[]", created_at=1),
+    ]
+    with db.writing() as conn:
+        conn.execute(insert(table(Client)), [c.model_dump() for c in clients])
     ids = {}
+    tasks = table(Task)
     for owner, state in (("client_a", "queued"), ("client_b", "running"), ("client_c", "running")):
         task_id = make_task(db, state, on_restart="resume")
-        with db.write() as session:
-            session.get(Task, task_id).owner = owner
+        with db.writing() as conn:
+            conn.execute(update(tasks).where(tasks.c.id == task_id).values(owner=owner))
         ids[owner] = task_id
     done = make_task(db, "completed")
-    with db.write() as session:
-        session.get(Task, done).owner = "client_a"
+    with db.writing() as conn:
+        conn.execute(update(tasks).where(tasks.c.id == done).values(owner="client_a"))
     revocation = rules.revoke_client(db, "client_a")
     assert revocation is not None
     assert [c.id for c in revocation.clients] == ["client_a", "client_b"]

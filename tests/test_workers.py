@@ -125,9 +125,9 @@ def test_concurrent_claims_take_each_queued_task_once(pg_url):
     try:
         ids = make_tasks(db, 60, "queued")
         # Nobody holds them: the shared queue.
-        with db.write_cursor() as cursor:
-            cursor.execute("UPDATE tasks SET runner_id = NULL")
-            cursor.execute(
+        with db.writing() as conn:
+            conn.exec_driver_sql("UPDATE tasks SET runner_id = NULL")
+            conn.exec_driver_sql(
                 "INSERT INTO runners (id, kind, host, boot_id, pid, process_started_at, label,"
                 " started_at, heartbeat_at, lease_expires_at) VALUES"
                 " ('w1', 'worker', 'h', 'b', 1, 0, '', 0, 0, 1e12),"

@@ -28,7 +28,6 @@ from typing import cast
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
-from sqlmodel import Session
 
 from . import (
     dialect,
@@ -99,7 +98,7 @@ class Database:
         """A write transaction on a SQLAlchemy Core connection (SQLite: BEGIN IMMEDIATE):
         commits on success, rolls back on error. The store's one style: Core statements
         executed on this connection. On PostgreSQL the rules lock the rows they change
-        (`select(...).with_for_update()`, `dialect.advisory_lock`)."""
+        (`select(...).with_for_update()`, `records.advisory_lock`)."""
         # SQLite: `_on_begin` starts it with BEGIN IMMEDIATE (the default of a connection that
         # says nothing else).
         with self.engine.connect() as conn, conn.begin():
@@ -120,86 +119,6 @@ class Database:
             with conn.begin() as transaction:
                 yield conn
                 transaction.rollback()
-
-    @contextmanager
-    def write(self) -> Iterator[Session]:
-        """A write transaction (SQLite: BEGIN IMMEDIATE): commits on success, rolls back on
-        error. On PostgreSQL the rules lock the rows they change (`Session.get(...,
-        with_for_update=True)`, `dialect.advisory_lock`)."""
-        with Session(self.engine, expire_on_commit=False) as session:
-            if self.dialect == dialect.SQLITE:
-                session.connection(execution_options={"lmsp_begin": "IMMEDIATE"})
-            try:
-                yield session
-                session.commit()
-            except BaseException:
-                session.rollback()
-                raise
-
-    @contextmanager
-    def write_cursor(self) -> Iterator[dialect.Cursor]:
-        """A write transaction (BEGIN IMMEDIATE … COMMIT) on a pooled DB-API cursor, for the
-        hottest path (`rules.append_output`), where SQLAlchemy's per-statement overhead would
-        double the cost of a transaction. Statements are written in SQLite's parameter style;
-        rows come back as `sqlite3.Row` (or `dialect.Row` on PostgreSQL)."""
-        if self.dialect == dialect.POSTGRESQL:
-            with self._pg_cursor() as pg:
-                yield pg
-            return
-        proxy = self.engine.raw_connection()
-        try:
-            cursor = cast(sqlite3.Cursor, proxy.cursor(dialect.SqliteCursor))
-            cursor.row_factory = sqlite3.Row
-            cursor.execute("BEGIN IMMEDIATE")
-            try:
-                yield cursor
-                # A deferred foreign key is checked here: a COMMIT that fails leaves the
-                # transaction open, to be rolled back below.
-                cursor.execute("COMMIT")
-            except BaseException:
-                if proxy.dbapi_connection.in_transaction:  # type: ignore[union-attr]
-                    cursor.execute("ROLLBACK")
-                raise
-        finally:
-            proxy.close()
-
-    @contextmanager
-    def _pg_cursor(self) -> Iterator[dialect.PgCursor]:
-        proxy = self.engine.raw_connection()
-        try:
-            connection = proxy.dbapi_connection
-            cursor = dialect.PgCursor(connection)
-            try:
-                yield cursor
-                connection.commit()  # type: ignore[union-attr]
-            except BaseException:
-                connection.rollback()  # type: ignore[union-attr]
-                raise
-            finally:
-                cursor.close()
-        finally:
-            proxy.close()
-
-    @contextmanager
-    def read(self) -> Iterator[Session]:
-        """A read transaction: a consistent snapshot of the database, nothing written."""
-        with Session(self.engine, expire_on_commit=False) as session:
-            if self.dialect == dialect.SQLITE:
-                session.connection(execution_options={"lmsp_begin": "DEFERRED"})
-            else:
-                session.connection(
-                    execution_options={
-                        "isolation_level": "REPEATABLE READ",
-                        "postgresql_readonly": True,
-                    }
-                )
-            try:
-                yield session
-            finally:
-                # A rollback expires every object the session holds, and an expired object
-                # that leaves the session can no longer be read. Detach them first, as loaded.
-                session.expunge_all()
-                session.rollback()
 
     def dispose(self) -> None:
         self.engine.dispose()
