@@ -31,10 +31,11 @@ from ...protocol.output import Attempt, Batch
 from ...protocol.states import RECOVERY_TABLE, TERMINAL_STATES, TaskState
 from ...protocol.tools import ToolsSpec
 from ..database import Database
+from ..records import table
 from ..tables import Client, IdempotencyKey, Response, Task
 from . import events
 from .endings import terminate
-from .rows import RESPONSES, TASKS, load, lookup, record, response_of, save_responses, table
+from .rows import RESPONSES, TASKS, load, lookup, record, response_of, save_responses
 from .types import (
     CLIENT_REVOKED,
     Committed,

@@ -23,11 +23,12 @@ from ...protocol.objects import response_object
 from ...protocol.states import RECOVERY_TABLE, RestartPolicy, TaskState
 from .. import runners
 from ..database import Database
+from ..records import table
 from ..tables import IdempotencyKey, Runner
 from . import events
 from .endings import close_open_item, terminate
 from .lifecycle import UNFINISHED
-from .rows import TASKS, chunks, lookup, record, responses_of, save_responses, table
+from .rows import TASKS, chunks, lookup, record, responses_of, save_responses
 from .types import SERVER_RESTARTED, WORKER_CRASHED, Committed, Event, Outcome, RecoveryReport
 from .types import not_held as _not_held
 

@@ -12,8 +12,9 @@ from sqlalchemy import BindParameter, bindparam, delete, select
 
 from ...protocol.states import TERMINAL_STATES, TaskState
 from ..database import Database
+from ..records import table
 from ..tables import IdempotencyKey
-from .rows import EVENTS, RESPONSES, TASK_FOR_UPDATE, TASKS, chunks, table
+from .rows import EVENTS, RESPONSES, TASK_FOR_UPDATE, TASKS, chunks
 
 _TERMINAL = [str(s) for s in TERMINAL_STATES]
 _KEYS = table(IdempotencyKey)

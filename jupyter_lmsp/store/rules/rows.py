@@ -17,19 +17,14 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.engine import Connection, Row
 
 from ...protocol import events as ev
 from ...protocol.output import LogprobLookup, logprobs_from_events
+from ..records import table
 from ..tables import Response, Task, TaskEvent
 from .types import not_found
-
-
-def table(model: Any) -> Table:
-    found: Table = model.__table__
-    return found
-
 
 TASKS = table(Task)
 RESPONSES = table(Response)
