@@ -62,7 +62,7 @@ class ResponsesHandler(LMSPHandler):
             # From sequence 0, as for any stream; a background task goes on if the client
             # leaves, and `GET /responses/{id}?stream=true&starting_after=N` resumes it.
             await self.write_sse(
-                await responses.response_events(self.ctx, response["id"], self.caller)
+                await responses.response_events(self.ctx, response["id"], self.caller, created=True)
             )
         elif body.background:
             # create_response returned only after the task's transaction committed.
@@ -81,11 +81,13 @@ class ResponsesHandler(LMSPHandler):
         )
         if streamed and (finished or background):
             await self.write_sse(
-                await responses.response_events(self.ctx, response_id, self.caller)
+                await responses.response_events(self.ctx, response_id, self.caller, created=True)
             )
         elif finished:
             self.write_json(
-                await self.call(responses.get_response, self.ctx, response_id, self.caller)
+                await self.call(
+                    responses.get_response, self.ctx, response_id, self.caller, created=True
+                )
             )
         else:
             raise conflict(

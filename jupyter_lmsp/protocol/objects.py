@@ -46,6 +46,8 @@ __all__ = [
     "snapshot_of",
     "task_object",
     "usage_object",
+    "with_namespace",
+    "with_namespaces",
 ]
 
 
@@ -240,6 +242,10 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
         if attempt.open:
             output = attempt.output()
     tools = request.get("tools") or []
+    namespaces = request.get("namespaces") or {}
+    if namespaces:
+        output = with_namespaces(output, namespaces)
+    reasoning = request.get("reasoning") or {}
     return Response.model_validate(
         {
             "id": response.id,
@@ -256,17 +262,33 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
             "output": output,
             "parallel_tool_calls": request.get("parallel_tool_calls", True),
             "previous_response_id": response.previous_response_id,
-            "temperature": request.get("temperature"),
-            "top_p": request.get("top_p"),
+            # Sampling as it ran: the defaults where the request gave none (rows of the first
+            # releases stored null for them).
+            "temperature": _number(request.get("temperature"), 1.0),
+            "top_p": _number(request.get("top_p"), 1.0),
+            "presence_penalty": _number(request.get("presence_penalty"), 0.0),
+            "frequency_penalty": _number(request.get("frequency_penalty"), 0.0),
             "tool_choice": request.get("tool_choice") or ("auto" if tools else "none"),
             "tools": tools,
             "max_tool_calls": request.get("max_tool_calls"),
-            "text": {"format": request.get("text_format") or {"type": "text"}},
-            "top_logprobs": request.get("top_logprobs"),
+            "text": {
+                "format": request.get("text_format") or {"type": "text"},
+                "verbosity": request.get("verbosity") or "medium",
+            },
+            "top_logprobs": request.get("top_logprobs") or 0,
             "truncation": "disabled",
+            "reasoning": {
+                "effort": reasoning.get("effort"),
+                "summary": reasoning.get("summary"),
+            },
             "usage": json.loads(response.usage) if response.usage else None,
             "metadata": request.get("metadata") or {},
             "store": response.store,
+            # One queue serves every request (`auto` and `default` are all it accepts).
+            "service_tier": "default",
+            "safety_identifier": request.get("safety_identifier"),
+            "prompt_cache_key": request.get("prompt_cache_key"),
+            "user": request.get("user"),
             "completed_at": int(response.completed_at) if response.completed_at else None,
             "task_id": task.id,
             "seed": request.get("seed"),
@@ -274,6 +296,24 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
             "stop": request.get("stop"),
         }
     ).wire()
+
+
+def _number(value: Any, default: float) -> float:
+    return default if value is None else float(value)
+
+
+def with_namespaces(
+    items: list[dict[str, Any]], namespaces: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Output items with each call of a namespaced function naming its namespace (the log
+    stores the function's own name: namespaces are flattened for the model)."""
+    return [with_namespace(item, namespaces) for item in items]
+
+
+def with_namespace(item: dict[str, Any], namespaces: dict[str, str]) -> dict[str, Any]:
+    if item.get("type") == "function_call" and item.get("name") in namespaces:
+        return {**item, "namespace": namespaces[item["name"]]}
+    return item
 
 
 def input_items(response_id: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

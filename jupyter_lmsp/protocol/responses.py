@@ -27,12 +27,14 @@ from .fields import (
     TopP,
     WireObject,
     by_json_type,
+    optional_on_wire,
     refuse,
 )
 from .states import RestartPolicy
 from .tools import (
     CHOICE_NEEDS_TOOLS,
     LOGPROBS_INCLUDE,
+    AllowedTools,
     FormatSpec,
     FunctionChoice,
     Logprob,
@@ -42,6 +44,7 @@ from .tools import (
     TextFormat,
     ToolsSpec,
     TopLogprobs,
+    flat_functions,
     responses_format,
     stop_list,
     top_logprobs_need,
@@ -103,7 +106,9 @@ class InputFunctionCall(Body):
     arguments: str = Field(description="The JSON text of the call's arguments.")
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
-    namespace: Annotated[Any, Neutral()] = None
+    namespace: str | None = Field(
+        None, description="The namespace tool the function is in, as the call item said."
+    )
     caller: Annotated[Any, Neutral({"type": "direct"})] = None
     async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
 
@@ -185,11 +190,18 @@ def engine_messages(items: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
+# What `include` may ask for. `reasoning.encrypted_content` (Codex always sends it) has nothing
+# to include while no model here returns reasoning items: accepted, and correct as it is.
+REASONING_INCLUDE = "reasoning.encrypted_content"
+KNOWN_INCLUDES = (LOGPROBS_INCLUDE, REASONING_INCLUDE)
+
+
 def _known_include(value: Any) -> Any:
-    if isinstance(value, str) and value != LOGPROBS_INCLUDE:
+    if isinstance(value, str) and value not in KNOWN_INCLUDES:
         raise refuse(
             "unsupported_parameter",
-            f"'{{param}}' is {value!r}; only {LOGPROBS_INCLUDE!r} can be included here.",
+            f"'{{param}}' is {value!r}; only {LOGPROBS_INCLUDE!r} and {REASONING_INCLUDE!r} "
+            "can be included here.",
         )
     return value
 
@@ -208,9 +220,16 @@ class TextConfig(Body):
 
 
 class Reasoning(Body):
+    """`reasoning`: no model here reasons apart from its answer, so an effort other than
+    `none` cannot be honoured; a summary asked for is accepted (there is none to give)."""
+
     effort: Annotated[Any, Neutral("none")] = None
-    summary: Annotated[Any, Neutral()] = None
-    generate_summary: Annotated[Any, Neutral()] = None
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        None, description="Accepted; no reasoning summary is produced (no reasoning items)."
+    )
+    generate_summary: Literal["auto", "concise", "detailed"] | None = Field(
+        None, description="The older name of `summary`; accepted likewise."
+    )
 
 
 class BackgroundOptions(Body):
@@ -259,13 +278,27 @@ class CreateResponseRequest(Body):
         "(default `resume` for background, `fail` otherwise).",
     )
     stream_options: StreamOptions | None = None
-    # Labels and hints with no effect on the output.
+    # Labels and hints with no effect on the output: stored with the response and echoed
+    # (`client_metadata` is stored only, as OpenAI does not echo it).
     user: Label | None = None
-    safety_identifier: Label | None = None
-    prompt_cache_key: Label | None = None
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = Field(
+        None, description="Stored and echoed (no safety monitoring here)."
+    )
+    prompt_cache_key: Annotated[str, Field(max_length=64)] | None = Field(
+        None,
+        description="Stored and echoed. The prompt cache finds shared prefixes by their tokens, "
+        "so it needs no key to route by.",
+    )
+    client_metadata: dict[str, Any] | None = Field(
+        None, description="The client's own labels (Codex sends them): stored, not echoed."
+    )
     # Function tools (LMSP B11): the calls are grammar-constrained in the model's call format.
-    tools: ResponsesTools | None = Field(None, description="Function tools only.")
-    tool_choice: ResponsesToolChoice | None = Field(None, description="Default `auto` with tools.")
+    tools: ResponsesTools | None = Field(
+        None, description="Function tools, alone or in `namespace` tools."
+    )
+    tool_choice: ResponsesToolChoice | None = Field(
+        None, description="Default `auto` with tools; `allowed_tools` offers only those."
+    )
     parallel_tool_calls: bool | None = Field(
         None, description="Several calls in one answer (default true)."
     )
@@ -275,17 +308,30 @@ class CreateResponseRequest(Body):
     include: (
         list[
             Annotated[
-                Literal["message.output_text.logprobs"],
+                Literal["message.output_text.logprobs", "reasoning.encrypted_content"],
                 BeforeValidator(_known_include),
             ]
         ]
         | None
-    ) = Field(None, description="Only `message.output_text.logprobs`.")
+    ) = Field(
+        None,
+        description="`message.output_text.logprobs`; `reasoning.encrypted_content` is accepted "
+        "(no reasoning items are produced, so there is nothing to include).",
+    )
     top_logprobs: TopLogprobs | None = Field(
         None,
         description="With `include: ['message.output_text.logprobs']`: how many alternatives "
         "each token's entry lists (0-20).",
     )
+    # Penalties need logits processors in the engine: until it applies them, only 0.
+    presence_penalty: Annotated[
+        Any,
+        Neutral(0, message="'{param}' is supported only as 0 (no penalties are applied yet)."),
+    ] = None
+    frequency_penalty: Annotated[
+        Any,
+        Neutral(0, message="'{param}' is supported only as 0 (no penalties are applied yet)."),
+    ] = None
     # Accepted only with neutral values, most significant first.
     reasoning: Reasoning | None = None
     conversation: Annotated[Any, Neutral()] = None
@@ -293,7 +339,16 @@ class CreateResponseRequest(Body):
     truncation: Annotated[Any, Neutral("disabled")] = None
     context_management: Annotated[Any, Neutral([])] = None
     moderation: Annotated[Any, Neutral()] = None
-    service_tier: Annotated[Any, Neutral("auto", "default")] = None
+    # One queue serves every request: `auto` and `default` are what it does; the response says
+    # `default`.
+    service_tier: Annotated[
+        Any,
+        Neutral(
+            "auto",
+            "default",
+            message="'{param}' can be 'auto' or 'default': every request is served by one queue.",
+        ),
+    ] = None
     background_options: BackgroundOptions | None = None
     prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None
     prompt_cache_options: Annotated[Any, Neutral({})] = None
@@ -322,6 +377,24 @@ class CreateResponseRequest(Body):
                 "'tool_choice' asks for a call, but there are no 'tools'.",
                 param="tool_choice",
             )
+        functions = flat_functions(self.tools or [])
+        names = [f.name for f in functions]
+        if len(set(names)) < len(names):
+            # Namespaces are flattened for the model, which must tell every function apart.
+            dup = next(n for n in names if names.count(n) > 1)
+            raise refuse(
+                "invalid_value",
+                f"Two functions are named {dup!r} (namespaces are flattened: names must differ).",
+                param="tools",
+            )
+        if isinstance(self.tool_choice, AllowedTools):
+            for i, allowed in enumerate(self.tool_choice.tools):
+                if allowed.name not in names:
+                    raise refuse(
+                        "invalid_value",
+                        f"'tool_choice.tools[{i}]' names no function of 'tools': {allowed.name!r}.",
+                        param=f"tool_choice.tools[{i}].name",
+                    )
         return self
 
     model_config = {
@@ -381,16 +454,29 @@ class CreateResponseRequest(Body):
         return responses_format(self.text.format if self.text is not None else None)
 
     def tools_spec(self) -> ToolsSpec | None:
-        """The function tools and how they may be called; None without tools."""
+        """The function tools (namespaces flattened) and how they may be called; None without
+        tools. With `allowed_tools` only those are offered to the model, in its `mode`."""
         if not self.tools:
             return None
+        functions = flat_functions(self.tools)
         choice = self.tool_choice
+        if isinstance(choice, AllowedTools):
+            allowed = {c.name for c in choice.tools}
+            functions = [f for f in functions if f.name in allowed]
+            mode: str = choice.mode
+        elif isinstance(choice, FunctionChoice):
+            mode = choice.name
+        else:
+            mode = choice or "auto"
         return ToolsSpec(
-            tuple(tool.spec() for tool in self.tools),
-            choice.name if isinstance(choice, FunctionChoice) else (choice or "auto"),
-            self.parallel_tool_calls is not False,
-            self.max_tool_calls,
+            tuple(functions), mode, self.parallel_tool_calls is not False, self.max_tool_calls
         )
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by the function's name."""
+        return {
+            f.name: f.namespace for f in flat_functions(self.tools or []) if f.namespace is not None
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,12 +506,19 @@ class FunctionCall(WireObject):
     arguments (an object). The client runs the function and sends a `function_call_output`
     with the same `call_id`."""
 
+    model_config = {"json_schema_extra": optional_on_wire("namespace")}
+
     id: str
     type: Literal["function_call"] = "function_call"
     call_id: str
     name: str
     arguments: str
     status: Literal["in_progress", "completed", "incomplete"]
+    namespace: str | None = Field(
+        None,
+        description="The `namespace` tool the function came in (absent for a top-level function).",
+        exclude_if=lambda v: v is None,
+    )
 
 
 OutputItem = Annotated[OutputMessage | FunctionCall, Field(discriminator="type")]
@@ -502,9 +595,32 @@ class FunctionToolEcho(WireObject):
     strict: bool
 
 
+class NamespaceToolEcho(WireObject):
+    type: Literal["namespace"] = "namespace"
+    name: str
+    description: str
+    tools: list[FunctionToolEcho]
+
+
+ToolEcho = Annotated[FunctionToolEcho | NamespaceToolEcho, Field(discriminator="type")]
+
+
 class FunctionChoiceEcho(WireObject):
     type: Literal["function"] = "function"
     name: str
+
+
+class AllowedToolsEcho(WireObject):
+    type: Literal["allowed_tools"] = "allowed_tools"
+    mode: Literal["auto", "required"]
+    tools: list[FunctionChoiceEcho]
+
+
+class ReasoningEcho(WireObject):
+    """`reasoning` as asked for (no model here produces reasoning items)."""
+
+    effort: Literal["none", "low", "medium", "high", "xhigh"] | None
+    summary: Literal["auto", "concise", "detailed"] | None
 
 
 class FormatTextEcho(WireObject):
@@ -530,6 +646,7 @@ class TextEcho(WireObject):
         FormatTextEcho | FormatJSONObjectEcho | FormatJSONSchemaEcho,
         Field(discriminator="type"),
     ]
+    verbosity: Literal["low", "medium", "high"] = "medium"
 
 
 class Response(WireObject):
@@ -549,17 +666,27 @@ class Response(WireObject):
     output: list[OutputItem]
     parallel_tool_calls: bool
     previous_response_id: str | None
-    temperature: float | None
-    top_p: float | None
-    tool_choice: Literal["auto", "none", "required"] | FunctionChoiceEcho
-    tools: list[FunctionToolEcho]
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    tool_choice: Annotated[
+        Literal["auto", "none", "required"] | FunctionChoiceEcho | AllowedToolsEcho,
+        Field(union_mode="left_to_right"),
+    ]
+    tools: list[ToolEcho]
     max_tool_calls: int | None
     text: TextEcho
-    top_logprobs: int | None
-    truncation: str
+    top_logprobs: int
+    truncation: Literal["auto", "disabled"]
+    reasoning: ReasoningEcho | None
     usage: Usage | None
     metadata: dict[str, str]
     store: bool
+    service_tier: Literal["default"]
+    safety_identifier: str | None
+    prompt_cache_key: str | None
+    user: str | None
     completed_at: int | None
     task_id: Annotated[str, Field(pattern="^task_")]
     seed: int | None

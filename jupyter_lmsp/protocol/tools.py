@@ -5,9 +5,11 @@ turned into (`ToolsSpec`, `FormatSpec`, `logprob_entry`), which the services han
 One code path for both APIs: a Responses `text.format` and a Chat Completions `response_format`
 become the same `FormatSpec`; Responses `tools` (flat: `{"type": "function", "name", ...}`) and
 Chat `tools` (nested: `{"type": "function", "function": {"name", ...}}`) the same `ToolsSpec`.
-Only function tools exist here: another tool type (`web_search`, `custom`, …) is refused by
-name (`unsupported_parameter`), as is a tool choice other than `auto`, `none`, `required` or
-one named function.
+Only function tools exist here, alone or grouped in a Responses `namespace` tool (flattened
+for the model: its functions are offered by their own names, and the calls name the namespace
+again); another tool type (`web_search`, `custom`, …) is refused by name
+(`unsupported_parameter`). A tool choice is `auto`, `none`, `required`, one named function, or
+`allowed_tools` (the model is offered only those, `mode` `auto` or `required`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from .fields import Body, Neutral, WireObject, by_json_type, refuse
 
@@ -96,6 +98,8 @@ class FunctionSpec:
     description: str | None
     parameters: dict[str, Any] | None
     strict: bool
+    # The Responses `namespace` tool this function came in (None for a top-level function).
+    namespace: str | None = None
 
     def wire(self) -> dict[str, Any]:
         """As the Responses API echoes a function tool."""
@@ -194,6 +198,20 @@ def _function_tools_only(value: Any) -> Any:
     return value
 
 
+def _responses_tool_kinds(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type", "function") not in ("function", "namespace"):
+        raise refuse(
+            "unsupported_parameter",
+            f"'{{param}}' is a {str(value.get('type'))!r} tool; only function tools "
+            "('type': 'function', alone or in a 'namespace' tool) are supported by this service.",
+        )
+    return value
+
+
+def _tool_kind(value: Any) -> str | None:
+    return value.get("type") if isinstance(value, dict) else None
+
+
 class FunctionTool(Body):
     """A function tool of `POST /responses` (`strict` defaults to true, as in the OpenAI API)."""
 
@@ -212,19 +230,63 @@ class FunctionTool(Body):
     async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
     output_schema: Annotated[Any, Neutral()] = None
 
-    def spec(self) -> FunctionSpec:
+    def spec(self, namespace: str | None = None) -> FunctionSpec:
         return FunctionSpec(
             self.name,
             self.description,
             self.parameters,
             True if self.strict is None else self.strict,
+            namespace,
         )
 
+    def specs(self) -> list[FunctionSpec]:
+        return [self.spec()]
 
-ResponsesTools = Annotated[
-    list[Annotated[FunctionTool, BeforeValidator(_function_tools_only)]],
-    Field(max_length=MAX_TOOLS),
+    def echo(self) -> dict[str, Any]:
+        return self.spec().wire()
+
+
+class NamespaceTool(Body):
+    """A Responses `namespace` tool: function tools grouped under a name (Codex sends one).
+    The model is offered the functions by their own names; a call of one carries `namespace`,
+    and a call sent back as input may carry it too."""
+
+    type: Literal["namespace"]
+    name: FunctionName
+    description: str = Field(description="Shown to the model with the namespace's functions.")
+    tools: Annotated[
+        list[Annotated[FunctionTool, BeforeValidator(_function_tools_only)]],
+        Field(min_length=1, max_length=MAX_TOOLS),
+    ]
+
+    def specs(self) -> list[FunctionSpec]:
+        return [tool.spec(self.name) for tool in self.tools]
+
+    def echo(self) -> dict[str, Any]:
+        return {
+            "type": "namespace",
+            "name": self.name,
+            "description": self.description,
+            "tools": [tool.echo() for tool in self.tools],
+        }
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")],
+    Discriminator(
+        _tool_kind,
+        custom_error_type="invalid_value",
+        custom_error_message="'{param}' must be a function tool or a namespace tool",
+    ),
+    BeforeValidator(_responses_tool_kinds),
 ]
+
+ResponsesTools = Annotated[list[ResponsesTool], Field(max_length=MAX_TOOLS)]
+
+
+def flat_functions(tools: list[FunctionTool | NamespaceTool]) -> list[FunctionSpec]:
+    """Every function of `tools`, namespaces flattened, in order."""
+    return [spec for tool in tools for spec in tool.specs()]
 
 
 def _function_choice_only(value: Any) -> Any:
@@ -242,10 +304,43 @@ class FunctionChoice(Body):
     name: str
 
 
+class AllowedTools(Body):
+    """`tool_choice: {"type": "allowed_tools", ...}`: the model may call only these functions
+    (`mode` `auto`: or answer in text; `required`: at least one call)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: Annotated[
+        list[Annotated[FunctionChoice, BeforeValidator(_function_choice_only)]],
+        Field(min_length=1, max_length=MAX_TOOLS),
+    ]
+
+
+def _responses_choice_kinds(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") == "allowed_tools":
+        return value
+    return _function_choice_only(value)
+
+
+def _choice_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, dict):
+        return "allowed_tools" if value.get("type") == "allowed_tools" else "function"
+    return None
+
+
 ResponsesToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("string")]
-    | Annotated[Annotated[FunctionChoice, BeforeValidator(_function_choice_only)], Tag("object")],
-    by_json_type("'auto', 'none', 'required' or a function choice object"),
+    | Annotated[FunctionChoice, Tag("function")]
+    | Annotated[AllowedTools, Tag("allowed_tools")],
+    Discriminator(
+        _choice_kind,
+        custom_error_type="invalid_value",
+        custom_error_message="'{param}' must be 'auto', 'none', 'required', a function choice "
+        "object or an allowed_tools object",
+    ),
+    BeforeValidator(_responses_choice_kinds),
 ]
 
 

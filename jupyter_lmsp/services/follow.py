@@ -11,10 +11,11 @@ bus through `services.feed`, from the end of the replay on.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from ..protocol.events import is_terminal
+from ..protocol.objects import with_namespace, with_namespaces
 from ..store import queries
 from ..store.database import Database
 from . import metrics
@@ -22,6 +23,8 @@ from .bus import CLOSED, EventBus, Subscription
 from .lifecycle import Offload
 
 Event = dict[str, Any]
+# What a stream shows of a stored event: the event (as is or reshaped), or None to skip it.
+View = Callable[[Event], Event | None]
 
 
 class TaskEventStream:
@@ -32,7 +35,10 @@ class TaskEventStream:
     one flush (the four or five events of a task's end arrive together).
 
     `caller` names the paired client the stream serves: the stream ends early, without its
-    terminal event, when that client is revoked (`EventBus.close_caller`)."""
+    terminal event, when that client is revoked (`EventBus.close_caller`).
+
+    `view` reshapes each event as this stream shows it, or skips it (None): the OpenAI-shaped
+    streams show only the spec's event types (`spec_view`). The log itself is unchanged."""
 
     def __init__(
         self,
@@ -44,9 +50,11 @@ class TaskEventStream:
         caller: str | None = None,
         *,
         offload: Offload,
+        view: View | None = None,
     ) -> None:
         self.db, self.bus, self.task_id, self.after, self.idle = db, bus, task_id, after, idle
         self.offload = offload
+        self.view = view
         self.caller = caller
         # Set when the stream ended because its caller was revoked (no terminal event came).
         self.revoked = False
@@ -62,7 +70,13 @@ class TaskEventStream:
         return self
 
     async def __anext__(self) -> Event | None:
-        return await self._events.__anext__()
+        while True:
+            event = await self._events.__anext__()
+            if event is None or self.view is None:
+                return event
+            shown = self.view(event)
+            if shown is not None:
+                return shown
 
     async def aclose(self) -> None:
         await self._events.aclose()
@@ -110,3 +124,41 @@ class TaskEventStream:
                 yield event
                 if is_terminal(event):
                     return
+
+
+# LMSP's own lifecycle events, and what the spec's streams show instead: `response.loading`
+# (the model loads; the response is still `queued`) as `response.queued`, `response.cancelling`
+# not at all (the terminal event follows). `/tasks/{id}/events` shows the log as it is.
+SPEC_RENAMED = {"response.loading": "response.queued"}
+SPEC_HIDDEN = frozenset({"response.cancelling"})
+
+
+def spec_view(namespaces: dict[str, str] | None = None) -> View:
+    """The view of the OpenAI-shaped streams (`POST /responses` with `stream`, `GET
+    /responses/{id}?stream=true`): only the Open Responses spec's event types, sequence numbers
+    kept (a hidden event leaves a gap, which clients allow), and each call of a namespaced
+    function naming its namespace."""
+
+    def show(event: Event) -> Event | None:
+        kind = event.get("type")
+        if kind in SPEC_HIDDEN:
+            return None
+        if kind in SPEC_RENAMED:
+            event = {**event, "type": SPEC_RENAMED[kind]}
+        if namespaces:
+            event = _namespaced(event, namespaces)
+        return event
+
+    return show
+
+
+def _namespaced(event: Event, namespaces: dict[str, str]) -> Event:
+    if isinstance(event.get("item"), dict):
+        return {**event, "item": with_namespace(event["item"], namespaces)}
+    response = event.get("response")
+    if isinstance(response, dict) and response.get("output"):
+        return {
+            **event,
+            "response": {**response, "output": with_namespaces(response["output"], namespaces)},
+        }
+    return event

@@ -29,7 +29,7 @@ from . import generation, metrics
 from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
-from .follow import TaskEventStream
+from .follow import TaskEventStream, spec_view
 from .generation import Generation
 from .idempotency import KeyedRequest
 
@@ -66,7 +66,9 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
     tools = request.tools_spec()
     echo: dict[str, Any] = {}
     if request.tools:
-        echo["tools"] = [tool.spec().wire() for tool in request.tools]
+        echo["tools"] = [tool.echo() for tool in request.tools]
+        if namespaces := request.namespaces():
+            echo["namespaces"] = namespaces
     if request.tool_choice is not None:
         choice = request.tool_choice
         echo["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
@@ -80,6 +82,15 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
         echo["top_logprobs"] = request.top_logprobs
     if request.stop is not None:
         echo["stop"] = request.stop_sequences()
+    if request.text is not None and request.text.verbosity is not None:
+        echo["verbosity"] = request.text.verbosity
+    if request.reasoning is not None:
+        summary = request.reasoning.summary or request.reasoning.generate_summary
+        echo["reasoning"] = {"effort": request.reasoning.effort, "summary": summary}
+    # Stored with the response; all but client_metadata are echoed (as OpenAI does).
+    for label in ("user", "safety_identifier", "prompt_cache_key", "client_metadata"):
+        if (value := getattr(request, label)) is not None:
+            echo[label] = value
     return ResponseSpec(
         messages=request.messages(),
         model=request.model,
@@ -269,7 +280,7 @@ def _context_before(
     if previous_response_id is None:
         return []
     found = queries.get_response(ctx.db, previous_response_id)
-    if found is None or not caller.can_see(found[0].owner):
+    if found is None or not caller.can_see(found[0].owner) or _gone(*found):
         raise not_found("response", previous_response_id, param="previous_response_id")
     response, task = found
     if TaskState(task.state) not in TERMINAL_STATES:
@@ -299,22 +310,34 @@ def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     return message
 
 
-def _find(ctx: ServiceContext, response_id: str, caller: Caller) -> tuple[Response, Task]:
-    """The response and its task, if this caller may see them (others' are simply absent)."""
+def _gone(response: Response, task: Task) -> bool:
+    """A `store: false` response that has finished: it was not stored, so it cannot be
+    retrieved or continued (while it runs it is as durable as any task)."""
+    return not response.store and TaskState(task.state) in TERMINAL_STATES
+
+
+def _find(
+    ctx: ServiceContext, response_id: str, caller: Caller, *, created: bool = False
+) -> tuple[Response, Task]:
+    """The response and its task, if this caller may see them (others' are simply absent).
+    A finished `store: false` response is absent too, except to the request that created it
+    (`created`: its own answer, its stream, a keyed repeat of it)."""
     found = queries.get_response(ctx.db, response_id)
-    if found is None or not caller.can_see(found[0].owner):
+    if found is None or not caller.can_see(found[0].owner) or (not created and _gone(*found)):
         raise not_found("response", response_id)
     return found
 
 
-def get_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
-    return response_object(*_find(ctx, response_id, caller))
+def get_response(
+    ctx: ServiceContext, response_id: str, caller: Caller, *, created: bool = False
+) -> dict[str, Any]:
+    return response_object(*_find(ctx, response_id, caller, created=created))
 
 
 def replay_state(ctx: ServiceContext, response_id: str, caller: Caller) -> tuple[bool, bool, bool]:
     """For a repeated keyed create: (finished, streamed, background) of the first one's
     response."""
-    response, task = _find(ctx, response_id, caller)
+    response, task = _find(ctx, response_id, caller, created=True)
     request = json.loads(response.request)
     return (
         TaskState(task.state) in TERMINAL_STATES,
@@ -375,9 +398,11 @@ def list_input_items(
 
 
 async def response_events(
-    ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1
+    ctx: ServiceContext, response_id: str, caller: Caller, after: int = -1, *, created: bool = False
 ) -> TaskEventStream:
-    _, task = await ctx.offload(_find, ctx, response_id, caller)
+    """The response's events as the OpenAI-shaped streams show them (`follow.spec_view`);
+    `created` for the stream of the request that created it (see `_find`)."""
+    response, task = await ctx.offload(_find, ctx, response_id, caller, created=created)
     return TaskEventStream(
         ctx.db,
         ctx.bus,
@@ -386,6 +411,7 @@ async def response_events(
         idle=ctx.keepalive_interval,
         caller=caller.id,
         offload=ctx.offload,
+        view=spec_view(json.loads(response.request).get("namespaces")),
     )
 
 
@@ -393,7 +419,7 @@ async def wait_for_response(
     ctx: ServiceContext, response_id: str, caller: Caller
 ) -> dict[str, Any]:
     """The finished response object, once its task reached a terminal state."""
-    events = await response_events(ctx, response_id, caller)
+    events = await response_events(ctx, response_id, caller, created=True)
     try:
         async for _ in events:
             pass
@@ -401,4 +427,4 @@ async def wait_for_response(
         await events.aclose()
     if events.revoked:
         raise unauthenticated("The access token was revoked.")
-    return await ctx.offload(get_response, ctx, response_id, caller)
+    return await ctx.offload(get_response, ctx, response_id, caller, created=True)
