@@ -432,6 +432,29 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * AllowedTools
+         * @description `tool_choice: {"type": "allowed_tools", ...}`: the model may call only these functions
+         *     (`mode` `auto`: or answer in text; `required`: at least one call).
+         */
+        AllowedTools: {
+            /** @constant */
+            type: "allowed_tools";
+            /** @enum {string} */
+            mode: "auto" | "required";
+            tools: components["schemas"]["FunctionChoice"][];
+        };
+        /** AllowedToolsEcho */
+        AllowedToolsEcho: {
+            /**
+             * @default allowed_tools
+             * @constant
+             */
+            type: "allowed_tools";
+            /** @enum {string} */
+            mode: "auto" | "required";
+            tools: components["schemas"]["FunctionChoiceEcho"][];
+        };
         /** AssistantMessage */
         AssistantMessage: {
             /**
@@ -1019,20 +1042,33 @@ export interface components {
             stream_options?: components["schemas"]["StreamOptions"] | null;
             /** @default null */
             user?: string | null;
-            /** @default null */
+            /**
+             * @description Stored and echoed (no safety monitoring here).
+             * @default null
+             */
             safety_identifier?: string | null;
-            /** @default null */
+            /**
+             * @description Stored and echoed. The prompt cache finds shared prefixes by their tokens, so it needs no key to route by.
+             * @default null
+             */
             prompt_cache_key?: string | null;
             /**
-             * @description Function tools only.
+             * @description The client's own labels (Codex sends them): stored, not echoed.
              * @default null
              */
-            tools?: components["schemas"]["FunctionTool"][] | null;
+            client_metadata?: {
+                [key: string]: unknown;
+            } | null;
             /**
-             * @description Default `auto` with tools.
+             * @description Function tools, alone or in `namespace` tools.
              * @default null
              */
-            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"]) | null;
+            tools?: (components["schemas"]["FunctionTool"] | components["schemas"]["NamespaceTool"])[] | null;
+            /**
+             * @description Default `auto` with tools; `allowed_tools` offers only those.
+             * @default null
+             */
+            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"] | components["schemas"]["AllowedTools"]) | null;
             /**
              * @description Several calls in one answer (default true).
              * @default null
@@ -1048,15 +1084,25 @@ export interface components {
              */
             stop?: (string | string[]) | null;
             /**
-             * @description Only `message.output_text.logprobs`.
+             * @description `message.output_text.logprobs`; `reasoning.encrypted_content` is accepted (no reasoning items are produced, so there is nothing to include).
              * @default null
              */
-            include?: "message.output_text.logprobs"[] | null;
+            include?: ("message.output_text.logprobs" | "reasoning.encrypted_content")[] | null;
             /**
              * @description With `include: ['message.output_text.logprobs']`: how many alternatives each token's entry lists (0-20).
              * @default null
              */
             top_logprobs?: number | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            presence_penalty?: 0 | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            frequency_penalty?: 0 | null;
             /** @default null */
             reasoning?: components["schemas"]["Reasoning"] | null;
             /**
@@ -1245,6 +1291,11 @@ export interface components {
             arguments: string;
             /** @enum {string} */
             status: "in_progress" | "completed" | "incomplete";
+            /**
+             * @description The `namespace` tool the function came in (absent for a top-level function).
+             * @default null
+             */
+            namespace?: string | null;
         };
         /**
          * FunctionCallOutputItem
@@ -1325,8 +1376,8 @@ export interface components {
         /** FunctionToolEcho */
         FunctionToolEcho: {
             /**
-             * @default function
-             * @constant
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
              */
             type: "function";
             name: string;
@@ -1356,10 +1407,10 @@ export interface components {
             /** @default null */
             status?: ("in_progress" | "completed" | "incomplete") | null;
             /**
-             * @description Accepted only as null (not supported).
+             * @description The namespace tool the function is in, as the call item said.
              * @default null
              */
-            namespace?: null;
+            namespace?: string | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1600,6 +1651,31 @@ export interface components {
             object: "list";
             data: components["schemas"]["Model"][];
         };
+        /**
+         * NamespaceTool
+         * @description A Responses `namespace` tool: function tools grouped under a name (Codex sends one).
+         *     The model is offered the functions by their own names; a call of one carries `namespace`,
+         *     and a call sent back as input may carry it too.
+         */
+        NamespaceTool: {
+            /** @constant */
+            type: "namespace";
+            name: string;
+            /** @description Shown to the model with the namespace's functions. */
+            description: string;
+            tools: components["schemas"]["FunctionTool"][];
+        };
+        /** NamespaceToolEcho */
+        NamespaceToolEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "namespace";
+            name: string;
+            description: string;
+            tools: components["schemas"]["FunctionToolEcho"][];
+        };
         /** OutputMessage */
         OutputMessage: {
             id: string;
@@ -1734,7 +1810,11 @@ export interface components {
          * @enum {string}
          */
         QueuedEventType: "response.created" | "response.queued" | "task.created" | "task.queued";
-        /** Reasoning */
+        /**
+         * Reasoning
+         * @description `reasoning`: no model here reasons apart from its answer, so an effort other than
+         *     `none` cannot be honoured; a summary asked for is accepted (there is none to give).
+         */
         Reasoning: {
             /**
              * @description Accepted only with these values (they change nothing).
@@ -1742,15 +1822,23 @@ export interface components {
              */
             effort?: "none" | null;
             /**
-             * @description Accepted only as null (not supported).
+             * @description Accepted; no reasoning summary is produced (no reasoning items).
              * @default null
              */
-            summary?: null;
+            summary?: ("auto" | "concise" | "detailed") | null;
             /**
-             * @description Accepted only as null (not supported).
+             * @description The older name of `summary`; accepted likewise.
              * @default null
              */
-            generate_summary?: null;
+            generate_summary?: ("auto" | "concise" | "detailed") | null;
+        };
+        /**
+         * ReasoningEcho
+         * @description `reasoning` as asked for (no model here produces reasoning items).
+         */
+        ReasoningEcho: {
+            effort: ("none" | "low" | "medium" | "high" | "xhigh") | null;
+            summary: ("auto" | "concise" | "detailed") | null;
         };
         /** RegisterModelRequest */
         RegisterModelRequest: {
@@ -1786,19 +1874,28 @@ export interface components {
             output: (components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"])[];
             parallel_tool_calls: boolean;
             previous_response_id: string | null;
-            temperature: number | null;
-            top_p: number | null;
-            tool_choice: ("auto" | "none" | "required") | components["schemas"]["FunctionChoiceEcho"];
-            tools: components["schemas"]["FunctionToolEcho"][];
+            temperature: number;
+            top_p: number;
+            presence_penalty: number;
+            frequency_penalty: number;
+            tool_choice: ("auto" | "none" | "required") | components["schemas"]["FunctionChoiceEcho"] | components["schemas"]["AllowedToolsEcho"];
+            tools: (components["schemas"]["FunctionToolEcho"] | components["schemas"]["NamespaceToolEcho"])[];
             max_tool_calls: number | null;
             text: components["schemas"]["TextEcho"];
-            top_logprobs: number | null;
-            truncation: string;
+            top_logprobs: number;
+            /** @enum {string} */
+            truncation: "auto" | "disabled";
+            reasoning: components["schemas"]["ReasoningEcho"] | null;
             usage: components["schemas"]["Usage"] | null;
             metadata: {
                 [key: string]: string;
             };
             store: boolean;
+            /** @constant */
+            service_tier: "default";
+            safety_identifier: string | null;
+            prompt_cache_key: string | null;
+            user: string | null;
             completed_at: number | null;
             task_id: string;
             seed: number | null;
@@ -2307,6 +2404,11 @@ export interface components {
          */
         TextEcho: {
             format: components["schemas"]["FormatTextEcho"] | components["schemas"]["FormatJSONObjectEcho"] | components["schemas"]["FormatJSONSchemaEcho"];
+            /**
+             * @default medium
+             * @enum {string}
+             */
+            verbosity: "low" | "medium" | "high";
         };
         /** ToolCall */
         ToolCall: {
@@ -3224,6 +3326,8 @@ type ReadonlyArray<T> = [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const pathsResponsesResponse_idInput_itemsGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/responses/{response_id}/input_items"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
+export const allowedToolsModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedTools"]["mode"]> = ["auto", "required"];
+export const allowedToolsEchoModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedToolsEcho"]["mode"]> = ["auto", "required"];
 export const blasStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Blas"]["state"]> = ["choosing", "chosen"];
 export const blasCandidateVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["BlasCandidate"]["verdict"]> = ["accepted", "rejected", "skipped"];
 export const cancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CancelledEventType"]> = ["response.cancelled", "task.cancelled"];
@@ -3236,6 +3340,7 @@ export const clientScopesValues: ReadonlyArray<FlattenedDeepRequired<components>
 export const completedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompletedEventType"]> = ["response.completed", "response.incomplete", "task.completed"];
 export const createChatCompletionRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];
+export const createResponseRequestIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
 export const failedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailedEventType"]> = ["response.failed", "task.failed"];
 export const formatJSONObjectTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONObject"]["type"]> = ["json_object"];
 export const formatJSONObjectEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONObjectEcho"]["type"]> = ["json_object"];
@@ -3247,6 +3352,7 @@ export const functionCallTypeValues: ReadonlyArray<FlattenedDeepRequired<compone
 export const functionCallStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCall"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const functionCallOutputItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCallOutputItem"]["type"]> = ["function_call_output"];
 export const functionCallOutputItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCallOutputItem"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const functionToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionToolEcho"]["type"]> = ["function"];
 export const inputFunctionCallStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCall"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const inputFunctionCallItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallItem"]["type"]> = ["function_call"];
 export const inputFunctionCallItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallItem"]["status"]> = ["in_progress", "completed", "incomplete"];
@@ -3259,6 +3365,7 @@ export const inputMessagePhaseAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<
 export const inputTextPartTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputTextPart"]["type"]> = ["input_text", "output_text", "text"];
 export const loadingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LoadingEventType"]> = ["response.loading", "task.loading"];
 export const modelStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Model"]["state"]> = ["available", "loaded", "missing", "corrupt"];
+export const namespaceToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["NamespaceToolEcho"]["type"]> = ["namespace"];
 export const outputMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["type"]> = ["message"];
 export const outputMessageStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const pairingRequested_scopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["requested_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
@@ -3267,8 +3374,13 @@ export const pairingDecisionRequestScopesAnyOf0Values: ReadonlyArray<FlattenedDe
 export const pairingStartedScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingStarted"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const pairingTokenScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingToken"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const queuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["QueuedEventType"]> = ["response.created", "response.queued", "task.created", "task.queued"];
+export const reasoningSummaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["summary"]> = ["auto", "concise", "detailed"];
+export const reasoningGenerate_summaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["generate_summary"]> = ["auto", "concise", "detailed"];
+export const reasoningEchoEffortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningEcho"]["effort"]> = ["none", "low", "medium", "high", "xhigh"];
+export const reasoningEchoSummaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningEcho"]["summary"]> = ["auto", "concise", "detailed"];
 export const responseStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["status"]> = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"];
 export const responseTool_choiceAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["tool_choice"]> = ["auto", "none", "required"];
+export const responseTruncationValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["truncation"]> = ["auto", "disabled"];
 export const responseCancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCancelledEvent"]["type"]> = ["response.cancelled"];
 export const responseCancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCancellingEvent"]["type"]> = ["response.cancelling"];
 export const responseCompletedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCompletedEvent"]["type"]> = ["response.completed"];
@@ -3300,3 +3412,4 @@ export const taskQueuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<comp
 export const taskRunningEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskRunningEvent"]["type"]> = ["task.running"];
 export const taskStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskState"]> = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"];
 export const terminalEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalEventType"]> = ["response.completed", "response.incomplete", "response.failed", "response.cancelled", "task.completed", "task.failed", "task.cancelled"];
+export const textEchoVerbosityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextEcho"]["verbosity"]> = ["low", "medium", "high"];
