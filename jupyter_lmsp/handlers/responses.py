@@ -9,14 +9,8 @@ from .. import failpoints
 from ..protocol.errors import conflict
 from ..protocol.events import Event
 from ..protocol.operations import EventStream, Reply, ResponseHeader
-from ..protocol.responses import (
-    CreateResponseRequest,
-    InputItemList,
-    InputItemsQuery,
-    Response,
-    ResponseDeleted,
-    RetrieveResponseQuery,
-)
+from ..protocol.response_object import InputItemList, Response, ResponseDeleted
+from ..protocol.responses import CreateResponseRequest, InputItemsQuery, RetrieveResponseQuery
 from ..services import responses
 from .base import LMSPHandler, operation
 

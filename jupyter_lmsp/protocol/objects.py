@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from .output import Attempt
 from .pairing import Client, Pairing
 from .registry import Model, ModelFile
-from .responses import (
+from .response_object import (
     FunctionCallOutputItem,
     InputFunctionCallItem,
     InputItem,

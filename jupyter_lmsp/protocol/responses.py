@@ -1,4 +1,5 @@
-"""The Responses API on the wire (LMSP B5, B10): `POST /responses` bodies and the response object.
+"""The Responses API on the wire (LMSP B5, B10): `POST /responses` bodies and its queries. Their
+`input` items are in protocol.response_input, the response object in protocol.response_object.
 
 `CreateResponseRequest` accepts every field of the OpenAI Responses request (openai SDK 3.57's
 `ResponseCreateParams`) that the service honours, or that is neutral as sent; a field it cannot
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Strict, Tag, model_validator
+from pydantic import BeforeValidator, Field, Strict, Tag, model_validator
 
 from .fields import (
     Body,
@@ -19,16 +20,32 @@ from .fields import (
     Metadata,
     Neutral,
     Query,
-    Role,
     Seed,
     SequenceNumber,
     Temperature,
     TokenLimit,
     TopP,
-    WireObject,
     by_json_type,
-    optional_on_wire,
     refuse,
+)
+from .response_input import (
+    INPUT_ITEM_TYPES,
+    INPUT_TEXT_PART_TYPES,
+    InputFunctionCall,
+    InputFunctionCallOutput,
+    InputItemParam,
+    InputMessage,
+    InputTextPart,
+    engine_messages,
+)
+from .response_object import (
+    OutputItem,
+    OutputText,
+    Response,
+    TaskError,
+    function_call_item,
+    output_message,
+    output_text_part,
 )
 from .states import RestartPolicy
 from .tools import (
@@ -37,7 +54,6 @@ from .tools import (
     AllowedTools,
     FormatSpec,
     FunctionChoice,
-    Logprob,
     ResponsesToolChoice,
     ResponsesTools,
     Stop,
@@ -50,144 +66,38 @@ from .tools import (
     top_logprobs_need,
 )
 
-INPUT_TEXT_PART_TYPES = ("input_text", "output_text", "text")
-RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
-
-
-def _text_parts_only(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type") not in INPUT_TEXT_PART_TYPES:
-        raise refuse(
-            "unsupported_input",
-            "'{param}' must be a text part (type 'input_text', 'output_text' or 'text'); "
-            "other kinds are not supported.",
-        )
-    return value
-
-
-class InputTextPart(Body):
-    """A text part of an input message (`input_text`; `output_text` in a replayed answer)."""
-
-    type: Literal["input_text", "output_text", "text"]
-    text: str
-    # What the openai SDK's output_text parts carry when an answer is sent back as input.
-    annotations: list[Any] | None = None
-    logprobs: list[Any] | None = None
-
-
-class InputMessage(Body):
-    """A message of `input`: the forms the openai SDK sends (EasyInputMessage, a typed message,
-    an output message sent back)."""
-
-    type: Literal["message"] = "message"
-    role: Annotated[Role, Field(description="`developer` is treated as `system`.")]
-    content: Annotated[
-        Annotated[str, Tag("string")]
-        | Annotated[
-            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
-        ],
-        by_json_type("a string or a list of text parts"),
-    ]
-    id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-    phase: Literal["commentary", "final_answer"] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-
-class InputFunctionCall(Body):
-    """A function call the model made earlier (an output item sent back as input)."""
-
-    type: Literal["function_call"]
-    call_id: Annotated[str, Field(min_length=1)]
-    name: str
-    arguments: str = Field(description="The JSON text of the call's arguments.")
-    id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-    namespace: str | None = Field(
-        None, description="The namespace tool the function is in, as the call item said."
-    )
-    caller: Annotated[Any, Neutral({"type": "direct"})] = None
-    async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
-
-
-class InputFunctionCallOutput(Body):
-    """What a function call returned: its `output` (text) for the call with `call_id`."""
-
-    type: Literal["function_call_output"]
-    call_id: Annotated[str, Field(min_length=1)]
-    output: Annotated[
-        Annotated[str, Tag("string")]
-        | Annotated[
-            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
-        ],
-        by_json_type("a string or a list of text parts"),
-    ]
-    id: str | None = None
-    status: Literal["in_progress", "completed", "incomplete"] | None = None
-    name: str | None = None
-    namespace: Annotated[Any, Neutral()] = None
-    caller: Annotated[Any, Neutral({"type": "direct"})] = None
-
-    def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
-
-
-INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output")
-
-
-def _input_item_kind(value: Any) -> str | None:
-    if not isinstance(value, dict):
-        return None
-    kind = value.get("type", "message")
-    return kind if kind in INPUT_ITEM_TYPES else "other"
-
-
-def _supported_items_only(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type", "message") not in INPUT_ITEM_TYPES:
-        raise refuse(
-            "unsupported_input",
-            "'{param}' is '" + str(value.get("type")) + "'; only messages, function calls and "
-            "function call outputs are supported.",
-        )
-    return value
-
-
-InputItemParam = Annotated[
-    Annotated[InputMessage, Tag("message")]
-    | Annotated[InputFunctionCall, Tag("function_call")]
-    | Annotated[InputFunctionCallOutput, Tag("function_call_output")],
-    Discriminator(
-        _input_item_kind,
-        custom_error_type="invalid_value",
-        custom_error_message="'{param}' must be a message, a function call or its output",
-    ),
-    BeforeValidator(_supported_items_only),
+# This module's request models, the input items (protocol.response_input), and the response
+# object's models (protocol.response_object) that protocol.events, .output and .tasks import
+# from here.
+__all__ = [
+    "INPUT_ITEM_TYPES",
+    "INPUT_TEXT_PART_TYPES",
+    "KNOWN_INCLUDES",
+    "REASONING_INCLUDE",
+    "RESPONSE_STATUSES",
+    "BackgroundOptions",
+    "CreateResponseRequest",
+    "InputFunctionCall",
+    "InputFunctionCallOutput",
+    "InputItemParam",
+    "InputItemsQuery",
+    "InputMessage",
+    "InputTextPart",
+    "OutputItem",
+    "OutputText",
+    "Reasoning",
+    "Response",
+    "RetrieveResponseQuery",
+    "StreamOptions",
+    "TaskError",
+    "TextConfig",
+    "engine_messages",
+    "function_call_item",
+    "output_message",
+    "output_text_part",
 ]
 
-
-def engine_messages(items: list[Any]) -> list[dict[str, Any]]:
-    """Input items as chat messages: function calls join the assistant message before them
-    (`tool_calls`), their outputs become `tool` messages."""
-    out: list[dict[str, Any]] = []
-    for item in items:
-        if isinstance(item, InputFunctionCall):
-            call = {"id": item.call_id, "name": item.name, "arguments": item.arguments}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant":
-                last.setdefault("tool_calls", []).append(call)
-            else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif isinstance(item, InputFunctionCallOutput):
-            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
-        else:
-            role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": item.text()})
-    return out
+RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
 
 
 # What `include` may ask for. `reasoning.encrypted_content` (Codex always sends it) has nothing
@@ -477,276 +387,6 @@ class CreateResponseRequest(Body):
         return {
             f.name: f.namespace for f in flat_functions(self.tools or []) if f.namespace is not None
         }
-
-
-# ---------------------------------------------------------------------------------------------
-# the response object
-
-
-class OutputText(WireObject):
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Logprob] = Field(
-        default_factory=list,
-        description="With `include: ['message.output_text.logprobs']`: one entry per token.",
-    )
-
-
-class OutputMessage(WireObject):
-    id: str
-    type: Literal["message"] = "message"
-    role: Literal["assistant"] = "assistant"
-    status: Literal["in_progress", "completed", "incomplete"]
-    content: list[OutputText]
-
-
-class FunctionCall(WireObject):
-    """A call of one of the request's function tools: `arguments` is the JSON text of its
-    arguments (an object). The client runs the function and sends a `function_call_output`
-    with the same `call_id`."""
-
-    model_config = {"json_schema_extra": optional_on_wire("namespace")}
-
-    id: str
-    type: Literal["function_call"] = "function_call"
-    call_id: str
-    name: str
-    arguments: str
-    status: Literal["in_progress", "completed", "incomplete"]
-    namespace: str | None = Field(
-        None,
-        description="The `namespace` tool the function came in (absent for a top-level function).",
-        exclude_if=lambda v: v is None,
-    )
-
-
-OutputItem = Annotated[OutputMessage | FunctionCall, Field(discriminator="type")]
-
-
-def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return OutputText.model_validate({"text": text, "logprobs": logprobs or []}).wire()
-
-
-def output_message(
-    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    return OutputMessage.model_validate(
-        {
-            "id": item_id,
-            "status": status,
-            "content": [{"text": text, "logprobs": logprobs or []}],
-        }
-    ).wire()
-
-
-def function_call_item(
-    item_id: str, call_id: str, name: str, arguments: str, status: str
-) -> dict[str, Any]:
-    return FunctionCall(
-        id=item_id,
-        call_id=call_id,
-        name=name,
-        arguments=arguments,
-        status=status,
-    ).wire()
-
-
-class InputTokensDetails(WireObject):
-    cached_tokens: Annotated[int, Field(ge=0)]
-    cache_write_tokens: Annotated[int, Field(ge=0)]
-
-
-class OutputTokensDetails(WireObject):
-    reasoning_tokens: Annotated[int, Field(ge=0)]
-    accepted_draft_tokens: Annotated[int, Field(ge=0)] = Field(
-        default=0,
-        description="LMSP extension: of the output tokens, how many speculative decoding "
-        "proposed and the model verified (ordinary output tokens, exactly those decoding "
-        "without speculation gives; a resumed task counts those of its last attempt).",
-    )
-
-
-class Usage(WireObject):
-    input_tokens: Annotated[int, Field(ge=0)]
-    input_tokens_details: InputTokensDetails
-    output_tokens: Annotated[int, Field(ge=0)]
-    output_tokens_details: OutputTokensDetails
-    total_tokens: Annotated[int, Field(ge=0)]
-
-
-class TaskError(WireObject):
-    """Why a task failed: a `code` (`server_restarted`, `worker_crashed`, …) and a message."""
-
-    model_config = {"extra": "allow"}
-    code: str
-    message: str
-
-
-class IncompleteDetails(WireObject):
-    reason: str
-
-
-class FunctionToolEcho(WireObject):
-    type: Literal["function"] = "function"
-    name: str
-    description: str | None
-    parameters: dict[str, Any] | None
-    strict: bool
-
-
-class NamespaceToolEcho(WireObject):
-    type: Literal["namespace"] = "namespace"
-    name: str
-    description: str
-    tools: list[FunctionToolEcho]
-
-
-ToolEcho = Annotated[FunctionToolEcho | NamespaceToolEcho, Field(discriminator="type")]
-
-
-class FunctionChoiceEcho(WireObject):
-    type: Literal["function"] = "function"
-    name: str
-
-
-class AllowedToolsEcho(WireObject):
-    type: Literal["allowed_tools"] = "allowed_tools"
-    mode: Literal["auto", "required"]
-    tools: list[FunctionChoiceEcho]
-
-
-class ReasoningEcho(WireObject):
-    """`reasoning` as asked for (no model here produces reasoning items)."""
-
-    effort: Literal["none", "low", "medium", "high", "xhigh"] | None
-    summary: Literal["auto", "concise", "detailed"] | None
-
-
-class FormatTextEcho(WireObject):
-    type: Literal["text"] = "text"
-
-
-class FormatJSONObjectEcho(WireObject):
-    type: Literal["json_object"] = "json_object"
-
-
-class FormatJSONSchemaEcho(WireObject):
-    type: Literal["json_schema"] = "json_schema"
-    name: str
-    schema_: dict[str, Any] = Field(alias="schema")
-    strict: bool
-    description: str | None
-
-
-class TextEcho(WireObject):
-    """`text` as the request gave it (`format` `text` when it gave none)."""
-
-    format: Annotated[
-        FormatTextEcho | FormatJSONObjectEcho | FormatJSONSchemaEcho,
-        Field(discriminator="type"),
-    ]
-    verbosity: Literal["low", "medium", "high"] = "medium"
-
-
-class Response(WireObject):
-    """A response, shaped as in the OpenAI Responses API, with LMSP fields `task_id`, `seed` and
-    `on_restart`. `status` follows its task's state."""
-
-    id: Annotated[str, Field(pattern="^resp_")]
-    object: Literal["response"] = "response"
-    created_at: int
-    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
-    background: bool
-    error: TaskError | None
-    incomplete_details: IncompleteDetails | None
-    instructions: str | None
-    max_output_tokens: int | None
-    model: str
-    output: list[OutputItem]
-    parallel_tool_calls: bool
-    previous_response_id: str | None
-    temperature: float
-    top_p: float
-    presence_penalty: float
-    frequency_penalty: float
-    tool_choice: Annotated[
-        Literal["auto", "none", "required"] | FunctionChoiceEcho | AllowedToolsEcho,
-        Field(union_mode="left_to_right"),
-    ]
-    tools: list[ToolEcho]
-    max_tool_calls: int | None
-    text: TextEcho
-    top_logprobs: int
-    truncation: Literal["auto", "disabled"]
-    reasoning: ReasoningEcho | None
-    usage: Usage | None
-    metadata: dict[str, str]
-    store: bool
-    service_tier: Literal["default"]
-    safety_identifier: str | None
-    prompt_cache_key: str | None
-    user: str | None
-    completed_at: int | None
-    task_id: Annotated[str, Field(pattern="^task_")]
-    seed: int | None
-    on_restart: RestartPolicy
-    stop: list[str] | None = Field(description="LMSP: the stop sequences asked for.")
-
-
-class ResponseDeleted(WireObject):
-    id: str
-    object: Literal["response.deleted"] = "response.deleted"
-    deleted: Literal[True] = True
-
-
-class InputText(WireObject):
-    type: Literal["input_text"] = "input_text"
-    text: str
-
-
-class InputItem(WireObject):
-    """One message of a response's `input` (assistant turns as output messages)."""
-
-    id: str
-    type: Literal["message"] = "message"
-    role: Role
-    status: str
-    content: list[InputText | OutputText]
-
-
-class InputFunctionCallItem(WireObject):
-    """A function call given in a response's `input` (a call the model made earlier)."""
-
-    id: str
-    type: Literal["function_call"] = "function_call"
-    call_id: str
-    name: str
-    arguments: str
-    status: Literal["in_progress", "completed", "incomplete"]
-
-
-class FunctionCallOutputItem(WireObject):
-    """A function call's output given in a response's `input`."""
-
-    id: str
-    type: Literal["function_call_output"] = "function_call_output"
-    call_id: str
-    output: str
-    status: Literal["in_progress", "completed", "incomplete"]
-
-
-ListedInputItem = Annotated[
-    InputItem | InputFunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
-]
-
-
-class InputItemList(WireObject):
-    object: Literal["list"] = "list"
-    data: list[ListedInputItem]
-    first_id: str | None
-    last_id: str | None
-    has_more: bool
 
 
 # ---------------------------------------------------------------------------------------------

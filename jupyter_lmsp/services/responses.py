@@ -20,7 +20,8 @@ from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
 from ..protocol.objects import input_items, response_object
 from ..protocol.output import Attempt
-from ..protocol.responses import CreateResponseRequest, InputItemList, ResponseDeleted
+from ..protocol.response_object import InputItemList, ResponseDeleted
+from ..protocol.responses import CreateResponseRequest
 from ..protocol.states import TERMINAL_STATES, RestartPolicy, TaskState
 from ..store import queries, rules
 from ..store.quotas import Connection

@@ -1,0 +1,151 @@
+"""The `input` of `POST /responses` (LMSP B5): the items a request may give — messages with
+text content (the forms the openai SDK sends), function calls the model made earlier (with the
+namespace their call item named), and function call outputs — and those items as the chat
+messages the engine takes. Other item and content kinds are refused by name
+(`unsupported_input`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Discriminator, Field, Tag
+
+from .fields import Body, Neutral, Role, by_json_type, refuse
+
+INPUT_TEXT_PART_TYPES = ("input_text", "output_text", "text")
+
+
+def _text_parts_only(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") not in INPUT_TEXT_PART_TYPES:
+        raise refuse(
+            "unsupported_input",
+            "'{param}' must be a text part (type 'input_text', 'output_text' or 'text'); "
+            "other kinds are not supported.",
+        )
+    return value
+
+
+class InputTextPart(Body):
+    """A text part of an input message (`input_text`; `output_text` in a replayed answer)."""
+
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+    # What the openai SDK's output_text parts carry when an answer is sent back as input.
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class InputMessage(Body):
+    """A message of `input`: the forms the openai SDK sends (EasyInputMessage, a typed message,
+    an output message sent back)."""
+
+    type: Literal["message"] = "message"
+    role: Annotated[Role, Field(description="`developer` is treated as `system`.")]
+    content: Annotated[
+        Annotated[str, Tag("string")]
+        | Annotated[
+            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
+        ],
+        by_json_type("a string or a list of text parts"),
+    ]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    phase: Literal["commentary", "final_answer"] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class InputFunctionCall(Body):
+    """A function call the model made earlier (an output item sent back as input)."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(min_length=1)]
+    name: str
+    arguments: str = Field(description="The JSON text of the call's arguments.")
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    namespace: str | None = Field(
+        None, description="The namespace tool the function is in, as the call item said."
+    )
+    caller: Annotated[Any, Neutral({"type": "direct"})] = None
+    async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
+
+
+class InputFunctionCallOutput(Body):
+    """What a function call returned: its `output` (text) for the call with `call_id`."""
+
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(min_length=1)]
+    output: Annotated[
+        Annotated[str, Tag("string")]
+        | Annotated[
+            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
+        ],
+        by_json_type("a string or a list of text parts"),
+    ]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    name: str | None = None
+    namespace: Annotated[Any, Neutral()] = None
+    caller: Annotated[Any, Neutral({"type": "direct"})] = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
+INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output")
+
+
+def _input_item_kind(value: Any) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type", "message")
+    return kind if kind in INPUT_ITEM_TYPES else "other"
+
+
+def _supported_items_only(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type", "message") not in INPUT_ITEM_TYPES:
+        raise refuse(
+            "unsupported_input",
+            "'{param}' is '" + str(value.get("type")) + "'; only messages, function calls and "
+            "function call outputs are supported.",
+        )
+    return value
+
+
+InputItemParam = Annotated[
+    Annotated[InputMessage, Tag("message")]
+    | Annotated[InputFunctionCall, Tag("function_call")]
+    | Annotated[InputFunctionCallOutput, Tag("function_call_output")],
+    Discriminator(
+        _input_item_kind,
+        custom_error_type="invalid_value",
+        custom_error_message="'{param}' must be a message, a function call or its output",
+    ),
+    BeforeValidator(_supported_items_only),
+]
+
+
+def engine_messages(items: list[Any]) -> list[dict[str, Any]]:
+    """Input items as chat messages: function calls join the assistant message before them
+    (`tool_calls`), their outputs become `tool` messages."""
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, InputFunctionCall):
+            call = {"id": item.call_id, "name": item.name, "arguments": item.arguments}
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif isinstance(item, InputFunctionCallOutput):
+            out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        else:
+            role = "system" if item.role == "developer" else item.role
+            out.append({"role": role, "content": item.text()})
+    return out

@@ -1,0 +1,280 @@
+"""The response object on the wire (LMSP B5, B10): the Open Responses spec's `ResponseResource`
+with LMSP's fields beside, its output items, usage and error, and the input items a response
+lists. `objects.response_object` builds it from stored rows; every field the spec requires is
+declared here, typed as the spec types it (numbers where it says number, never null)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
+
+from .fields import Role, WireObject, optional_on_wire
+from .states import RestartPolicy
+from .tools import Logprob
+
+
+class OutputText(WireObject):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Logprob] = Field(
+        default_factory=list,
+        description="With `include: ['message.output_text.logprobs']`: one entry per token.",
+    )
+
+
+class OutputMessage(WireObject):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    status: Literal["in_progress", "completed", "incomplete"]
+    content: list[OutputText]
+
+
+class FunctionCall(WireObject):
+    """A call of one of the request's function tools: `arguments` is the JSON text of its
+    arguments (an object). The client runs the function and sends a `function_call_output`
+    with the same `call_id`."""
+
+    model_config = {"json_schema_extra": optional_on_wire("namespace")}
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    namespace: str | None = Field(
+        None,
+        description="The `namespace` tool the function came in (absent for a top-level function).",
+        exclude_if=lambda v: v is None,
+    )
+
+
+OutputItem = Annotated[OutputMessage | FunctionCall, Field(discriminator="type")]
+
+
+def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return OutputText.model_validate({"text": text, "logprobs": logprobs or []}).wire()
+
+
+def output_message(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    return OutputMessage.model_validate(
+        {
+            "id": item_id,
+            "status": status,
+            "content": [{"text": text, "logprobs": logprobs or []}],
+        }
+    ).wire()
+
+
+def function_call_item(
+    item_id: str, call_id: str, name: str, arguments: str, status: str
+) -> dict[str, Any]:
+    return FunctionCall(
+        id=item_id,
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        status=status,
+    ).wire()
+
+
+class InputTokensDetails(WireObject):
+    cached_tokens: Annotated[int, Field(ge=0)]
+    cache_write_tokens: Annotated[int, Field(ge=0)]
+
+
+class OutputTokensDetails(WireObject):
+    reasoning_tokens: Annotated[int, Field(ge=0)]
+    accepted_draft_tokens: Annotated[int, Field(ge=0)] = Field(
+        default=0,
+        description="LMSP extension: of the output tokens, how many speculative decoding "
+        "proposed and the model verified (ordinary output tokens, exactly those decoding "
+        "without speculation gives; a resumed task counts those of its last attempt).",
+    )
+
+
+class Usage(WireObject):
+    input_tokens: Annotated[int, Field(ge=0)]
+    input_tokens_details: InputTokensDetails
+    output_tokens: Annotated[int, Field(ge=0)]
+    output_tokens_details: OutputTokensDetails
+    total_tokens: Annotated[int, Field(ge=0)]
+
+
+class TaskError(WireObject):
+    """Why a task failed: a `code` (`server_restarted`, `worker_crashed`, …) and a message."""
+
+    model_config = {"extra": "allow"}
+    code: str
+    message: str
+
+
+class IncompleteDetails(WireObject):
+    reason: str
+
+
+class FunctionToolEcho(WireObject):
+    type: Literal["function"] = "function"
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+    strict: bool
+
+
+class NamespaceToolEcho(WireObject):
+    type: Literal["namespace"] = "namespace"
+    name: str
+    description: str
+    tools: list[FunctionToolEcho]
+
+
+ToolEcho = Annotated[FunctionToolEcho | NamespaceToolEcho, Field(discriminator="type")]
+
+
+class FunctionChoiceEcho(WireObject):
+    type: Literal["function"] = "function"
+    name: str
+
+
+class AllowedToolsEcho(WireObject):
+    type: Literal["allowed_tools"] = "allowed_tools"
+    mode: Literal["auto", "required"]
+    tools: list[FunctionChoiceEcho]
+
+
+class ReasoningEcho(WireObject):
+    """`reasoning` as asked for (no model here produces reasoning items)."""
+
+    effort: Literal["none", "low", "medium", "high", "xhigh"] | None
+    summary: Literal["auto", "concise", "detailed"] | None
+
+
+class FormatTextEcho(WireObject):
+    type: Literal["text"] = "text"
+
+
+class FormatJSONObjectEcho(WireObject):
+    type: Literal["json_object"] = "json_object"
+
+
+class FormatJSONSchemaEcho(WireObject):
+    type: Literal["json_schema"] = "json_schema"
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool
+    description: str | None
+
+
+class TextEcho(WireObject):
+    """`text` as the request gave it (`format` `text` when it gave none)."""
+
+    format: Annotated[
+        FormatTextEcho | FormatJSONObjectEcho | FormatJSONSchemaEcho,
+        Field(discriminator="type"),
+    ]
+    verbosity: Literal["low", "medium", "high"] = "medium"
+
+
+class Response(WireObject):
+    """A response, shaped as in the OpenAI Responses API, with LMSP fields `task_id`, `seed` and
+    `on_restart`. `status` follows its task's state."""
+
+    id: Annotated[str, Field(pattern="^resp_")]
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+    background: bool
+    error: TaskError | None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[OutputItem]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    temperature: float
+    top_p: float
+    presence_penalty: float
+    frequency_penalty: float
+    tool_choice: Annotated[
+        Literal["auto", "none", "required"] | FunctionChoiceEcho | AllowedToolsEcho,
+        Field(union_mode="left_to_right"),
+    ]
+    tools: list[ToolEcho]
+    max_tool_calls: int | None
+    text: TextEcho
+    top_logprobs: int
+    truncation: Literal["auto", "disabled"]
+    reasoning: ReasoningEcho | None
+    usage: Usage | None
+    metadata: dict[str, str]
+    store: bool
+    service_tier: Literal["default"]
+    safety_identifier: str | None
+    prompt_cache_key: str | None
+    user: str | None
+    completed_at: int | None
+    task_id: Annotated[str, Field(pattern="^task_")]
+    seed: int | None
+    on_restart: RestartPolicy
+    stop: list[str] | None = Field(description="LMSP: the stop sequences asked for.")
+
+
+class ResponseDeleted(WireObject):
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: Literal[True] = True
+
+
+class InputText(WireObject):
+    type: Literal["input_text"] = "input_text"
+    text: str
+
+
+class InputItem(WireObject):
+    """One message of a response's `input` (assistant turns as output messages)."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Role
+    status: str
+    content: list[InputText | OutputText]
+
+
+class InputFunctionCallItem(WireObject):
+    """A function call given in a response's `input` (a call the model made earlier)."""
+
+    id: str
+    type: Literal["function_call"] = "function_call"
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class FunctionCallOutputItem(WireObject):
+    """A function call's output given in a response's `input`."""
+
+    id: str
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+ListedInputItem = Annotated[
+    InputItem | InputFunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+]
+
+
+class InputItemList(WireObject):
+    object: Literal["list"] = "list"
+    data: list[ListedInputItem]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
