@@ -111,7 +111,9 @@ class LMSPExtension(ExtensionApp):
         "route is known); 0 leaves Jupyter's default.",
     ).tag(config=True)
     max_output_tokens_default = Integer(
-        1024, help="max_output_tokens when a request gives none."
+        0,
+        help="max_output_tokens when a request gives none; 0: what the model's context window "
+        "leaves (as OpenAI does).",
     ).tag(config=True)
     max_choices = Integer(
         4,

@@ -504,3 +504,29 @@ def test_an_unstored_response_is_gone_once_finished(http):
     # A stored one stays.
     kept = create(http, {"input": "Hello", **GREEDY})
     assert http.get(f"/responses/{kept['id']}").status_code == 200
+
+
+# -- the default output limit ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("default", "expected"), [(0, None), (5, 5)])
+def test_without_max_output_tokens_the_window_is_the_limit(
+    tmp_path, test_model_dir, default, expected
+):
+    """No `max_output_tokens`: the output may fill what the context window leaves (as OpenAI
+    has it), unless the owner set `max_output_tokens_default`. Greedy, this prompt runs for
+    hundreds of tokens on the test model, so it stops at the limit."""
+    window = 64
+    with (
+        sdk_server(
+            tmp_path, test_model_dir, max_context_tokens=window, max_output_tokens_default=default
+        ) as server,
+        server.client() as c,
+    ):
+        r = c.post("/responses", json={"input": "Tell me a story.", "temperature": 0})
+        assert r.status_code == 200, r.text
+        done = r.json()
+        assert done["status"] == "incomplete" and done["max_output_tokens"] is None
+        usage = done["usage"]
+        assert usage["output_tokens"] == (expected or window - usage["input_tokens"])
+        assert c.get("/service").json()["limits"]["max_output_tokens_default"] == default

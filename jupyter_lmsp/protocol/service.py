@@ -11,7 +11,10 @@ from .fields import WireObject, optional_on_wire
 
 class Limits(WireObject):
     max_body_bytes: int
-    max_output_tokens_default: int
+    max_output_tokens_default: int = Field(
+        description="The output limit of a request that gives none; 0: what the model's "
+        "context window leaves."
+    )
     max_choices: int = Field(description="The most choices (`n`) of a chat completion.")
 
 

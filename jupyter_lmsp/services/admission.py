@@ -4,6 +4,8 @@
   the event loop on one thread of its own; a prompt that leaves no room in the model's
   context window (`max_context_tokens` may narrow it) is refused with 400
   `context_length_exceeded`, and the output limit is capped at what the window leaves.
+  Without a limit asked for, the limit is what the window leaves (as OpenAI has it), or the
+  owner's `max_output_tokens_default` when set (above 0).
 - A paired client may have at most `max_tasks` unfinished tasks and `max_tokens` tokens in
   flight (prompt plus output limit, summed over its unfinished tasks); beyond either, 429
   with `Retry-After`. The check runs inside the transaction that creates the task, so
@@ -33,6 +35,9 @@ T = TypeVar("T")
 
 # How long a client over its quota is told to wait: its tasks finish in seconds to minutes.
 RETRY_AFTER = 5
+# The output limit of a request that asks for none, for a model whose context window is
+# unknown (no `max_position_embeddings`) when the owner set no default.
+UNKNOWN_WINDOW_OUTPUT = 1024
 
 
 @dataclass
@@ -49,7 +54,7 @@ class Admission:
     def __init__(
         self,
         *,
-        max_output_tokens_default: int = 1024,
+        max_output_tokens_default: int = 0,
         max_context_tokens: int = 0,
         max_tasks: int = 64,
         max_tokens: int = 131072,
@@ -101,11 +106,12 @@ class Admission:
             prompt = await self.run(self.counter.count, _key(model), model.path, messages, tools)
         except PromptTooHard:
             prompt = None
-        wanted = requested or self.max_output_tokens_default
+        # No limit asked for: the owner's default when set, else what the window leaves.
+        wanted = requested or self.max_output_tokens_default or None
         if window is None:
-            max_tokens = wanted
+            max_tokens = wanted or UNKNOWN_WINDOW_OUTPUT
         elif prompt is None:
-            max_tokens = min(wanted, window)
+            max_tokens = min(wanted or window, window)
         else:
             if prompt >= window:
                 raise LMSPError(
@@ -115,9 +121,14 @@ class Admission:
                     f"{window}: at least one must be left for the answer. Shorten the input.",
                     param=param,
                 )
-            max_tokens = min(wanted, window - prompt)
+            max_tokens = min(wanted or window, window - prompt)
         # Uncounted, a prompt is charged its length in UTF-8 bytes (no token is shorter).
         charged = prompt if prompt is not None else _bytes(messages)
+        if wanted is None:
+            # A limit nobody asked for stays within what a client may hold in flight, so a
+            # request without one is never refused for the size of its own default.
+            room = (self.max_tokens - charged) // max(1, choices)
+            max_tokens = max(1, min(max_tokens, room))
         return Plan(prompt, max_tokens, charged + max_tokens * max(1, choices))
 
     def quota(

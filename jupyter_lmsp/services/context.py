@@ -42,7 +42,7 @@ class ServiceContext:
     registrar: ModelRegistrar
     service_id: str
     version: str
-    max_output_tokens_default: int = 1024
+    max_output_tokens_default: int = 0
     # The most choices (`n`) a chat completion may ask for.
     max_choices: int = 4
     keepalive_interval: float = 15.0

@@ -1579,6 +1579,7 @@ export interface components {
         /** Limits */
         Limits: {
             max_body_bytes: number;
+            /** @description The output limit of a request that gives none; 0: what the model's context window leaves. */
             max_output_tokens_default: number;
             /** @description The most choices (`n`) of a chat completion. */
             max_choices: number;
