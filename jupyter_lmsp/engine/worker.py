@@ -8,8 +8,9 @@ building each step's graph holds the GIL, which stalls the server's event loop.
 Layout:
 - `Worker` is the loop and the message handling: a FIFO of jobs admitted while their choices
   fit in `max_batch_size` rows, the pipe drained between scheduler steps so new jobs join and
-  cancels act within one decode step (or one prefill chunk), tokens coalesced per job and
-  choice for at most ~20 ms. A cancel that cancels every job of the step in flight stops it
+  cancels act within one decode step (or one prefill chunk), each step's tokens sent when the
+  step is done (one `JobTokens` per choice; the server's runner is the one stage that
+  coalesces them, into its snapshot commits). A cancel that cancels every job of the step in flight stops it
   part-way, at the next checkpoint between the model's layers (`interrupt`).
 - A job's prompt is its messages through the model's chat template, with its tools rendered
   in (`toolcalls.render`), and its grammar comes from `grammars.build_grammar`.
@@ -81,9 +82,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Tokens produced within this window may travel in one JobTokens message; no token is held
-# (much) longer than this.
-COALESCE_WINDOW = 0.02
 # Loaded models kept in memory, least recently used evicted first.
 MAX_CACHED_MODELS = 2
 # How often an idle worker wakes up to check that its parent is still alive.
@@ -159,7 +157,7 @@ def call_format_of(tokenizer: TokenizerWrapper, ll_tokenizer: Any) -> CallFormat
 
 @dataclass
 class _Outbox:
-    """A running choice's tokens generated but not yet sent, coalesced into one JobTokens."""
+    """A running choice's tokens of the step in flight, not yet sent (one JobTokens)."""
 
     job_id: str
     choice: int
@@ -171,15 +169,12 @@ class _Outbox:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
-    since: float = 0.0
 
     @property
     def pending(self) -> bool:
         return bool(self.token_ids or self.text)
 
-    def add(self, update: Update, now: float) -> None:
-        if not self.pending:
-            self.since = now
+    def add(self, update: Update) -> None:
         self.token_ids.extend(update.token_ids)
         self.text += update.text
         self.logprobs.extend(update.logprobs or [])
@@ -215,8 +210,8 @@ class Worker:
 
     Jobs wait in a FIFO until fewer than `max_batch_size` are running, then join the batch.
     Between two scheduler steps the pipe is drained, so a new job joins and a cancel acts
-    within one decode step (or one prefill chunk). Tokens are coalesced per job for at most
-    ~20 ms.
+    within one decode step (or one prefill chunk). Each step's tokens go out once the pipe is
+    drained after it (the server coalesces them for its commits: `services.output`).
     """
 
     def __init__(
@@ -456,14 +451,10 @@ class Worker:
         # if anything does, make it repeatable. The state is per thread: seeded in this one.
         mx.random.seed(0)
         self._send(WorkerReady(os.getpid(), blas=_detect_blas()))
-        # Expected time until the next step's tokens; the first token is never held back.
-        step_interval = float("inf")
-        last_step_at: float | None = None
         while not self._shutdown:
             was_idle = not self._scheduler.active
             self._admit()
             if not self._scheduler.active:
-                last_step_at, step_interval = None, float("inf")
                 self._pump(IDLE_POLL_SECONDS)
                 continue
             if was_idle:
@@ -477,22 +468,15 @@ class Worker:
                 continue
             finally:
                 self._checkpoints.ask = None
-            now = time.monotonic()
-            if last_step_at is not None:
-                step_interval = now - last_step_at
-            last_step_at = now
-            self._deliver(updates, now)
+            self._deliver(updates)
             if self._token_delay > 0:
                 # Per token, not per step: a speculating step may bring a job several.
                 self._sleep(self._token_delay * _most_tokens(updates))
             else:
                 self._pump()
-            # Hold tokens only while the next ones are expected inside the window.
-            now = time.monotonic()
             for running in list(self._running.values()):
                 for outbox in running.outboxes:
-                    if outbox.pending and now - outbox.since + step_interval >= COALESCE_WINDOW:
-                        self._flush_outbox(outbox)
+                    self._flush_outbox(outbox)
         for job_id, generated in self._scheduler.cancel_all():
             self._end_cancelled(job_id, generated)
         for job in self._queue:
@@ -616,16 +600,16 @@ class Worker:
                 load_seconds=self._load_took.pop(key, None),
             )
         )
-        self._deliver(updates, time.monotonic())
+        self._deliver(updates)
 
-    def _deliver(self, updates: list[Update], now: float) -> None:
+    def _deliver(self, updates: list[Update]) -> None:
         for update in updates:
             running = self._running.get(update.job_id)
             if running is None:  # Cannot happen; a message for an unknown job would mislead.
                 log.warning("update for unknown job %s", update.job_id)
                 continue
             outbox = running.outboxes[update.choice]
-            outbox.add(update, now)
+            outbox.add(update)
             if update.error is not None:
                 # Tokens generated before a failure are valid: they go out before JobFailed.
                 self._flush(update.job_id)
