@@ -1,9 +1,10 @@
 """A task runner's transactions that start and end a task, run on its database thread
 (`services.committer`), never on the loop.
 
-`claim` takes a queued task (`queued` → `loading`, with its event), re-enters a resumed one
-(`running`), or ends one cancelled while it waited; then resolves its model once and builds
-the worker's job from the task's params, parsed once (`protocol.params.TaskParams`). A task
+`claim` takes a task to run in one store transaction (`rules.claim_to_run`: `queued` →
+`loading` with its event, a resumed `running` one re-entered, or one cancelled while it waited
+ended), then resolves its model once and builds the worker's job from the task's params,
+parsed once (`protocol.params.TaskParams`). A task
 that cannot start is failed in the claim, so a bad task never stops the queue behind it.
 `end` is a task's terminal transaction, with what it needs read first.
 """
@@ -12,17 +13,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..engine.messages import GenerateJob
-from ..protocol import events as ev
 from ..protocol.errors import LMSPError
-from ..protocol.objects import response_object, snapshot_of, usage_object
+from ..protocol.objects import snapshot_of, usage_object
 from ..protocol.params import TaskParams
 from ..protocol.states import TaskState
 from ..store import queries, rules
 from ..store.database import Database
-from ..store.tables import Response, Task
 from .catalog import ModelCatalog
 from .committer import is_locked
 from .generation import Generation, job_for
@@ -43,40 +41,17 @@ class Start:
 
 
 def claim(db: Database, catalog: ModelCatalog, runner_id: str | None, task_id: str) -> Start:
-    """Take a queued task (`queued` → `loading`), or re-enter a resumed one, and prepare its
-    job; a task that cannot start is failed here."""
+    """Take a task to run (`rules.claim_to_run`: one transaction), then resolve its model once
+    and build its job from its params, parsed once; a task that cannot start is failed here."""
     start = Start(task_id)
     try:
-        found = queries.get_task_and_response(db, task_id)
-        if found is None:
-            return start
-        task, response = found
-        if runner_id is not None and task.runner_id != runner_id:
-            return start  # not ours (any more)
+        claimed = rules.claim_to_run(db, task_id, runner_id)
+        start.committed.extend(claimed.committed)
+        task, response = claimed.task, claimed.response
+        if not claimed.run or task is None:
+            return start  # none, not ours, ended, or ended cancelled in the claim
         start.owner = task.owner
         start.model = task.model
-        state = TaskState(task.state)
-        if state == TaskState.QUEUED:
-            committed = rules.append_events(
-                db,
-                task_id,
-                _loading_event,
-                to_state=TaskState.LOADING,
-                only_from=[TaskState.QUEUED],
-                runner_id=runner_id,
-            )
-            if not committed.changed:
-                return start  # cancelled meanwhile
-            start.committed.append(committed)
-            task = committed.task
-        elif state == TaskState.CANCELLING:
-            # Cancelled while it waited to resume: nothing runs, it ends now.
-            start.committed.append(
-                end(db, catalog, runner_id, task_id, rules.Outcome(TaskState.CANCELLED))
-            )
-            return start
-        elif state != TaskState.RUNNING:
-            return start  # a resumed task is `running`; anything else is not to start
         try:
             model = catalog.resolve(task.model)
         except LMSPError as e:
@@ -86,9 +61,7 @@ def claim(db: Database, catalog: ModelCatalog, runner_id: str | None, task_id: s
         assert response is not None  # only response tasks reach the runner
         params = TaskParams.load(task.params)
         start.generation = Generation.from_params(params)
-        start.job = job_for(
-            task, response, model, params, start.generation, resume=state == TaskState.RUNNING
-        )
+        start.job = job_for(task, response, model, params, start.generation, claimed.resume)
     except Exception as exc:  # a bad task must not stop the queue behind it
         if is_locked(exc):
             raise  # not the task's fault: the committer runs the claim again
@@ -126,9 +99,3 @@ def end(
             input_tokens = snapshot_of(task).get("input_tokens", 0)
             outcome.usage = usage_object(input_tokens, output_tokens, cached_tokens)
     return rules.finish(db, task_id, outcome, runner_id=runner_id)
-
-
-def _loading_event(task: Task, response: Response | None) -> list[dict[str, Any]]:
-    if response is None:
-        return [{"type": "task.loading", "task_id": task.id}]
-    return [ev.lifecycle(ev.LOADING, response_object(response, task))]
