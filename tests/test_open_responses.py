@@ -501,9 +501,13 @@ def test_an_unstored_response_is_gone_once_finished(http):
             json={"model": MODEL, "input": "Again", "previous_response_id": response_id},
         )
         assert r.status_code == 404 and r.json()["error"]["param"] == "previous_response_id"
+    # Its rows are gone too: the owner does not find its task.
+    for task_id in (answered["task_id"], events[-1]["response"]["task_id"]):
+        assert http.get(f"/tasks/{task_id}").status_code == 404
     # A stored one stays.
     kept = create(http, {"input": "Hello", **GREEDY})
     assert http.get(f"/responses/{kept['id']}").status_code == 200
+    assert http.get(f"/tasks/{kept['task_id']}").status_code == 200
 
 
 # -- the default output limit ----------------------------------------------------------------

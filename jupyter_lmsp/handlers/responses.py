@@ -66,6 +66,8 @@ class ResponsesHandler(LMSPHandler):
             self.write_json(
                 await responses.wait_for_response(self.ctx, response["id"], self.caller)
             )
+        # A response that is not stored is gone once its request has it.
+        await responses.discard_unstored(self.ctx, response)
 
     async def replay_response_result(self, response_id: str, parsed: Any) -> None:
         """A repeated streamed or plain create: the first request's events, or its response

@@ -14,7 +14,7 @@ again); another tool type (`web_search`, `custom`, …) is refused by name
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag
@@ -260,7 +260,13 @@ class NamespaceTool(Body):
     ]
 
     def specs(self) -> list[FunctionSpec]:
-        return [tool.spec(self.name) for tool in self.tools]
+        # The model sees the functions only, so each says what its namespace is for.
+        return [
+            replace(spec, description=f"{self.description}\n\n{spec.description}")
+            if spec.description
+            else replace(spec, description=self.description)
+            for spec in (tool.spec(self.name) for tool in self.tools)
+        ]
 
     def echo(self) -> dict[str, Any]:
         return {

@@ -368,6 +368,14 @@ def delete_response(ctx: ServiceContext, response_id: str, caller: Caller) -> di
     return ResponseDeleted(id=response_id).wire()
 
 
+async def discard_unstored(ctx: ServiceContext, response: dict[str, Any]) -> None:
+    """Once the request that created a `store: false` response has its answer (or its stream's
+    end), the response's rows go: its task, events and response. One still running (its client
+    left midway) is left to finish; retention removes it then like any finished task."""
+    if response.get("store") is False:
+        await ctx.offload(rules.delete_finished_task, ctx.db, response["task_id"])
+
+
 def list_input_items(
     ctx: ServiceContext,
     response_id: str,
