@@ -384,11 +384,18 @@ AGENTS_NAMESPACE = {
 def codex_request(**changes: Any) -> dict[str, Any]:
     """The shape of Codex CLI's first request with default settings: streamed, not stored, a
     prompt cache key, tools (functions and a namespace), reasoning summary, encrypted
-    reasoning included, client metadata, developer messages, no max_output_tokens."""
+    reasoning included, client metadata, developer messages instead of instructions, no
+    max_output_tokens."""
     return {
         "model": MODEL,
-        "instructions": "You are a coding agent running in a terminal.",
         "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [
+                    {"type": "input_text", "text": "You are a coding agent in a terminal."}
+                ],
+            },
             {
                 "type": "message",
                 "role": "developer",
