@@ -99,6 +99,14 @@ def checked_stream(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     assert [t for t in types if t in TERMINAL] == [types[-1]], types
     ids = {e["response"]["id"] for e in events if "response" in e}
     assert len(ids) == 1
+    # An interim snapshot holds only items already announced (`output_item.added`), as the
+    # openai SDKs' stream helpers count them (the Node one refuses a second item at an index).
+    added: set[str] = set()
+    for event in events:
+        if event["type"] == "response.output_item.added":
+            added.add(event["item"]["id"])
+        elif event["type"] in ("response.created", "response.queued", "response.in_progress"):
+            assert {item["id"] for item in event["response"]["output"]} <= added, event
     return events
 
 

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
-from ..protocol.events import is_terminal
+from ..protocol.events import ITEM_ADDED, is_terminal
 from ..protocol.objects import with_namespace, with_namespaces
 from ..store import queries
 from ..store.database import Database
@@ -133,11 +133,22 @@ SPEC_RENAMED = {"response.loading": "response.queued"}
 SPEC_HIDDEN = frozenset({"response.cancelling"})
 
 
-def spec_view(namespaces: dict[str, str] | None = None) -> View:
+# Lifecycle events before the end: their snapshot holds only the items already added.
+INTERIM = frozenset({"response.created", "response.queued", "response.in_progress"})
+
+
+def spec_view(namespaces: dict[str, str] | None = None, *, from_start: bool = True) -> View:
     """The view of the OpenAI-shaped streams (`POST /responses` with `stream`, `GET
     /responses/{id}?stream=true`): only the Open Responses spec's event types, sequence numbers
     kept (a hidden event leaves a gap, which clients allow), and each call of a namespaced
-    function naming its namespace."""
+    function naming its namespace.
+
+    Read from the start (`from_start`), an interim lifecycle event's snapshot lists only the
+    items whose `response.output_item.added` came before it: the `response.in_progress` of an
+    attempt is committed with its first tokens, so its stored snapshot already holds the item
+    those open, and the openai SDKs' stream helpers (the Node one refuses it as a duplicate
+    output index) count an item from its `added` event."""
+    added: set[str] = set()
 
     def show(event: Event) -> Event | None:
         kind = event.get("type")
@@ -145,11 +156,24 @@ def spec_view(namespaces: dict[str, str] | None = None) -> View:
             return None
         if kind in SPEC_RENAMED:
             event = {**event, "type": SPEC_RENAMED[kind]}
+            kind = event["type"]
+        if kind == ITEM_ADDED and isinstance(event.get("item"), dict):
+            added.add(event["item"].get("id"))
+        elif kind in INTERIM and from_start:
+            event = _only_added(event, added)
         if namespaces:
             event = _namespaced(event, namespaces)
         return event
 
     return show
+
+
+def _only_added(event: Event, added: set[str]) -> Event:
+    response = event.get("response")
+    if not isinstance(response, dict) or not response.get("output"):
+        return event
+    output = [item for item in response["output"] if item.get("id") in added]
+    return {**event, "response": {**response, "output": output}}
 
 
 def _namespaced(event: Event, namespaces: dict[str, str]) -> Event:

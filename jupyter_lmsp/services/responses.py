@@ -420,7 +420,7 @@ async def response_events(
         idle=ctx.keepalive_interval,
         caller=caller.id,
         offload=ctx.offload,
-        view=spec_view(json.loads(response.request).get("namespaces")),
+        view=spec_view(json.loads(response.request).get("namespaces"), from_start=after < 0),
     )
 
 
