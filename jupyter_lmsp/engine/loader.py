@@ -9,7 +9,7 @@ hashing stops within one chunk.
 
 Verification is cached per file (`models.verify.Verifier`), and repeated after the load: if a
 file changed identity while it was loaded, the load is thrown away and the model refused, so
-the weights in memory are the bytes that were verified (ENGINEERING.md §2).
+the weights in memory are the bytes that were verified (docs/architecture.md, "Models, loading and resuming").
 
 Everything the model holds (parameters and other arrays, such as rotary tables) is evaluated in
 the loading thread, so the loop's thread later uses only materialized arrays.
