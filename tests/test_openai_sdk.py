@@ -8,8 +8,8 @@ context parameters, `chat.completions.create` — works and returns what the SDK
 that errors arrive as the SDK's typed exceptions.
 
 Every SDK test runs twice: with the SDK's default (lenient) parsing and with
-`_strict_response_validation=True`. The strict cases that cannot pass by design are marked
-xfail with the reason given in docs/protocol.md ("openai SDK strict validation").
+`_strict_response_validation=True`; the OpenAI-shaped streams carry only types the SDK knows, so
+both pass (docs/protocol.md, "openai SDK strict validation").
 """
 
 from __future__ import annotations
@@ -44,13 +44,6 @@ COMPLETES: dict[str, Any] = {"input": "Hello", "temperature": 0, "max_output_tok
 HELLO: dict[str, Any] = {"input": "Hello there", "temperature": 0, "max_output_tokens": SHORT}
 # Greedy decoding of this prompt runs for hundreds of tokens without end-of-sequence.
 LONG_PROMPT = "Tell me a story."
-
-LMSP_ONLY_EVENTS = (
-    "strict validation: the LMSP-only terminal event response.cancelled is not in the SDK's "
-    "ResponseStreamEvent union (docs/protocol.md, 'openai SDK strict validation'); "
-    "response.loading is shown as response.queued and response.cancelling not at all"
-)
-
 
 # -- fixtures -------------------------------------------------------------------------------
 
@@ -95,17 +88,6 @@ def client(server, strict) -> Iterator[openai.OpenAI]:
 def slow_client(slow_server, strict) -> Iterator[openai.OpenAI]:
     with make_client(slow_server, strict) as c:
         yield c
-
-
-@pytest.fixture
-def lmsp_events(request, strict) -> None:
-    """The test reads a stream that ends with `response.cancelled`: strict mode cannot parse it."""
-    if strict:
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=openai.APIResponseValidationError, strict=True, reason=LMSP_ONLY_EVENTS
-            )
-        )
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -162,8 +144,7 @@ def check_event_order(events: list[Any], start: int = 0) -> None:
 
 
 def response_id_of(event: Any) -> str:
-    """The response id a lifecycle event carries. The SDK leaves the `response` of an
-    LMSP-only event type (response.cancelled) as the plain dict it received."""
+    """The response id a lifecycle event carries (a plain dict where the SDK left one)."""
     response = event.response
     return response["id"] if isinstance(response, dict) else response.id
 
@@ -226,7 +207,7 @@ def test_create_stream(client):
     events = list(client.responses.create(model=MODEL, stream=True, **COMPLETES))
     check_event_order(events)
     lifecycle = [e for e in events if getattr(e, "response", None) is not None]
-    assert len(lifecycle) >= 3  # created, in_progress, completed (and LMSP's loading)
+    assert len(lifecycle) >= 3  # created, queued, in_progress, completed
     assert len({response_id_of(e) for e in lifecycle}) == 1
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     done = next(e for e in events if e.type == "response.output_text.done")
@@ -447,7 +428,6 @@ def test_cancel_background(slow_client):
     assert again.model_dump() == final.model_dump()
 
 
-@pytest.mark.usefixtures("lmsp_events")
 def test_cancelled_event_reaches_sdk(slow_client):
     running = start_long(slow_client)
     slow_client.responses.cancel(running.id)
@@ -457,12 +437,12 @@ def test_cancelled_event_reaches_sdk(slow_client):
     numbers = [e.sequence_number for e in events]
     assert numbers == sorted(numbers) and len(numbers) == len(set(numbers))
     assert "response.cancelling" not in types and "response.loading" not in types
-    assert types[-1] == "response.cancelled"
+    # The spec has no cancelled event: the stream ends `response.incomplete`, its response
+    # `cancelled` (strict-valid: the SDK's Response allows that status).
+    assert types[-1] == "response.incomplete"
     assert sum(t in TERMINAL_EVENTS for t in types) == 1
-    # The SDK does not know the type, so it hands over the event's `response` as a dict.
-    final = events[-1].response
-    assert response_id_of(events[-1]) == running.id
-    assert (final["status"] if isinstance(final, dict) else final.status) == "cancelled"
+    assert events[-1].response.id == running.id
+    assert events[-1].response.status == "cancelled"
 
 
 def test_cancel_finished_returns_it_unchanged(client):

@@ -128,8 +128,13 @@ class TaskEventStream:
 
 # LMSP's own lifecycle events, and what the spec's streams show instead: `response.loading`
 # (the model loads; the response is still `queued`) as `response.queued`, `response.cancelling`
-# not at all (the terminal event follows). `/tasks/{id}/events` shows the log as it is.
-SPEC_RENAMED = {"response.loading": "response.queued"}
+# not at all (the terminal event follows), and the end of a cancelled response as
+# `response.incomplete` (the spec has no cancelled event; its response says `cancelled`).
+# `/tasks/{id}/events` shows the log as it is.
+SPEC_RENAMED = {
+    "response.loading": "response.queued",
+    "response.cancelled": "response.incomplete",
+}
 SPEC_HIDDEN = frozenset({"response.cancelling"})
 
 
