@@ -30,6 +30,7 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     JobStarted,
     JobTokens,
+    StepTokens,
     WorkerExited,
     WorkerReady,
     WorkerSettings,
@@ -56,7 +57,8 @@ class Recorder:
 
     def __call__(self, message: object) -> None:
         with self._cond:
-            self.messages.append(message)
+            # A step's rows (StepTokens) kept as the JobTokens they are, in order.
+            self.messages.extend(message.rows if isinstance(message, StepTokens) else [message])
             self._cond.notify_all()
 
     def mark(self) -> int:

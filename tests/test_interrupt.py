@@ -36,6 +36,7 @@ from jupyter_lmsp.engine.messages import (
     JobTokens,
     Shutdown,
     SlotsWanted,
+    StepTokens,
 )
 from jupyter_lmsp.engine.speculative import OFF
 from jupyter_lmsp.engine.worker import CHECK_ALWAYS_FROM, Worker, encode_chat
@@ -203,7 +204,7 @@ def test_a_cancel_during_a_pass_frees_the_slot_at_the_next_checkpoint(
         (or when the victim was never cancelled and ended by itself: the test then fails)."""
         while True:
             message = parent.recv()
-            received.append(message)
+            received.extend(message.rows if isinstance(message, StepTokens) else [message])
             if isinstance(message, JobFinished | JobFailed) and (
                 message.job_id == "next" or (message.job_id == "victim" and not worker.sent)
             ):

@@ -145,9 +145,10 @@ class _Session:
 class EngineClient:
     """Proxy for the inference worker process.
 
-    `on_message(msg)` receives every worker message (`WorkerReady`, `JobStarted`, `JobTokens`,
-    `JobFinished`, `JobFailed`, `JobCancelled`) and `WorkerExited`, in order, from the reader
-    thread; it must not block for long. `env` entries are added to (or override) the worker's
+    `on_message(msg)` receives every worker message (`WorkerReady`, `JobStarted`, `StepTokens`
+    (a step's `JobTokens`, one call for all its rows), `JobTokens`, `JobFinished`, `JobFailed`,
+    `JobCancelled`) and `WorkerExited`, in order, from the reader thread; it must not block
+    for long. `env` entries are added to (or override) the worker's
     environment; the server's own environment is unchanged. `prepare_env`, if given, is called
     on the spawner thread before each spawn (never on the caller's thread: it may take seconds)
     and its entries are added too, e.g. the chosen BLAS's `LD_PRELOAD`.

@@ -1,8 +1,8 @@
 """The messages between the server process and the inference worker process.
 
 All are plain dataclasses, pickled over a `multiprocessing` pipe. Server → worker: `JobComing`,
-`GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `JobTokens`,
-`ChoiceFinished`, `JobFinished`, `JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is
+`GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `StepTokens` (a
+step's `JobTokens`, one per row), `JobTokens`, `ChoiceFinished`, `JobFinished`, `JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is
 not sent by the worker: the client in the server process produces it when the worker process
 dies unexpectedly.
 
@@ -209,6 +209,21 @@ class JobTokens:
     # For the server's metrics: the batch size (rows decoded together) of each step the worker
     # took since the last message that carried them.
     batch_sizes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StepTokens:
+    """The tokens one decode step gave its rows, in one message (issue 42: token messages
+    batched per step): one `JobTokens` per choice that got any, in the batch's order.
+
+    One message per step, not one per row, because the server's cost per message (a pickle, a
+    pipe read, a hand-off to its event loop) is most of its work for a small model, whose
+    steps take less than a millisecond. Tokens sent as a job's choice ends or fails (before
+    its `ChoiceFinished`/`JobFinished`/`JobFailed`) still go as a lone `JobTokens`. The
+    steps' batch sizes not yet reported ride on the first row, as on a lone `JobTokens`.
+    """
+
+    rows: list[JobTokens]
 
 
 @dataclass

@@ -9,7 +9,7 @@ Layout:
 - `Worker` is the loop and the message handling: a FIFO of jobs admitted while their choices
   fit in `max_batch_size` rows, the pipe drained between scheduler steps so new jobs join and
   cancels act within one decode step (or one prefill chunk), each step's tokens sent when the
-  step is done (one `JobTokens` per choice; the server's runner is the one stage that
+  step is done (one `StepTokens` for all its rows; the server's runner is the one stage that
   coalesces them, into its snapshot commits). A cancel that cancels every job of the step in flight stops it
   part-way, at the next checkpoint between the model's layers (`interrupt`).
 - A job's prompt is its messages through the model's chat template, with its tools rendered
@@ -69,6 +69,7 @@ from jupyter_lmsp.engine.messages import (
     JobTokens,
     Shutdown,
     SlotsWanted,
+    StepTokens,
     TokenLogprob,
     WorkerReady,
     WorkerSettings,
@@ -211,7 +212,8 @@ class Worker:
     Jobs wait in a FIFO until fewer than `max_batch_size` are running, then join the batch.
     Between two scheduler steps the pipe is drained, so a new job joins and a cancel acts
     within one decode step (or one prefill chunk). Each step's tokens go out once the pipe is
-    drained after it (the server coalesces them for its commits: `services.output`).
+    drained after it, all its rows in one `StepTokens` (the server coalesces them for its
+    commits: `services.output`).
     """
 
     def __init__(
@@ -265,8 +267,9 @@ class Worker:
     # --- pipe ------------------------------------------------------------------------------
 
     def _send(self, message: object) -> None:
-        if isinstance(message, JobTokens) and self._step_sizes:
-            message.batch_sizes, self._step_sizes = self._step_sizes, []
+        if self._step_sizes and isinstance(message, JobTokens | StepTokens):
+            first = message.rows[0] if isinstance(message, StepTokens) else message
+            first.batch_sizes, self._step_sizes = self._step_sizes, []
         try:
             self._conn.send(message)
         except (OSError, EOFError) as exc:
@@ -474,9 +477,7 @@ class Worker:
                 self._sleep(self._token_delay * _most_tokens(updates))
             else:
                 self._pump()
-            for running in list(self._running.values()):
-                for outbox in running.outboxes:
-                    self._flush_outbox(outbox)
+            self._send_step()
         for job_id, generated in self._scheduler.cancel_all():
             self._end_cancelled(job_id, generated)
         for job in self._queue:
@@ -657,6 +658,17 @@ class Worker:
             return
         for outbox in running.outboxes:
             self._flush_outbox(outbox)
+
+    def _send_step(self) -> None:
+        """Every running choice's tokens not yet sent, in one `StepTokens`."""
+        rows = [
+            message
+            for running in self._running.values()
+            for outbox in running.outboxes
+            if (message := outbox.take()) is not None
+        ]
+        if rows:
+            self._send(StepTokens(rows))
 
     def _flush_outbox(self, outbox: _Outbox) -> None:
         message = outbox.take()

@@ -3,7 +3,7 @@
 The worker's messages (`engine.messages`) come on the engine's reader thread; the runner hands
 each to its loop, where `EngineDispatcher` reads them into the task's record
 (`services.running`): a job started (its output assembler, `running`), its tokens (read into
-its pending output, `services.output`), a choice's or the job's end, a failure, a cancel (or
+its pending output, `services.output`; a step's rows come in one `StepTokens`), a choice's or the job's end, a failure, a cancel (or
 the pause it was), the worker's own start and exit. What ends a task is decided here and
 committed through the runner (`TaskRunner.finish`).
 """
@@ -23,6 +23,7 @@ from ..engine.messages import (
     JobFinished,
     JobStarted,
     JobTokens,
+    StepTokens,
     WorkerExited,
     WorkerReady,
 )
@@ -51,6 +52,10 @@ class EngineDispatcher:
                 self.runner.worker_info = {"state": "ready", "pid": pid, "blas": blas}
             case JobStarted():
                 self.job_started(message)
+            case StepTokens(rows=rows):
+                # A step's rows in one hand-off to the loop (one message per step, issue 42).
+                for row in rows:
+                    self.job_tokens(row)
             case JobTokens():
                 self.job_tokens(message)
             case ChoiceFinished(job_id=task_id, choice=choice, finish_reason=reason):
@@ -98,6 +103,7 @@ class EngineDispatcher:
         )
 
     def job_tokens(self, message: JobTokens) -> None:
+        """One choice's tokens (alone, or a row of a step's `StepTokens`)."""
         runner = self.runner
         runner.clock.tokens(message.job_id, len(message.token_ids), message.batch_sizes)
         task = runner.slots.get(message.job_id)
