@@ -19,6 +19,7 @@ from jupyter_lmsp.engine.grammars import (
     check_response_format,
     check_schema,
     check_tools,
+    closed_objects,
 )
 
 WEATHER = FunctionTool(
@@ -291,9 +292,15 @@ def test_unsupported_schemas_get_a_reason_and_a_path(
     assert reason in issue.reason
     assert issue.path == ("schema", *path)
     assert issue.pointer == "/schema/" + "/".join(str(p) for p in path)
-    # The same schema in a tool's parameters: the path leads into that tool.
-    tool = ToolSpec((WEATHER, FunctionTool("f", None, schema)))
-    found = check_tools(tool)
+    # The same schema in a tool's parameters: the path leads into that tool. A strict tool
+    # closes the objects that leave `additionalProperties` out (`closed_objects`), and on a
+    # closed object llguidance implements min/maxProperties: that case is kept open here, so
+    # the tool gets the same schema the response format got.
+    closes = "Properties" in reason and closed_objects(schema) != schema
+    tool_schema = {**schema, "additionalProperties": True} if closes else schema
+    if closes:
+        assert check_tools(ToolSpec((WEATHER, FunctionTool("f", None, schema)))) is None
+    found = check_tools(ToolSpec((WEATHER, FunctionTool("f", None, tool_schema))))
     assert found is not None and found.path == ("tools", 1, "parameters", *path)
 
 

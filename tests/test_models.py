@@ -51,6 +51,8 @@ async def call(jp_fetch, method, path, body=None, **kw):
     try:
         r = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
     except HTTPClientError as e:
+        if e.response is None:  # no answer at all (a timeout): say so, not AttributeError
+            raise
         return e.code, json.loads(e.response.body)
     return r.code, json.loads(r.body)
 
@@ -161,6 +163,9 @@ async def test_register_gguf_converts_into_the_store(jp_fetch, lmsp_data):
             "temperature": 0,
             "max_output_tokens": 12,
         },
+        # Its first request loads (and verifies) the 135M-parameter model in the worker:
+        # well past Tornado's default 20 s when the machine is loaded.
+        request_timeout=120,
     )
     assert status == 200
     assert "Paris" in resp["output"][0]["content"][0]["text"]
