@@ -828,3 +828,20 @@ def test_concurrent_creates_of_one_owner_never_overshoot_its_quota(db):
     admission.close()
     assert sorted(outcomes) == ["created"] * 5 + ["too_many_tasks"] * (n - 5)
     assert query(db, "SELECT count(*) FROM tasks WHERE owner = 'client_q'") == [(5,)]
+
+
+def test_in_progress_lists_only_items_already_added(db):
+    """An attempt's `response.in_progress` is committed with the output as it was before the
+    attempt's messages open: every item in a lifecycle snapshot had its `output_item.added`
+    first (the openai SDKs' stream helpers count an item from that event)."""
+    tid = make_task(db, "queued")
+    to_loading(db, tid)
+    rules.start_running(db, tid, input_tokens=3)
+    added: set[str] = set()
+    for data in (row["data"] for row in events_of(db, tid)):
+        if data["type"] == ev.ITEM_ADDED:
+            added.add(data["item"]["id"])
+        elif "response" in data:
+            listed = {item["id"] for item in data["response"]["output"]}
+            assert listed <= added, (data["type"], listed - added)
+    assert added, "the attempt opened its message"

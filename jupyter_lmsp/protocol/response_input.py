@@ -35,19 +35,21 @@ class InputTextPart(Body):
     logprobs: list[Any] | None = None
 
 
+# A message's content or a call's output: a string, or a list of text parts.
+TextContent = Annotated[
+    Annotated[str, Tag("string")]
+    | Annotated[list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")],
+    by_json_type("a string or a list of text parts"),
+]
+
+
 class InputMessage(Body):
     """A message of `input`: the forms the openai SDK sends (EasyInputMessage, a typed message,
     an output message sent back)."""
 
     type: Literal["message"] = "message"
     role: Annotated[Role, Field(description="`developer` is treated as `system`.")]
-    content: Annotated[
-        Annotated[str, Tag("string")]
-        | Annotated[
-            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
-        ],
-        by_json_type("a string or a list of text parts"),
-    ]
+    content: TextContent
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
@@ -79,13 +81,7 @@ class InputFunctionCallOutput(Body):
 
     type: Literal["function_call_output"]
     call_id: Annotated[str, Field(min_length=1)]
-    output: Annotated[
-        Annotated[str, Tag("string")]
-        | Annotated[
-            list[Annotated[InputTextPart, BeforeValidator(_text_parts_only)]], Tag("array")
-        ],
-        by_json_type("a string or a list of text parts"),
-    ]
+    output: TextContent
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     name: str | None = None

@@ -149,10 +149,11 @@ def spec_view(namespaces: dict[str, str] | None = None, *, from_start: bool = Tr
     function naming its namespace.
 
     Read from the start (`from_start`), an interim lifecycle event's snapshot lists only the
-    items whose `response.output_item.added` came before it: the `response.in_progress` of an
-    attempt is committed with its first tokens, so its stored snapshot already holds the item
-    those open, and the openai SDKs' stream helpers (the Node one refuses it as a duplicate
-    output index) count an item from its `added` event."""
+    items whose `response.output_item.added` came before it, as the openai SDKs' stream helpers
+    expect (the Node one refuses an item twice as a duplicate output index). The store commits
+    `response.in_progress` that way (`rules.start_running`); logs committed before it did
+    (earlier releases' rows, still within retention) listed the attempt's open message there,
+    and are shown as the store writes them now."""
     added: set[str] = set()
 
     def show(event: Event) -> Event | None:

@@ -207,10 +207,13 @@ def start_running(
             n=int(params.get("n", 1)),
             eager=not (tools and ToolsSpec.from_json(tools).active),
         )
-        task.snapshot = attempt.dump()
         built: list[Event] = []
         if response is not None:
+            # Its snapshot is the output before this attempt's messages open: each item
+            # appears once its `output_item.added` has (the openai SDKs' stream helpers count
+            # an item from that event; the Node one refuses it twice).
             built.append(ev.lifecycle(ev.IN_PROGRESS, response_object(response, task)))
+        task.snapshot = attempt.dump()
         built.extend(opened)
         events.write(conn, [(task, built)], now)
     return Committed(task, response, built)
