@@ -11,11 +11,12 @@ What these tests prove, with real servers, real inference workers and SIGKILL:
   continue there with the text an uninterrupted run gives, greedy and seeded;
 - a server on another machine (as far as the runners table knows) is recovered only once its
   lease expired, and then within the lease timeout;
-- two servers, 200 tasks created alternately through both, one of them killed midway and
-  started again: every task ends exactly once, every event log is contiguous from 0 with one
-  terminal event, nothing is generated twice (every completed text equals the greedy text of
-  its prompt), and streams through the surviving server of tasks the other drove saw exactly
-  the stored log;
+- two servers, 200 tasks created alternately through both, one of them killed midway (while
+  three long tasks of its own, one per restart policy, are surely at work) and started again:
+  every task ends exactly once, every event log is contiguous from 0 with one terminal event,
+  nothing is generated twice (every completed text equals the greedy text of its prompt, and
+  each long task ends as its policy says), and streams through the surviving server of tasks
+  the other drove saw exactly the stored log;
 - a write lock held on the database for seconds (as another server's transaction may) does
   not stall the server's event loop: it keeps answering while its runner waits.
 """
@@ -41,6 +42,9 @@ POLICIES = ("fail", "retry", "resume")
 # Short leases and frequent heartbeats, so that the tests take seconds, not minutes.
 LEASE = {"lease_seconds": 30, "heartbeat_interval": 0.5}
 SLOW = {"engine_token_delay": 0.05, "snapshot_interval": 0.02}
+# The long tasks of the 200-task test: at least ANCHOR_TOKENS paced steps (>= 6 s), longer than
+# the burst of short tasks created while they run.
+ANCHOR_TOKENS = 600
 
 
 def create(client, **body):
@@ -350,12 +354,26 @@ def test_two_servers_two_hundred_tasks_one_killed_midway_and_restarted(lmsp_data
             name = "ab"[i % 2]
             return name, create_short(servers[name], prompts[i % len(prompts)], POLICIES[i % 3])
 
+        # Long tasks the victim drives, one per policy, seen generating before the burst: the
+        # kill lands in the middle of their work however fast the short tasks go (on a quick
+        # machine the victim can finish all its short tasks before the kill).
+        with servers[victim].client() as c:
+            anchors = {
+                policy: create(c, max_output_tokens=ANCHOR_TOKENS, temperature=0, on_restart=policy)
+                for policy in POLICIES
+            }
+            for resp in anchors.values():
+                wait_for(c, resp["task_id"], lambda t, log: len(deltas(log)) >= 3)
         with ThreadPoolExecutor(8) as pool:
             created += pool.map(make, range(100))
         # Streams through the survivor of tasks the victim drives, opened before the kill.
         followed = [r["task_id"] for name, r in created if name == victim][-6:]
+        followed += [r["task_id"] for r in anchors.values()]
         watchers = [in_thread(stream, servers[survivor], t) for t in followed]
 
+        with servers[survivor].client() as c:
+            for resp in anchors.values():  # still at work when the kill comes
+                assert not finished(c.get(f"/tasks/{resp['task_id']}").json()), resp
         servers[victim].kill()
         servers[victim] = ServerProcess(lmsp_data, name=f"{victim}2", **pace, **LEASE).start()
         with ThreadPoolExecutor(8) as pool:
@@ -363,14 +381,10 @@ def test_two_servers_two_hundred_tasks_one_killed_midway_and_restarted(lmsp_data
         assert len(created) == 200
 
         expected: dict[str, str] = {}
-        recovered = 0  # tasks the kill interrupted
         with servers[survivor].client() as c:
             for i, (_, resp) in enumerate(created):
                 task, log = wait_for(c, resp["task_id"], finished, timeout=300)
                 last = check_log(log)  # ends exactly once, contiguous from 0
-                recovered += task["state"] == "failed" or any(
-                    e["type"] == "response.queued" for e in log
-                )
                 if task["state"] == "failed":
                     # Only a `fail` task of the killed server may fail, and only for that.
                     assert resp["on_restart"] == "fail", task
@@ -382,7 +396,27 @@ def test_two_servers_two_hundred_tasks_one_killed_midway_and_restarted(lmsp_data
                 assert 1 <= attempts <= 1 + types.count("response.queued"), types
                 # Nothing generated twice (see `check_greedy_text`).
                 check_greedy_text(log, prompts[i % len(prompts)], expected, resp["task_id"])
-            assert recovered > 0  # the kill did land in the middle of the work
+            # The anchors, which the kill surely interrupted (the short tasks it may or may not
+            # have found at work): each ended as its policy says.
+            for policy, resp in anchors.items():
+                task, log = wait_for(c, resp["task_id"], finished, timeout=300)
+                last = check_log(log)
+                types = [e["type"] for e in log]
+                if policy == "fail":
+                    assert task["state"] == "failed", task
+                    assert last["response"]["error"]["code"] == "server_restarted"
+                    continue
+                assert task["state"] == "completed", task
+                # `retry` was queued again and started over (a second output item); `resume`
+                # went on with the item it had, no event marking the recovery (docs/protocol.md).
+                retried = policy == "retry"
+                assert ("response.queued" in types) == retried, types
+                assert types.count("response.output_item.added") == (2 if retried else 1), types
+                last_attempt = len(log) - 1 - types[::-1].index("response.output_item.added")
+                assert text_of(log[last_attempt:]) == final_text(log)
+                # The greedy text reaches the limit (no EOS before it), as an uninterrupted
+                # run's would: nothing generated twice or lost.
+                assert last["response"]["usage"]["output_tokens"] == ANCHOR_TOKENS
             for (thread, result), task_id in zip(watchers, followed, strict=True):
                 thread.join(120)
                 assert "error" not in result, result
