@@ -489,10 +489,10 @@ class LMSPHandler(APIHandler):
         self.finish()
         return True
 
-    async def write_sse(self, events: TaskEventStream) -> None:
+    async def write_sse(self, events: TaskEventStream) -> bool:
         """Stream a task's events as SSE (`id`, `event`, `data`), `: keep-alive` comments when
         idle. Every `data` carries `type` and `sequence_number`, which is all the openai SDK
-        reads."""
+        reads. False if the client went away before the stream's end."""
 
         async def frames() -> AsyncGenerator[str, None]:
             try:
@@ -501,7 +501,7 @@ class LMSPHandler(APIHandler):
             finally:
                 await events.aclose()
 
-        await self.stream_sse(frames(), lambda: events.ready)
+        return await self.stream_sse(frames(), lambda: events.ready)
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info", (None, None, None))[1]

@@ -3,6 +3,7 @@ retrieve, stream, cancel, delete, and list input items."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from .. import failpoints
@@ -23,6 +24,10 @@ EVENTS = EventStream(
 
 
 class ResponsesHandler(LMSPHandler):
+    # The response this request created, while its client's leaving would stop it
+    # (`responses.abandoned_with_its_client`): set until the answer is complete.
+    abandonable: dict[str, Any] | None = None
+
     @operation(
         "createResponse",
         "Create a response (plain, streamed, or in the background)",
@@ -52,12 +57,17 @@ class ResponsesHandler(LMSPHandler):
             self.ctx, body, self.caller, self.keyed, self.api_prefix
         )
         failpoints.hit("after_create_commit")
+        if responses.abandoned_with_its_client(body):
+            self.abandonable = response
         if body.stream:
             # From sequence 0, as for any stream; a background task goes on if the client
             # leaves, and `GET /responses/{id}?stream=true&starting_after=N` resumes it.
-            await self.write_sse(
+            complete = await self.write_sse(
                 await responses.response_events(self.ctx, response["id"], self.caller, created=True)
             )
+            if not complete:
+                await self._abandon()
+                return
         elif body.background:
             # create_response returned only after the task's transaction committed.
             self.set_header("Location", f"{self.api_prefix}/responses/{response['id']}")
@@ -66,8 +76,22 @@ class ResponsesHandler(LMSPHandler):
             self.write_json(
                 await responses.wait_for_response(self.ctx, response["id"], self.caller)
             )
+        self.abandonable = None
         # A response that is not stored is gone once its request has it.
         await responses.discard_unstored(self.ctx, response)
+
+    def on_connection_close(self) -> None:
+        # Seen at once, even while no event is being written (a stream idle between tokens, a
+        # plain answer still awaited): the write that would fail may be seconds away.
+        super().on_connection_close()
+        if self.abandonable is not None:
+            asyncio.get_running_loop().create_task(self._abandon())
+
+    async def _abandon(self) -> None:
+        """The client went away before its answer was complete: stop the response (once)."""
+        response, self.abandonable = self.abandonable, None
+        if response is not None:
+            await responses.abandon(self.ctx, response)
 
     async def replay_response_result(self, response_id: str, parsed: Any) -> None:
         """A repeated streamed or plain create: the first request's events, or its response

@@ -368,6 +368,24 @@ def delete_response(ctx: ServiceContext, response_id: str, caller: Caller) -> di
     return ResponseDeleted(id=response_id).wire()
 
 
+def abandoned_with_its_client(request: CreateResponseRequest) -> bool:
+    """Whether the response stops when the client that created it goes away before it
+    finished: a streamed one that is not a background task (nobody is left to read its
+    stream; Codex and curl leave that way), and a plain one that is not stored (nobody could
+    ever read it). Background work goes on, and so does a plain stored response (its client
+    may retrieve it later)."""
+    if request.background:
+        return False
+    return bool(request.stream) or not request.stored
+
+
+async def abandon(ctx: ServiceContext, response: dict[str, Any]) -> None:
+    """Its client went away (`abandoned_with_its_client`): cancel the task, as
+    `POST /responses/{id}/cancel` would; one that has finished is left as it is."""
+    committed = await ctx.offload(rules.request_cancel, ctx.db, response["task_id"])
+    ctx.runner.cancelled(committed)
+
+
 async def discard_unstored(ctx: ServiceContext, response: dict[str, Any]) -> None:
     """Once the request that created a `store: false` response has its answer (or its stream's
     end), the response's rows go: its task, events and response. One still running (its client
