@@ -56,6 +56,7 @@ from .services.lease import RunnerLease
 from .services.loopwatch import LoopWatch
 from .services.registration import ModelRegistrar
 from .services.runner import TaskRunner
+from .services.sealing import Sealer
 from .store import Database, queries, rules
 from .store.database import sqlite_url
 from .store.private import private_folder
@@ -390,6 +391,7 @@ class LMSPExtension(ExtensionApp):
             runner=runner,
             registrar=registrar,
             service_id=queries.service_identity(self.db),
+            sealer=Sealer(queries.sealing_key(self.db)),
             version=__version__,
             max_output_tokens_default=self.max_output_tokens_default,
             max_choices=max(1, self.max_choices),

@@ -140,7 +140,7 @@ def api_schema(server: ServerProcess) -> Any:
                             }
                         },
                     }
-                    for operation in ("createResponse", "createChatCompletion")
+                    for operation in ("createResponse", "createChatCompletion", "compactResponse")
                 ),
                 {
                     # A made-up source can name an existing folder that is not a model (400).
@@ -193,6 +193,12 @@ def test_fuzz(case: Any) -> None:
         assert (
             error["code"] in SEMANTIC_REFUSALS
             or error["param"] == "n"
+            # A compaction needs `input` or `previous_response_id`: a rule across two fields.
+            or (
+                case.operation.label == "POST /responses/compact"
+                and error["code"] == "missing_required_parameter"
+                and error["param"] == "input"
+            )
             or (
                 error["code"] == "invalid_value"
                 and CROSS_FIELD_PARAMS.fullmatch(error["param"] or "") is not None
@@ -207,9 +213,15 @@ def test_fuzz(case: Any) -> None:
 # What a schema-valid generation request may still be refused for: a prompt longer than the
 # context window (counted with the model's tokenizer), a schema the grammar compiler cannot
 # take (`invalid_schema`), log-probabilities asked for beside function tools, more chat
-# choices than the configured maximum (`n`).
-GENERATIONS = {"POST /responses", "POST /chat/completions"}
-SEMANTIC_REFUSALS = {"context_length_exceeded", "invalid_schema", "unsupported_parameter"}
+# choices than the configured maximum (`n`), a compaction item this service did not seal
+# (`invalid_encrypted_content`).
+GENERATIONS = {"POST /responses", "POST /chat/completions", "POST /responses/compact"}
+SEMANTIC_REFUSALS = {
+    "context_length_exceeded",
+    "invalid_schema",
+    "unsupported_parameter",
+    "invalid_encrypted_content",
+}
 # Rules across the tools of `POST /responses` the document cannot state
 # (protocol/responses.py): function names unique once namespaces are flattened, and
 # `allowed_tools` naming declared functions.

@@ -7,12 +7,13 @@ import asyncio
 from typing import Any
 
 from .. import failpoints
+from ..protocol.compaction import CompactedResponse, CompactResponseRequest
 from ..protocol.errors import conflict
 from ..protocol.events import Event
 from ..protocol.operations import EventStream, Reply, ResponseHeader
 from ..protocol.response_object import InputItemList, Response, ResponseDeleted
 from ..protocol.responses import CreateResponseRequest, InputItemsQuery, RetrieveResponseQuery
-from ..services import responses
+from ..services import compaction, responses
 from .base import LMSPHandler, operation
 
 EVENTS = EventStream(
@@ -191,3 +192,26 @@ class ResponseInputItemsHandler(LMSPHandler):
                 order=query.order,
             )
         )
+
+
+class ResponseCompactHandler(LMSPHandler):
+    @operation(
+        "compactResponse",
+        "Compact a conversation: its user messages and one sealed summary of the rest",
+        "responses",
+        access="responses:write",
+        replies={
+            200: Reply(
+                "The compacted conversation: every user message as it was, then one "
+                "`compaction` item (send them back as `input` to continue).",
+                CompactedResponse,
+            )
+        },
+        errors=(404, 409, 429),
+        idempotent=True,
+        description="The summary is written by the model, as a response that is not stored "
+        "(its usage is the compaction pass's). A compaction item sent back in `input` is "
+        "opened into its summary; one this service did not seal, or altered, is a 400.",
+    )
+    async def post(self, body: CompactResponseRequest) -> None:
+        self.write_json(await compaction.compact(self.ctx, body, self.caller))

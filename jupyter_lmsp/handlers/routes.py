@@ -30,6 +30,7 @@ from .pairing import (
 )
 from .responses import (
     ResponseCancelHandler,
+    ResponseCompactHandler,
     ResponseHandler,
     ResponseInputItemsHandler,
     ResponsesHandler,
@@ -51,6 +52,8 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/models", ModelsHandler),
     ("/models/{model_id}", ModelHandler),
     ("/responses", ResponsesHandler),
+    # Before `/responses/{response_id}`, whose pattern would take the name as an id.
+    ("/responses/compact", ResponseCompactHandler),
     ("/responses/{response_id}", ResponseHandler),
     ("/responses/{response_id}/cancel", ResponseCancelHandler),
     ("/responses/{response_id}/input_items", ResponseInputItemsHandler),

@@ -1,7 +1,7 @@
 """The `input` of `POST /responses` (LMSP B5): the items a request may give — messages with
 text content (the forms the openai SDK sends), function calls the model made earlier (with the
-namespace their call item named), and function call outputs — and those items as the chat
-messages the engine takes. Other item and content kinds are refused by name
+namespace their call item named), function call outputs, and compaction items — and those items
+as the chat messages the engine takes. Other item and content kinds are refused by name
 (`unsupported_input`)."""
 
 from __future__ import annotations
@@ -94,7 +94,22 @@ class InputFunctionCallOutput(Body):
         return "".join(part.text for part in self.output)
 
 
-INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output")
+class InputCompaction(Body):
+    """A compaction item `POST /responses/compact` returned, sent back as input: its sealed
+    summary stands for the turns it replaced (opened by the service; `services.summaries`)."""
+
+    type: Literal["compaction"]
+    encrypted_content: Annotated[str, Field(min_length=1)]
+    id: str | None = None
+    created_by: str | None = None
+
+
+# The key an engine message from a compaction item holds its sealed summary under, and the
+# param naming it (the service opens it before anything else reads the messages).
+COMPACTION_KEY = "compaction"
+COMPACTION_PARAM_KEY = "compaction_param"
+
+INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output", "compaction")
 
 
 def _input_item_kind(value: Any) -> str | None:
@@ -108,8 +123,8 @@ def _supported_items_only(value: Any) -> Any:
     if isinstance(value, dict) and value.get("type", "message") not in INPUT_ITEM_TYPES:
         raise refuse(
             "unsupported_input",
-            "'{param}' is '" + str(value.get("type")) + "'; only messages, function calls and "
-            "function call outputs are supported.",
+            "'{param}' is '" + str(value.get("type")) + "'; only messages, function calls, "
+            "function call outputs and compaction items are supported.",
         )
     return value
 
@@ -117,22 +132,34 @@ def _supported_items_only(value: Any) -> Any:
 InputItemParam = Annotated[
     Annotated[InputMessage, Tag("message")]
     | Annotated[InputFunctionCall, Tag("function_call")]
-    | Annotated[InputFunctionCallOutput, Tag("function_call_output")],
+    | Annotated[InputFunctionCallOutput, Tag("function_call_output")]
+    | Annotated[InputCompaction, Tag("compaction")],
     Discriminator(
         _input_item_kind,
         custom_error_type="invalid_value",
-        custom_error_message="'{param}' must be a message, a function call or its output",
+        custom_error_message="'{param}' must be a message, a function call, its output or a "
+        "compaction item",
     ),
     BeforeValidator(_supported_items_only),
 ]
 
 
-def engine_messages(items: list[Any]) -> list[dict[str, Any]]:
+def engine_messages(items: list[Any], param: str = "input") -> list[dict[str, Any]]:
     """Input items as chat messages: function calls join the assistant message before them
-    (`tool_calls`), their outputs become `tool` messages."""
+    (`tool_calls`), their outputs become `tool` messages; a compaction item becomes a user
+    message holding its sealed summary under `COMPACTION_KEY`, for the service to open."""
     out: list[dict[str, Any]] = []
-    for item in items:
-        if isinstance(item, InputFunctionCall):
+    for index, item in enumerate(items):
+        if isinstance(item, InputCompaction):
+            out.append(
+                {
+                    "role": "user",
+                    "content": "",
+                    COMPACTION_KEY: item.encrypted_content,
+                    COMPACTION_PARAM_KEY: f"{param}[{index}].encrypted_content",
+                }
+            )
+        elif isinstance(item, InputFunctionCall):
             call = {"id": item.call_id, "name": item.name, "arguments": item.arguments}
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":

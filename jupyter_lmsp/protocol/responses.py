@@ -147,18 +147,31 @@ class BackgroundOptions(Body):
     continuation_id: Label | None = None
 
 
+# The `input` of the Responses requests: one user message, or a list of input items.
+ResponsesInput = Annotated[
+    Annotated[str, Tag("string")]
+    | Annotated[list[InputItemParam], Field(min_length=1), Tag("array")],
+    by_json_type("a string or a non-empty list of input items"),
+]
+
+
+def input_messages(value: str | list[Any]) -> list[dict[str, Any]]:
+    """A Responses `input` as the engine's chat messages."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return engine_messages(value)
+
+
 class CreateResponseRequest(Body):
     """`POST /responses`. Unknown fields are refused (`unknown_parameter`), and so are fields
     the service cannot honour (`unsupported_parameter`)."""
 
     model: str | None = Field(None, description="A model id; the default model when absent.")
     input: Annotated[
-        Annotated[str, Tag("string")]
-        | Annotated[list[InputItemParam], Field(min_length=1), Tag("array")],
-        by_json_type("a string or a non-empty list of input items"),
+        ResponsesInput,
         Field(
             description="A string (one user message) or a list of items: messages with text "
-            "content, function calls and function call outputs."
+            "content, function calls, function call outputs and compaction items."
         ),
     ]
     instructions: str | None = Field(None, description="A system message before `input`.")
@@ -343,9 +356,7 @@ class CreateResponseRequest(Body):
     def messages(self) -> list[dict[str, Any]]:
         """`input` as the engine takes it: chat messages (role, text; assistant `tool_calls`,
         `tool` results)."""
-        if isinstance(self.input, str):
-            return [{"role": "user", "content": self.input}]
-        return engine_messages(self.input)
+        return input_messages(self.input)
 
     def raw_input(self) -> Any:
         """`input` as it was sent (stored, and echoed by `input_items`)."""

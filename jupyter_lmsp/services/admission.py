@@ -88,6 +88,16 @@ class Admission:
             self._executor, functools.partial(fn, *args, **kwargs)
         )
 
+    async def count(
+        self, model: Model, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+    ) -> int | None:
+        """The prompt's tokens as the worker will render it (None if it cannot be counted
+        here: the worker then counts it)."""
+        try:
+            return await self.run(self.counter.count, _key(model), model.path, messages, tools)
+        except PromptTooHard:
+            return None
+
     async def plan(
         self,
         model: Model,
@@ -102,10 +112,7 @@ class Admission:
         rendered in, as the worker renders them) counted, and `choices` answers of up to the
         output limit each."""
         window = self.window(model)
-        try:
-            prompt = await self.run(self.counter.count, _key(model), model.path, messages, tools)
-        except PromptTooHard:
-            prompt = None
+        prompt = await self.count(model, messages, tools)
         # No limit asked for: the owner's default when set, else what the window leaves.
         wanted = requested or self.max_output_tokens_default or None
         if window is None:

@@ -24,6 +24,7 @@ from .bus import EventBus
 from .catalog import ModelCatalog
 from .registration import ModelRegistrar
 from .runner import TaskRunner
+from .sealing import Sealer
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -60,6 +61,8 @@ class ServiceContext:
     owner_from: str = "auto"
     # The inference worker's BLAS: chosen by probing, reported by GET /service.
     blas: BlasSelection | None = None
+    # Seals what stateless clients carry between turns (compaction items).
+    sealer: Sealer | None = None
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(DB_THREADS, thread_name_prefix="lmsp-db")
     )

@@ -33,6 +33,7 @@ from .conversation import conversation_of, input_messages_of, prompt_messages
 from .follow import TaskEventStream, spec_view
 from .generation import Generation
 from .idempotency import KeyedRequest
+from .summaries import open_compactions
 
 
 @dataclass
@@ -158,6 +159,8 @@ async def create_response(
     `request`; the task's `params` hold only how to generate.
     """
     spec = spec_of(request) if isinstance(request, CreateResponseRequest) else request
+    # Compaction items' summaries opened: the conversation stored and run holds them as text.
+    spec.messages = open_compactions(ctx.sealer, spec.messages)
     await ctx.admission.run(generation.check, spec.generation)
     model, context = await ctx.offload(_model_and_context, ctx, spec, caller)
     conversation = context + spec.messages
@@ -201,7 +204,7 @@ def _model_and_context(
 ) -> tuple[Model, list[dict[str, Any]]]:
     return (
         ctx.catalog.resolve(spec.model),
-        _context_before(ctx, spec.previous_response_id, caller),
+        context_before(ctx, spec.previous_response_id, caller),
     )
 
 
@@ -273,7 +276,7 @@ def _commit_response(
     return committed, response_object(response, committed.task)
 
 
-def _context_before(
+def context_before(
     ctx: ServiceContext, previous_response_id: str | None, caller: Caller
 ) -> list[dict[str, Any]]:
     """The conversation a follow-up turn continues: the earlier turns' messages and answers

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, select
@@ -143,21 +144,33 @@ def tasks_to_run(db: Database, kind: str = "response", runner_id: str | None = N
 
 def service_identity(db: Database) -> str:
     """The service id: made once, stored in `service_config`, the same after every restart."""
+    return str(_config_made_once(db, "service_id", lambda: f"svc_{secrets.token_hex(16)}"))
+
+
+def sealing_key(db: Database) -> bytes:
+    """The key the service seals the items clients carry for it with (`services.sealing`):
+    256 random bits, made once and kept in `service_config`, so every server on the database
+    and every restart opens what another sealed."""
+    return bytes.fromhex(_config_made_once(db, "sealing_key", lambda: secrets.token_hex(32)))
+
+
+def _config_made_once(db: Database, key: str, make: Callable[[], str]) -> str:
+    """The `service_config` value of `key`, made by `make` and stored the first time."""
     with db.reading() as conn:
-        row = get(conn, ServiceConfig, "service_id")
+        row = get(conn, ServiceConfig, key)
         if row is not None:
             return str(json.loads(row.value))
-    made = json.dumps(f"svc_{secrets.token_hex(16)}")
+    made = json.dumps(make())
     dialect = postgresql if db.is_postgres else sqlite
     with db.writing() as conn:
         # Two servers starting together on a new database: the first insert wins, and both
         # read back the one stored.
         conn.execute(
             dialect.insert(_config)
-            .values(key="service_id", value=made)
+            .values(key=key, value=made)
             .on_conflict_do_nothing(index_elements=["key"])
         )
-        row = get(conn, ServiceConfig, "service_id")
+        row = get(conn, ServiceConfig, key)
         assert row is not None
         return str(json.loads(row.value))
 

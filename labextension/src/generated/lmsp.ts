@@ -89,6 +89,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/responses/compact": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Compact a conversation: its user messages and one sealed summary of the rest
+         * @description Requires the `responses:write` scope. The summary is written by the model, as a response that is not stored (its usage is the compaction pass's). A compaction item sent back in `input` is opened into its summary; one this service did not seal, or altered, is a 400.
+         */
+        post: operations["compactResponse"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/responses/{response_id}": {
         parameters: {
             query?: never;
@@ -811,6 +831,111 @@ export interface components {
             data: components["schemas"]["Client"][];
         };
         /**
+         * CompactResponseRequest
+         * @description The body of `POST /responses/compact`: a conversation given as `input`, as the turns
+         *     before `previous_response_id`, or both (those turns first).
+         */
+        CompactResponseRequest: {
+            /**
+             * @description A model id; the default model when absent.
+             * @default null
+             */
+            model?: string | null;
+            /**
+             * @description The conversation's items (as for `POST /responses`).
+             * @default null
+             */
+            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
+            /**
+             * @description The conversation's instructions (not compacted: send them again).
+             * @default null
+             */
+            instructions?: string | null;
+            /**
+             * @description Compact the conversation of this finished response (and `input`).
+             * @default null
+             */
+            previous_response_id?: string | null;
+            /**
+             * @description Accepted; the prompt cache needs no key to route by.
+             * @default null
+             */
+            prompt_cache_key?: string | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            service_tier?: "auto" | "default" | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            prompt_cache_retention?: "in_memory" | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            prompt_cache_options?: Record<string, never> | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            image?: Record<string, never> | null;
+        };
+        /**
+         * CompactedResponse
+         * @description The compacted conversation: its user messages, then one compaction item. `usage` is the
+         *     compaction pass's (the summary's prompt and output).
+         */
+        CompactedResponse: {
+            id: string;
+            /**
+             * @default response.compaction
+             * @constant
+             */
+            object: "response.compaction";
+            created_at: number;
+            output: (components["schemas"]["CompactedUserMessage"] | components["schemas"]["CompactionItem"])[];
+            usage: components["schemas"]["Usage"];
+        };
+        /**
+         * CompactedUserMessage
+         * @description A user message of the compacted conversation, kept as it was.
+         */
+        CompactedUserMessage: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "message";
+            /**
+             * @default user
+             * @constant
+             */
+            role: "user";
+            /**
+             * @default completed
+             * @constant
+             */
+            status: "completed";
+            content: components["schemas"]["InputText"][];
+        };
+        /**
+         * CompactionItem
+         * @description The turns a compaction replaced: their summary, sealed by the service (opaque to the
+         *     client, opened only by this service, refused if altered).
+         */
+        CompactionItem: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "compaction";
+            encrypted_content: string;
+        };
+        /**
          * @description The event types that move a task to `completed`.
          * @enum {string}
          */
@@ -994,8 +1119,8 @@ export interface components {
              * @default null
              */
             model?: string | null;
-            /** @description A string (one user message) or a list of items: messages with text content, function calls and function call outputs. */
-            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"])[];
+            /** @description A string (one user message) or a list of items: messages with text content, function calls, function call outputs and compaction items. */
+            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCompaction"])[];
             /**
              * @description A system message before `input`.
              * @default null
@@ -1390,6 +1515,20 @@ export interface components {
         /** IncompleteDetails */
         IncompleteDetails: {
             reason: string;
+        };
+        /**
+         * InputCompaction
+         * @description A compaction item `POST /responses/compact` returned, sent back as input: its sealed
+         *     summary stands for the turns it replaced (opened by the service; `services.summaries`).
+         */
+        InputCompaction: {
+            /** @constant */
+            type: "compaction";
+            encrypted_content: string;
+            /** @default null */
+            id?: string | null;
+            /** @default null */
+            created_by?: string | null;
         };
         /**
          * InputFunctionCall
@@ -2751,6 +2890,41 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
         };
     };
+    compactResponse: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Make this POST idempotent (LMSP B8): a repeat gets the first result with `Idempotent-Replayed: true`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CompactResponseRequest"];
+            };
+        };
+        responses: {
+            /** @description The compacted conversation: every user message as it was, then one `compaction` item (send them back as `input` to continue). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CompactedResponse"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Unprocessable"];
+            429: components["responses"]["TooManyRequests"];
+        };
+    };
     getResponse: {
         parameters: {
             query?: {
@@ -3338,6 +3512,8 @@ export const chatMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<componen
 export const choiceFinish_reasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Choice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
 export const chunkChoiceFinish_reasonAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChunkChoice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
 export const clientScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Client"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const compactedUserMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactedUserMessage"]["type"]> = ["message"];
+export const compactionItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactionItem"]["type"]> = ["compaction"];
 export const completedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompletedEventType"]> = ["response.completed", "response.incomplete", "task.completed"];
 export const createChatCompletionRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];

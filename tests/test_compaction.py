@@ -1,0 +1,163 @@
+"""`POST /responses/compact` (issue 36): the openai SDK's `responses.compact` against a real
+server with the test model; the compacted conversation (its user messages and one sealed
+`compaction` item) sent back as input continues exactly as the conversation the item stands
+for; an altered or foreign item is a 400 naming it.
+
+The test model has random weights: its summary is meaningless text, but it is the model's own,
+sealed and opened again unchanged; what these tests check is the protocol and the round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sdkserver import MODEL, TOKEN, sdk_server
+from serverproc import ServerProcess
+
+from jupyter_lmsp.services.summaries import SUMMARY_PREFIX
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+GREEDY: dict[str, Any] = {"temperature": 0, "max_output_tokens": 24}
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "user", "content": "Find the weather in Oslo."},
+    {"type": "function_call", "call_id": "call_1", "name": "weather", "arguments": '{"c":"Oslo"}'},
+    {"type": "function_call_output", "call_id": "call_1", "output": "Rain, 4 degrees."},
+    {"role": "assistant", "content": "It rains in Oslo, 4 degrees."},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, test_model_dir) -> Iterator[ServerProcess]:
+    with sdk_server(tmp_path_factory.mktemp("compaction"), test_model_dir) as s:
+        yield s
+
+
+@pytest.fixture
+def sdk(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.api, api_key=TOKEN, max_retries=0)
+
+
+@pytest.fixture
+def http(server) -> Iterator[httpx.Client]:
+    with server.client() as c:
+        yield c
+
+
+def user_texts(output: list[Any]) -> list[str]:
+    return [item.content[0].text for item in output if item.type == "message"]
+
+
+def test_the_sdk_compacts_to_the_user_messages_and_one_sealed_item(sdk):
+    compacted = sdk.responses.compact(model=MODEL, input=CONVERSATION)
+    assert compacted.object == "response.compaction"
+    assert user_texts(compacted.output) == ["Find the weather in Oslo.", "And tomorrow?"]
+    assert [item.type for item in compacted.output] == ["message", "message", "compaction"]
+    item = compacted.output[-1]
+    assert item.id.startswith("cmp_") and item.encrypted_content.startswith("lmsp1.")
+    # Nothing of the conversation shows through the seal.
+    assert "Oslo" not in item.encrypted_content and "Rain" not in item.encrypted_content
+    assert compacted.usage.input_tokens > 0 and compacted.usage.output_tokens > 0
+    assert compacted.usage.total_tokens == (
+        compacted.usage.input_tokens + compacted.usage.output_tokens
+    )
+
+
+def test_the_compacted_conversation_continues_as_the_summary_it_seals(sdk, http):
+    compacted = sdk.responses.compact(model=MODEL, input=CONVERSATION)
+    # As the SDK parsed them (its output type reads the kept user messages' `input_text`
+    # parts as output text, and warns when dumping them), sent back as they came.
+    with pytest.warns(UserWarning, match="serializ"):
+        items = [item.model_dump(exclude_none=True) for item in compacted.output]
+    follow_up = {"role": "user", "content": "Will it snow?"}
+    first = sdk.responses.create(model=MODEL, input=[*items, follow_up], **GREEDY)
+    assert first.status in ("completed", "incomplete")
+    # The item was opened into the summary message, in the place the item had.
+    listed = http.get(f"/responses/{first.id}/input_items", params={"order": "asc"}).json()
+    texts = [item["content"][0]["text"] for item in listed["data"]]
+    assert texts[:2] == ["Find the weather in Oslo.", "And tomorrow?"]
+    assert texts[2].startswith(SUMMARY_PREFIX) and len(texts[2]) > len(SUMMARY_PREFIX)
+    assert texts[3] == "Will it snow?"
+    # The same conversation written out in full gives the same greedy answer: the item
+    # stands for exactly that message.
+    spelled_out = [
+        {"role": "user", "content": "Find the weather in Oslo."},
+        {"role": "user", "content": "And tomorrow?"},
+        {"role": "user", "content": texts[2]},
+        follow_up,
+    ]
+    second = sdk.responses.create(model=MODEL, input=spelled_out, **GREEDY)
+    assert second.output_text == first.output_text
+    assert second.usage.input_tokens == first.usage.input_tokens
+    # Compacting a conversation that holds a summary folds it into the new one.
+    again = sdk.responses.compact(model=MODEL, input=[*items, follow_up])
+    assert user_texts(again.output) == [*texts[:2], "Will it snow?"]
+
+
+@pytest.mark.parametrize("how", ["altered", "foreign", "not sealed"])
+def test_an_item_this_service_did_not_seal_is_a_400_naming_it(sdk, http, how):
+    sealed = sdk.responses.compact(model=MODEL, input="Hello.").output[-1].encrypted_content
+    blob = {
+        "altered": sealed[:-6] + ("AAAAAA" if not sealed.endswith("AAAAAA") else "BBBBBB"),
+        "foreign": "lmsp1." + "QUJD" * 20,
+        "not sealed": "gAAAAABpM0Yj-opaque",
+    }[how]
+    body = {
+        "model": MODEL,
+        "input": [
+            {"role": "user", "content": "Hi."},
+            {"type": "compaction", "encrypted_content": blob},
+        ],
+    }
+    for path in ("/responses", "/responses/compact"):
+        r = http.post(path, json=body)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["code"] == "invalid_encrypted_content"
+        assert error["param"] == "input[1].encrypted_content"
+
+
+def test_a_stored_response_compacts_with_the_turns_before_it(sdk):
+    first = sdk.responses.create(model=MODEL, input="Name a colour.", **GREEDY)
+    compacted = sdk.responses.compact(
+        model=MODEL, previous_response_id=first.id, input="Name another."
+    )
+    assert user_texts(compacted.output) == ["Name a colour.", "Name another."]
+    assert compacted.output[-1].type == "compaction"
+
+
+def test_a_conversation_longer_than_the_window_still_compacts(sdk, http):
+    # Far more than the test model's 4,096-token window: the summary sees the newest turns
+    # that fit, and every user message is kept.
+    long_turns = []
+    for i in range(40):
+        long_turns.append({"role": "user", "content": f"Question {i}: " + "tell me more " * 60})
+        long_turns.append({"role": "assistant", "content": "Here is more. " * 60})
+    r = http.post("/responses", json={"model": MODEL, "input": long_turns, **GREEDY})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    compacted = sdk.responses.compact(model=MODEL, input=long_turns)
+    assert len(user_texts(compacted.output)) == 40
+    assert compacted.usage.input_tokens < 4096
+
+
+@pytest.mark.parametrize(
+    ("body", "code", "param"),
+    [
+        ({"model": MODEL}, "missing_required_parameter", "input"),
+        ({"model": MODEL, "input": "Hi.", "service_tier": "flex"}, "unsupported_parameter", None),
+        ({"model": MODEL, "input": "Hi.", "stream": True}, "unknown_parameter", "stream"),
+        ({"model": MODEL, "previous_response_id": "resp_nope"}, "not_found", None),
+    ],
+)
+def test_bad_compaction_requests_are_clear_errors(http, body, code, param):
+    r = http.post("/responses/compact", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    error = r.json()["error"]
+    assert error["code"] == code, error
+    if param is not None:
+        assert error["param"] == param
