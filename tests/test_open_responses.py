@@ -345,7 +345,7 @@ def test_parallel_tool_calls_false_is_at_most_one_call(http):
     assert len(calls) == 1 and response["parallel_tool_calls"] is False
 
 
-# -- Codex's first request (issue 36; ENGINEERING.md section 7), from its description ----------
+# -- Codex's first request (issue 36), from its description as Codex CLI 0.171 sends it -------
 
 SHELL_TOOL = {
     "type": "function",

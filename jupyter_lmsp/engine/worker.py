@@ -724,8 +724,8 @@ def _detect_blas() -> str:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return "unknown"
-    # Only a libopenblas mapped into the process counts (preloaded for MLX, see
-    # ENGINEERING.md); numpy's bundled libscipy_openblas64_ is loaded too but MLX ignores it.
+    # Only a libopenblas mapped into the process counts (preloaded for MLX: README, "The
+    # worker's BLAS"); numpy's bundled libscipy_openblas64_ is loaded too but MLX ignores it.
     libraries = {Path(line.split()[-1]).name for line in maps.splitlines() if "/" in line}
     if any(name.startswith("libopenblas") for name in libraries):
         return "openblas"

@@ -31,6 +31,7 @@ from .context import ServiceContext
 from .follow import TaskEventStream
 from .generation import Generation
 from .idempotency import KeyedRequest
+from .response_spec import ResponseSpec
 
 # What `chunks` yields besides chunk dicts: None asks for a keep-alive comment, DONE for the
 # `data: [DONE]` line that ends an OpenAI chat stream.
@@ -54,7 +55,7 @@ class ChatRun:
         return str(self.response["task_id"])
 
 
-def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> responses.ResponseSpec:
+def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> ResponseSpec:
     """A chat completion request as the response it runs as (restart policy `fail`)."""
     n = request.n or 1
     if n > max_choices:
@@ -62,7 +63,7 @@ def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> responses
             f"'n' is {n}; this service generates at most {max_choices} choices per request.",
             param="n",
         )
-    return responses.ResponseSpec(
+    return ResponseSpec(
         # Stored in the Responses input form, so /responses/{id}/input_items can list it.
         messages=request.engine_messages(),
         model=request.model,

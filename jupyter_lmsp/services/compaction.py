@@ -27,13 +27,8 @@ from ..protocol.response_object import InputText
 from ..store.tables import Model
 from .context import ServiceContext
 from .conversation import prompt_messages
-from .responses import (
-    ResponseSpec,
-    context_before,
-    create_response,
-    discard_unstored,
-    wait_for_response,
-)
+from .response_spec import ResponseSpec
+from .responses import context_before, create_response, discard_unstored, wait_for_response
 from .summaries import KIND, SUMMARY_PREFIX, is_summary, open_compactions
 
 # The summary's output limit (less where the window is small: at most a quarter of it).

@@ -215,6 +215,7 @@ class EngineDispatcher:
         for task_id in held:
             if task_id not in adopted and not runner.slots.holds(task_id):
                 runner.slots.forget(task_id)
+                runner.clock.forget(task_id)
         runner.schedule()
 
     def _read(self, task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool:
