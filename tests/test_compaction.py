@@ -161,3 +161,81 @@ def test_bad_compaction_requests_are_clear_errors(http, body, code, param):
     assert error["code"] == code, error
     if param is not None:
         assert error["param"] == param
+
+
+# -- POST /responses/input_tokens --------------------------------------------------------------
+
+TOOL = {
+    "type": "function",
+    "name": "weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+def test_the_count_is_the_prompt_a_response_is_given(sdk):
+    cases: list[dict[str, Any]] = [
+        {"input": "Hello there."},
+        {"input": CONVERSATION, "instructions": "Answer briefly."},
+        {"input": "Weather in Oslo?", "tools": [TOOL], "instructions": "Use tools."},
+    ]
+    for case in cases:
+        counted = sdk.responses.input_tokens.count(model=MODEL, **case)
+        assert counted.object == "response.input_tokens"
+        ran = sdk.responses.create(model=MODEL, **case, **GREEDY)
+        assert counted.input_tokens == ran.usage.input_tokens, case
+    # The turns before previous_response_id count, and a compaction item counts as the
+    # summary it seals.
+    follow = sdk.responses.input_tokens.count(
+        model=MODEL, previous_response_id=ran.id, input="And Paris?"
+    )
+    ran = sdk.responses.create(
+        model=MODEL, previous_response_id=ran.id, input="And Paris?", tools=[TOOL], **GREEDY
+    )
+    assert follow.input_tokens < ran.usage.input_tokens  # this one renders the tool too
+    assert (
+        sdk.responses.input_tokens.count(
+            model=MODEL, previous_response_id=ran.id, input="And Rome?", tools=[TOOL]
+        ).input_tokens
+        == sdk.responses.create(
+            model=MODEL, previous_response_id=ran.id, input="And Rome?", tools=[TOOL], **GREEDY
+        ).usage.input_tokens
+    )
+    compacted = sdk.responses.compact(model=MODEL, input=CONVERSATION)
+    with pytest.warns(UserWarning, match="serializ"):
+        items = [item.model_dump(exclude_none=True) for item in compacted.output]
+    counted = sdk.responses.input_tokens.count(model=MODEL, input=items)
+    assert (
+        counted.input_tokens
+        == sdk.responses.create(model=MODEL, input=items, **GREEDY).usage.input_tokens
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"model": "no-such-model", "input": "Hi."}, 404, "model_not_found"),
+        ({"model": MODEL, "input": "Hi.", "truncation": "auto"}, 400, "unsupported_parameter"),
+        ({"model": MODEL, "input": "Hi.", "stream": True}, 400, "unknown_parameter"),
+        ({"model": MODEL, "previous_response_id": "resp_nope"}, 404, "not_found"),
+    ],
+)
+def test_bad_count_requests_are_clear_errors(http, body, status, code):
+    r = http.post("/responses/input_tokens", json=body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code
+
+
+def test_nothing_to_count_is_a_400_naming_input(http):
+    r = http.post("/responses/input_tokens", json={"model": MODEL})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "missing_required_parameter"
+    assert r.json()["error"]["param"] == "input"
+    # Instructions alone are a prompt.
+    r = http.post("/responses/input_tokens", json={"model": MODEL, "instructions": "Be brief."})
+    assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text

@@ -140,7 +140,12 @@ def api_schema(server: ServerProcess) -> Any:
                             }
                         },
                     }
-                    for operation in ("createResponse", "createChatCompletion", "compactResponse")
+                    for operation in (
+                        "createResponse",
+                        "createChatCompletion",
+                        "compactResponse",
+                        "countInputTokens",
+                    )
                 ),
                 {
                     # A made-up source can name an existing folder that is not a model (400).
@@ -193,9 +198,10 @@ def test_fuzz(case: Any) -> None:
         assert (
             error["code"] in SEMANTIC_REFUSALS
             or error["param"] == "n"
-            # A compaction needs `input` or `previous_response_id`: a rule across two fields.
+            # A compaction needs `input` or `previous_response_id` (a count may do with
+            # `instructions`): a rule across fields.
             or (
-                case.operation.label == "POST /responses/compact"
+                case.operation.label in ("POST /responses/compact", "POST /responses/input_tokens")
                 and error["code"] == "missing_required_parameter"
                 and error["param"] == "input"
             )
@@ -214,13 +220,20 @@ def test_fuzz(case: Any) -> None:
 # context window (counted with the model's tokenizer), a schema the grammar compiler cannot
 # take (`invalid_schema`), log-probabilities asked for beside function tools, more chat
 # choices than the configured maximum (`n`), a compaction item this service did not seal
-# (`invalid_encrypted_content`).
-GENERATIONS = {"POST /responses", "POST /chat/completions", "POST /responses/compact"}
+# (`invalid_encrypted_content`), a prompt the model's template cannot render
+# (`prompt_not_countable`).
+GENERATIONS = {
+    "POST /responses",
+    "POST /chat/completions",
+    "POST /responses/compact",
+    "POST /responses/input_tokens",
+}
 SEMANTIC_REFUSALS = {
     "context_length_exceeded",
     "invalid_schema",
     "unsupported_parameter",
     "invalid_encrypted_content",
+    "prompt_not_countable",
 }
 # Rules across the tools of `POST /responses` the document cannot state
 # (protocol/responses.py): function names unique once namespaces are flattened, and

@@ -7,7 +7,12 @@ import asyncio
 from typing import Any
 
 from .. import failpoints
-from ..protocol.compaction import CompactedResponse, CompactResponseRequest
+from ..protocol.compaction import (
+    CompactedResponse,
+    CompactResponseRequest,
+    InputTokenCount,
+    InputTokensRequest,
+)
 from ..protocol.errors import conflict
 from ..protocol.events import Event
 from ..protocol.operations import EventStream, Reply, ResponseHeader
@@ -215,3 +220,19 @@ class ResponseCompactHandler(LMSPHandler):
     )
     async def post(self, body: CompactResponseRequest) -> None:
         self.write_json(await compaction.compact(self.ctx, body, self.caller))
+
+
+class ResponseInputTokensHandler(LMSPHandler):
+    @operation(
+        "countInputTokens",
+        "Count the prompt tokens a response would be given",
+        "responses",
+        access="responses:write",
+        replies={200: Reply("The prompt's token count.", InputTokenCount)},
+        errors=(404,),
+        description="The input, the turns before `previous_response_id`, the instructions and "
+        "the tools, rendered by the model's chat template and counted with its tokenizer, as "
+        "`POST /responses` counts them against the context window. Nothing is run or stored.",
+    )
+    async def post(self, body: InputTokensRequest) -> None:
+        self.write_json(await compaction.count_input_tokens(self.ctx, body, self.caller))

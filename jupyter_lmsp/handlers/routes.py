@@ -33,6 +33,7 @@ from .responses import (
     ResponseCompactHandler,
     ResponseHandler,
     ResponseInputItemsHandler,
+    ResponseInputTokensHandler,
     ResponsesHandler,
 )
 from .service import ModelHandler, ModelsHandler, ServiceHandler
@@ -54,6 +55,7 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/responses", ResponsesHandler),
     # Before `/responses/{response_id}`, whose pattern would take the name as an id.
     ("/responses/compact", ResponseCompactHandler),
+    ("/responses/input_tokens", ResponseInputTokensHandler),
     ("/responses/{response_id}", ResponseHandler),
     ("/responses/{response_id}/cancel", ResponseCancelHandler),
     ("/responses/{response_id}/input_items", ResponseInputItemsHandler),

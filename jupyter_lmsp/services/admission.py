@@ -89,13 +89,26 @@ class Admission:
         )
 
     async def count(
-        self, model: Model, messages: list[dict[str, Any]], tools: ToolSpec | None = None
+        self,
+        model: Model,
+        messages: list[dict[str, Any]],
+        tools: ToolSpec | None = None,
+        *,
+        strict: bool = False,
     ) -> int | None:
-        """The prompt's tokens as the worker will render it (None if it cannot be counted
-        here: the worker then counts it)."""
+        """The prompt's tokens as the worker will render it: None if it cannot be counted
+        here (the worker then counts it), or with `strict` a 400 `prompt_not_countable` that
+        says why."""
         try:
             return await self.run(self.counter.count, _key(model), model.path, messages, tools)
-        except PromptTooHard:
+        except PromptTooHard as e:
+            if strict:
+                raise LMSPError(
+                    400,
+                    "prompt_not_countable",
+                    f"The prompt cannot be rendered and counted for the model '{model.id}': {e}",
+                    param="input",
+                ) from e
             return None
 
     async def plan(

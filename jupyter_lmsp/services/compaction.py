@@ -1,5 +1,6 @@
 """Compacting a conversation (`POST /responses/compact`): its user messages kept as they were,
-everything else replaced by one `compaction` item sealing a summary the model writes.
+everything else replaced by one `compaction` item sealing a summary the model writes; and
+counting a conversation's prompt tokens (`POST /responses/input_tokens`).
 
 The compaction pass is an ordinary response, run as a task like any other (admission, quotas,
 the runner, durability while it runs), that is not stored: its rows go once its summary is
@@ -20,6 +21,8 @@ from ..protocol.compaction import (
     CompactedUserMessage,
     CompactionItem,
     CompactResponseRequest,
+    InputTokenCount,
+    InputTokensRequest,
 )
 from ..protocol.errors import LMSPError, conflict
 from ..protocol.ids import new_id
@@ -27,6 +30,7 @@ from ..protocol.response_object import InputText
 from ..store.tables import Model
 from .context import ServiceContext
 from .conversation import prompt_messages
+from .generation import Generation
 from .response_spec import ResponseSpec
 from .responses import context_before, create_response, discard_unstored, wait_for_response
 from .summaries import KIND, SUMMARY_PREFIX, is_summary, open_compactions
@@ -133,3 +137,19 @@ async def compact(
     return CompactedResponse(
         id=final["id"], created_at=final["created_at"], output=output, usage=final["usage"]
     ).wire()
+
+
+async def count_input_tokens(
+    ctx: ServiceContext, request: InputTokensRequest, caller: Caller
+) -> dict[str, Any]:
+    """What `POST /responses/input_tokens` answers: the prompt the request describes, with the
+    turns before `previous_response_id`, its instructions and its tools rendered by the model's
+    template, counted as admission counts a create's."""
+    messages = open_compactions(ctx.sealer, request.messages())
+    model = await ctx.offload(ctx.catalog.resolve, request.model)
+    context = await ctx.offload(context_before, ctx, request.previous_response_id, caller)
+    tools = Generation(tools=request.as_create_request().tools_spec()).engine_tools()
+    prompt = prompt_messages(request.instructions, context + messages)
+    counted = await ctx.admission.count(model, prompt, tools, strict=True)
+    assert counted is not None
+    return InputTokenCount(input_tokens=counted).wire()

@@ -109,6 +109,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/responses/input_tokens": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Count the prompt tokens a response would be given
+         * @description Requires the `responses:write` scope. The input, the turns before `previous_response_id`, the instructions and the tools, rendered by the model's chat template and counted with its tokenizer, as `POST /responses` counts them against the context window. Nothing is run or stored.
+         */
+        post: operations["countInputTokens"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/responses/{response_id}": {
         parameters: {
             query?: never;
@@ -1682,10 +1702,75 @@ export interface components {
             /** @default null */
             logprobs?: unknown[] | null;
         };
+        /** InputTokenCount */
+        InputTokenCount: {
+            /**
+             * @default response.input_tokens
+             * @constant
+             */
+            object: "response.input_tokens";
+            input_tokens: number;
+        };
         /** InputTokensDetails */
         InputTokensDetails: {
             cached_tokens: number;
             cache_write_tokens: number;
+        };
+        /**
+         * InputTokensRequest
+         * @description The body of `POST /responses/input_tokens`: what a `POST /responses` would give the
+         *     model (its input, the turns before `previous_response_id`, its instructions and tools),
+         *     counted without running it.
+         */
+        InputTokensRequest: {
+            /**
+             * @description A model id; the default model when absent.
+             * @default null
+             */
+            model?: string | null;
+            /**
+             * @description As for `POST /responses`.
+             * @default null
+             */
+            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
+            /** @default null */
+            instructions?: string | null;
+            /** @default null */
+            previous_response_id?: string | null;
+            /**
+             * @description Counted as the model's template renders them.
+             * @default null
+             */
+            tools?: (components["schemas"]["FunctionTool"] | components["schemas"]["NamespaceTool"])[] | null;
+            /**
+             * @description `allowed_tools` counts only the tools it offers.
+             * @default null
+             */
+            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"] | components["schemas"]["AllowedTools"]) | null;
+            /** @default null */
+            parallel_tool_calls?: boolean | null;
+            /**
+             * @description Accepted: a format adds no prompt tokens.
+             * @default null
+             */
+            text?: components["schemas"]["TextConfig"] | null;
+            /** @default null */
+            reasoning?: components["schemas"]["Reasoning"] | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            truncation?: "disabled" | null;
+            /**
+             * @description Accepted only as null (not supported).
+             * @default null
+             */
+            conversation?: null;
+            /**
+             * @description Accepted only as null (not supported).
+             * @default null
+             */
+            personality?: null;
         };
         /**
          * LifecycleEvent
@@ -2925,6 +3010,35 @@ export interface operations {
             429: components["responses"]["TooManyRequests"];
         };
     };
+    countInputTokens: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["InputTokensRequest"];
+            };
+        };
+        responses: {
+            /** @description The prompt's token count. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InputTokenCount"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            413: components["responses"]["TooLarge"];
+        };
+    };
     getResponse: {
         parameters: {
             query?: {
@@ -3540,6 +3654,7 @@ export const inputMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<compone
 export const inputMessageStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const inputMessagePhaseAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["phase"]> = ["commentary", "final_answer"];
 export const inputTextPartTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputTextPart"]["type"]> = ["input_text", "output_text", "text"];
+export const inputTokensRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputTokensRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const loadingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LoadingEventType"]> = ["response.loading", "task.loading"];
 export const modelStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Model"]["state"]> = ["available", "loaded", "missing", "corrupt"];
 export const namespaceToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["NamespaceToolEcho"]["type"]> = ["namespace"];
