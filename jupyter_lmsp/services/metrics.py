@@ -10,8 +10,9 @@ answer) and say so in their help text. With several servers on one database each
 what it did itself; only those gauges are database-wide.
 
 Who records what: the handlers (`on_request`, idempotency, SSE, auth, pairing), the runner
-(`RunnerClock`: queue wait, time to first token, inter-token latency, end-to-end duration,
-tokens, batch sizes, prompt cache, model loads, worker restarts, resumed tokens, snapshot lag),
+(`services.runner_clock`: queue wait, time to first token, inter-token latency, end-to-end
+duration, tokens, batch sizes, prompt cache, model loads, worker restarts, resumed tokens,
+snapshot lag),
 the runner's committer (transaction durations) and the recoveries (`recovered`). The engine
 knows nothing of this: the worker reports its step and load figures in its messages
 (`engine.messages.JobStarted`, `JobTokens`), which the runner hands here.
@@ -22,19 +23,16 @@ benchmark that measures what metrics cost.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..protocol.states import TERMINAL_STATES
 from ..store import queries
 from ..store.database import Database
 
-__all__ = ["REGISTRY", "RunnerClock", "exposition", "refresh_from_db", "set_enabled"]
+__all__ = ["REGISTRY", "child", "enabled", "exposition", "refresh_from_db", "set_enabled"]
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -296,7 +294,7 @@ _Metric = TypeVar("_Metric", Counter, Gauge, Histogram)
 _children: dict[tuple[object, tuple[str, ...]], Any] = {}
 
 
-def _child(metric: _Metric, *values: str) -> _Metric:
+def child(metric: _Metric, *values: str) -> _Metric:
     """`metric.labels(*values)`, remembered: `labels()` checks the values and takes the metric's
     lock on every call (~2.5 µs here, as much as the increment itself), on the paths every
     request and every token take."""
@@ -313,20 +311,20 @@ def on_request(
     """A request to /lmsp/v1 was answered (`reason`: the error code of a 401/403/429)."""
     if not _enabled:
         return
-    _child(HTTP_REQUESTS, operation, method, str(status)).inc()
-    _child(HTTP_DURATION, operation).observe(seconds)
+    child(HTTP_REQUESTS, operation, method, str(status)).inc()
+    child(HTTP_DURATION, operation).observe(seconds)
     if status in (401, 403, 429):
-        _child(REFUSED, str(status), reason or "unknown").inc()
+        child(REFUSED, str(status), reason or "unknown").inc()
 
 
 def idempotent(operation: str, outcome: str) -> None:
     if _enabled:
-        _child(IDEMPOTENT, operation, outcome).inc()
+        child(IDEMPOTENT, operation, outcome).inc()
 
 
 def unkeyed_retry(operation: str) -> None:
     if _enabled:
-        _child(UNKEYED_RETRIES, operation).inc()
+        child(UNKEYED_RETRIES, operation).inc()
 
 
 def sse_opened(reconnect: bool) -> None:
@@ -348,7 +346,7 @@ def events_replayed(n: int) -> None:
 
 def task_created(kind: str, model: str) -> None:
     if _enabled:
-        _child(TASKS_CREATED, kind, model).inc()
+        child(TASKS_CREATED, kind, model).inc()
 
 
 def pairing_started() -> None:
@@ -358,7 +356,7 @@ def pairing_started() -> None:
 
 def pairing_decided(approved: bool) -> None:
     if _enabled:
-        _child(PAIRING_DECISIONS, "approved" if approved else "denied").inc()
+        child(PAIRING_DECISIONS, "approved" if approved else "denied").inc()
 
 
 def recovered(cause: str, counts: Mapping[tuple[str, str, str], int]) -> None:
@@ -366,12 +364,12 @@ def recovered(cause: str, counts: Mapping[tuple[str, str, str], int]) -> None:
     if not _enabled:
         return
     for (previous, policy, outcome), n in counts.items():
-        _child(RECOVERED, cause, previous, policy, outcome).inc(n)
+        child(RECOVERED, cause, previous, policy, outcome).inc(n)
 
 
 def transaction(job: str, seconds: float) -> None:
     if _enabled:
-        _child(TRANSACTIONS, job).observe(seconds)
+        child(TRANSACTIONS, job).observe(seconds)
 
 
 def refresh_from_db(db: Database) -> None:
@@ -380,138 +378,4 @@ def refresh_from_db(db: Database) -> None:
         return
     counts = queries.count_tasks_by_state(db)
     for state in queries.TASK_STATES:
-        _child(TASKS, state).set(counts.get(state, 0))
-
-
-_ENDS = frozenset(str(s) for s in TERMINAL_STATES)
-
-
-@dataclass
-class _Clock:
-    """One task's times, as the runner sees them (monotonic seconds)."""
-
-    queued: float
-    submitted: float | None = None
-    model: str = ""
-    last_token: float | None = None
-    first_token_seen: bool = False
-
-
-class RunnerClock:
-    """The runner's figures: it calls these on the loop as its tasks move."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, _Clock] = {}
-
-    def submitted(self, task_id: str) -> None:
-        """A task this server created was committed `queued` and handed to the runner."""
-        if _enabled:
-            now = time.monotonic()
-            self._tasks[task_id] = _Clock(queued=now, submitted=now)
-
-    def queued(self, task_id: str) -> None:
-        """A task (adopted, paused, or back after a worker restart) waits for a slot again."""
-        if not _enabled:
-            return
-        now = time.monotonic()
-        clock = self._tasks.get(task_id)
-        if clock is None:
-            self._tasks[task_id] = _Clock(queued=now)
-        else:
-            clock.queued = now
-            clock.last_token = None
-
-    def handed(self, task_id: str, model: str, resumed_tokens: int) -> None:
-        """The task's job went to the worker."""
-        if not _enabled:
-            return
-        clock = self._tasks.setdefault(task_id, _Clock(queued=time.monotonic()))
-        clock.model = model
-        _child(QUEUE_WAIT, model).observe(time.monotonic() - clock.queued)
-        if resumed_tokens:
-            _child(RESUMED_TOKENS, model).inc(resumed_tokens)
-
-    def started(
-        self,
-        task_id: str,
-        input_tokens: int,
-        cached_tokens: int,
-        cache_bytes: int | None,
-        load_seconds: float | None,
-        reused_bytes: int = 0,
-    ) -> None:
-        if not _enabled:
-            return
-        model = self._model(task_id)
-        _child(INPUT_TOKENS, model).inc(input_tokens)
-        _child(CACHE_LOOKUPS, model).inc()
-        if cached_tokens:
-            _child(CACHE_HITS, model).inc()
-            _child(CACHE_REUSED_TOKENS, model).inc(cached_tokens)
-        if reused_bytes:
-            _child(CACHE_REUSED_BYTES, model).inc(reused_bytes)
-        if cache_bytes is not None:
-            CACHE_BYTES.set(cache_bytes)
-        if load_seconds is not None:
-            _child(MODEL_LOADS, model).inc()
-            _child(MODEL_LOAD_SECONDS, model).observe(load_seconds)
-
-    def tokens(self, task_id: str, n: int, batch_sizes: Iterable[int]) -> None:
-        if not _enabled:
-            return
-        for size in batch_sizes:
-            BATCH_SIZE.observe(size)
-        if not n:
-            return
-        now = time.monotonic()
-        clock = self._tasks.get(task_id)
-        if clock is None:
-            return
-        _child(OUTPUT_TOKENS, clock.model).inc(n)
-        if not clock.first_token_seen:
-            clock.first_token_seen = True
-            if clock.submitted is not None:
-                _child(TTFT, clock.model).observe(now - clock.submitted)
-        elif clock.last_token is not None:
-            gap = (now - clock.last_token) / n
-            histogram = _child(ITL, clock.model)
-            for _ in range(n):
-                histogram.observe(gap)
-        clock.last_token = now
-
-    def accepted_drafts(self, task_id: str, n: int) -> None:
-        """A generation finished; `n` of its tokens came from verified drafts."""
-        if _enabled and n:
-            _child(ACCEPTED_DRAFT_TOKENS, self._model(task_id)).inc(n)
-
-    def ended(self, task_id: str, model: str, state: str) -> None:
-        """A transaction of the task committed: counted if it ended the task."""
-        if not _enabled or state not in _ENDS:
-            return
-        clock = self._tasks.pop(task_id, None)
-        _child(TASKS_ENDED, model, state).inc()
-        if clock is not None and clock.submitted is not None:
-            _child(E2E, model, state).observe(time.monotonic() - clock.submitted)
-
-    def forget(self, task_id: str) -> None:
-        self._tasks.pop(task_id, None)
-
-    def _model(self, task_id: str) -> str:
-        clock = self._tasks.get(task_id)
-        return clock.model if clock is not None else ""
-
-    @staticmethod
-    def committed_snapshot(oldest: float) -> None:
-        if _enabled:
-            SNAPSHOT_LAG.observe(time.monotonic() - oldest)
-
-    @staticmethod
-    def worker_restarted() -> None:
-        if _enabled:
-            WORKER_RESTARTS.inc()
-
-    @staticmethod
-    def slots(queued: int, active: int) -> None:
-        if _enabled:
-            QUEUE_DEPTH.set(queued)
-            ACTIVE.set(active)
+        child(TASKS, state).set(counts.get(state, 0))

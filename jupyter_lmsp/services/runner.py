@@ -49,6 +49,7 @@ from .catalog import ModelCatalog
 from .committer import Committer
 from .dispatch import EngineDispatcher
 from .output import OutputStage
+from .runner_clock import RunnerClock
 from .running import TaskOutput
 from .scheduling import Slots
 
@@ -88,8 +89,8 @@ class TaskRunner:
         self.output = OutputStage(snapshot_interval, self._commit_outputs)
         self.dispatcher = EngineDispatcher(self)
         self.worker_info: dict[str, Any] = {"state": "stopped"}
-        # Queue waits, token latencies, durations and the worker's figures (services.metrics).
-        self.clock = metrics.RunnerClock()
+        # Queue waits, token latencies, durations and the worker's figures (runner_clock).
+        self.clock = RunnerClock()
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
         # Called with the loop when the runner starts (the lease's heartbeat, the feed).
