@@ -25,9 +25,10 @@ class TaskParams(BaseModel):
     temperature: float
     top_p: float
     seed: int
-    # The prompt's tokens as admission counted them, and what the task holds of its caller's
-    # quota while unfinished (`services.admission` sums `budget` in SQL).
-    prompt_tokens: int = 0
+    # The prompt's tokens as admission counted them (None: not countable in the server, the
+    # worker counts it), and what the task holds of its caller's quota while unfinished
+    # (`store.quotas` sums `budget` in SQL).
+    prompt_tokens: int | None = None
     budget: int = 0
     stop: list[str] = Field(default_factory=list)
     logprobs: bool = False

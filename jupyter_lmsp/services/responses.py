@@ -20,6 +20,7 @@ from ..protocol.errors import LMSPError, invalid, not_found, unauthenticated
 from ..protocol.ids import new_id
 from ..protocol.objects import input_items, response_object
 from ..protocol.output import Attempt
+from ..protocol.params import TaskParams
 from ..protocol.response_object import InputItemList, ResponseDeleted
 from ..protocol.responses import CreateResponseRequest
 from ..protocol.states import TERMINAL_STATES, TaskState
@@ -150,18 +151,16 @@ def _commit_response(
         # Held by this server's runner from the transaction that creates it (LMSP B12), or,
         # without a local worker, by none: a standalone worker claims it.
         runner_id=ctx.runner.holder_id,
-        params=json.dumps(
-            {
-                "max_tokens": admitted.plan.max_tokens,
-                "temperature": echoed["temperature"],
-                "top_p": echoed["top_p"],
-                "seed": seed,
-                "prompt_tokens": admitted.plan.prompt_tokens,
-                # What the task holds of its caller's quota while unfinished.
-                "budget": admitted.plan.budget,
-                **spec.generation.params(),
-            }
-        ),
+        params=TaskParams(
+            max_tokens=admitted.plan.max_tokens,
+            temperature=echoed["temperature"],
+            top_p=echoed["top_p"],
+            seed=seed,
+            prompt_tokens=admitted.plan.prompt_tokens,
+            # What the task holds of its caller's quota while unfinished.
+            budget=admitted.plan.budget,
+            **spec.generation.params(),
+        ).dump(),
         created_at=now,
         updated_at=now,
     )
