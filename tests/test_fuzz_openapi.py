@@ -72,7 +72,9 @@ def without_idempotency_keys(document: dict[str, Any]) -> dict[str, Any]:
     collide across requests, so most POSTs would be answered as key mismatches (422) and
     never reach the parsers (tests/test_idempotency.py covers keys)."""
     for item in document["paths"].values():
-        for op in item.values():
+        for name, op in item.items():
+            if name.startswith("x-"):  # the WebSocket mode of /responses: no operation
+                continue
             op["parameters"] = [
                 p for p in op.get("parameters", []) if "IdempotencyKey" not in p.get("$ref", "")
             ]
@@ -257,7 +259,8 @@ def _operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]
     ops = []
     for path, item in document["paths"].items():
         for method, op in item.items():
-            ops.append((method.upper(), path, op))
+            if not method.startswith("x-"):
+                ops.append((method.upper(), path, op))
     return ops
 
 

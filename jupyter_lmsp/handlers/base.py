@@ -194,6 +194,8 @@ class LMSPHandler(APIHandler):
     bearer_client: bool = False
     # The error code of the answer, when it is an error (for the metrics).
     error_code: str | None = None
+    # Its GET only opens a WebSocket (handlers.websocket), which is no documented operation.
+    websocket_get: bool = False
 
     def initialize(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -543,11 +545,13 @@ class LMSPHandler(APIHandler):
         )
 
     def allowed_methods(self) -> list[str]:
-        """The HTTP methods this handler implements."""
+        """The HTTP methods this handler implements (a GET that only opens a WebSocket is
+        none: a plain GET is refused)."""
         return [
             m
             for m in ("GET", "POST", "PUT", "PATCH", "DELETE")
             if getattr(type(self), m.lower()) is not getattr(web.RequestHandler, m.lower())
+            and not (m == "GET" and self.websocket_get)
         ]
 
     def _request_summary(self) -> str:

@@ -17,9 +17,9 @@ from .base import LMSPHandler, operation
 
 @functools.cache
 def document(server_url: str, version: str) -> dict[str, Any]:
-    from .routes import endpoints  # the table names this handler too
+    from .routes import endpoints, path_extensions  # the table names this handler too
 
-    return openapi_document(endpoints(), server_url, version)
+    return openapi_document(endpoints(), server_url, version, path_extensions())
 
 
 class OpenAPIHandler(LMSPHandler):

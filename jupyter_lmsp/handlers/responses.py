@@ -20,6 +20,7 @@ from ..protocol.response_object import InputItemList, Response, ResponseDeleted
 from ..protocol.responses import CreateResponseRequest, InputItemsQuery, RetrieveResponseQuery
 from ..services import compaction, responses
 from .base import LMSPHandler, operation
+from .websocket import ResponsesSocket
 
 EVENTS = EventStream(
     "EventStreamItem",
@@ -29,7 +30,10 @@ EVENTS = EventStream(
 )
 
 
-class ResponsesHandler(LMSPHandler):
+class ResponsesHandler(ResponsesSocket):
+    """POST creates a response; a GET that asks to upgrade opens the WebSocket mode
+    (handlers.websocket)."""
+
     # The response this request created, while its client's leaving would stop it
     # (`responses.abandoned_with_its_client`): set until the answer is complete.
     abandonable: dict[str, Any] | None = None

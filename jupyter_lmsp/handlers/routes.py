@@ -44,6 +44,7 @@ from .tasks import (
     TaskHandler,
     TasksHandler,
 )
+from .websocket import document_extension
 
 PREFIX = "/lmsp/v1"
 METHODS = ("get", "post", "put", "patch", "delete")
@@ -101,3 +102,9 @@ def endpoints() -> list[Endpoint]:
             if op is not None:
                 found.append(Endpoint(path, method, op))
     return found
+
+
+def path_extensions() -> dict[str, dict[str, Any]]:
+    """What the document states of the table beyond its operations: the WebSocket mode of
+    `/responses`, as the Open Responses spec states it."""
+    return {"/responses": {"x-openresponses-websocket": document_extension()}}

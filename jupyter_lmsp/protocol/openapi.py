@@ -11,7 +11,7 @@ says exactly what the handlers enforce: there is nothing to keep in step by hand
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
@@ -113,9 +113,14 @@ def _ref(name: str) -> Schema:
 
 
 def openapi_document(
-    endpoints: Sequence[Endpoint], server_url: str = "/lmsp/v1", version: str = "0"
+    endpoints: Sequence[Endpoint],
+    server_url: str = "/lmsp/v1",
+    version: str = "0",
+    path_extensions: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The whole document for `endpoints`; `server_url` is where `lmsp/v1/` is mounted."""
+    """The whole document for `endpoints`; `server_url` is where `lmsp/v1/` is mounted;
+    `path_extensions` adds `x-` members to path items (what is no operation: the WebSocket
+    mode of `/responses`)."""
     inputs: list[tuple[type[BaseModel], JsonSchemaMode]] = [(Error, "serialization")]
     for endpoint in endpoints:
         inputs += _models_of(endpoint.operation)
@@ -140,6 +145,8 @@ def openapi_document(
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
             endpoint, ref, query_schema
         )
+    for path, members in (path_extensions or {}).items():
+        paths.setdefault(path, {}).update(members)
     # Query models became parameters; they are not schemas of their own.
     for endpoint in endpoints:
         if endpoint.operation.query is not None:
