@@ -17,14 +17,27 @@ from jupyter_lmsp.engine.blas import BlasChoice, choose_blas
 from jupyter_lmsp.models.testmodel import make_test_model
 from jupyter_lmsp.store.database import sqlite_url
 
+# Modules whose PostgreSQL cases are marked `slow`: hundreds of raced transactions against a
+# server over TCP (44 s of the edit loop's 3 minutes); their SQLite cases stay in it.
+SLOW_ON_POSTGRESQL = {"test_cancel_race"}
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `demo` every test that needs the demo model (through `demo_gguf`, which
     `demo_model_dir` uses too): the 135M-parameter model is what makes those tests slow, and
-    `make test-fast` leaves them out."""
+    `make test-fast` leaves them out. The PostgreSQL cases of `SLOW_ON_POSTGRESQL` are `slow`
+    (`make test` runs them all)."""
     for item in items:
         if "demo_gguf" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.demo)
+        callspec = getattr(item, "callspec", None)
+        if (
+            callspec is not None
+            and callspec.params.get("db_url") == "postgresql"
+            and item.module is not None
+            and item.module.__name__ in SLOW_ON_POSTGRESQL
+        ):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
