@@ -3,7 +3,8 @@ with the test model, through Tornado's WebSocket client: `response.create` strea
 events the SSE stream carries (each checked against the Open Responses spec); turns follow each
 other on one socket; bad messages get `error` messages and the socket goes on; a stored response
 outlives its socket and a new socket follows it from the last sequence number, with no gap and
-nothing twice; an unstored one stops with its socket; credentials are needed before the upgrade.
+nothing twice; an unstored one stops with its socket; credentials are needed before the upgrade;
+and the openai SDK's own WebSocket client (`client.responses.connect()`) works unmodified.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
-from sdkserver import MODEL, sdk_server
+from sdkserver import MODEL, TOKEN, sdk_server
 from serverproc import ServerProcess
 from test_open_responses import checked_stream, sse_events
 from tornado.httpclient import HTTPClientError, HTTPRequest
@@ -58,6 +60,14 @@ async def read_until(conn: WebSocketClientConnection, stop: Any) -> list[dict[st
             return out
 
 
+async def shut(conn: WebSocketClientConnection) -> None:
+    """Close the socket and wait until it is closed (its closing handshake done): a socket
+    still open when the test's event loop ends is a ResourceWarning."""
+    conn.close()
+    while await asyncio.wait_for(conn.read_message(), 30) is not None:
+        pass
+
+
 def ended(message: dict[str, Any]) -> bool:
     return message["type"] in TERMINAL
 
@@ -80,7 +90,7 @@ def test_a_create_streams_what_the_sse_stream_carries(server):
         conn = await connect(server)
         send(conn, {"type": "response.create", "input": "Hello", **SHORT})
         events = await read_until(conn, ended)
-        conn.close()
+        await shut(conn)
         return events
 
     events = checked_stream(asyncio.run(over_socket()))
@@ -121,7 +131,7 @@ def test_turns_follow_each_other_on_one_socket(server):
             },
         )
         third = await read_until(conn, ended)
-        conn.close()
+        await shut(conn)
         return first, second, third
 
     first, second, third = asyncio.run(run())
@@ -171,7 +181,7 @@ def test_bad_messages_get_errors_and_the_socket_goes_on(server):
             errors += await read_until(conn, lambda m: True)
         send(conn, {"type": "response.create", "input": "Still there?", **SHORT})
         events = await read_until(conn, ended)
-        conn.close()
+        await shut(conn)
         return errors, events
 
     errors, events = asyncio.run(run())
@@ -190,7 +200,7 @@ def test_a_new_socket_follows_a_stored_response_from_the_last_event(server):
         send(conn, {"type": "response.create", **LONG})
         seen = await read_until(conn, lambda m: m["type"] == "response.output_text.delta")
         seen += await read_until(conn, lambda m: m["type"] == "response.output_text.delta")
-        conn.close()
+        await shut(conn)
         await asyncio.sleep(0.3)  # the response goes on without a socket
         again = await connect(server)
         send(
@@ -202,7 +212,7 @@ def test_a_new_socket_follows_a_stored_response_from_the_last_event(server):
             },
         )
         rest = await read_until(again, ended)
-        again.close()
+        await shut(again)
         return seen, rest
 
     seen, rest = asyncio.run(run())
@@ -223,7 +233,7 @@ def test_an_unstored_response_stops_when_its_socket_closes(server):
         conn = await connect(server)
         send(conn, {"type": "response.create", "store": False, **LONG})
         seen = await read_until(conn, lambda m: m["type"] == "response.output_text.delta")
-        conn.close()
+        await shut(conn)
         return str(seen[0]["response"]["task_id"])
 
     task_id = asyncio.run(run())
@@ -251,3 +261,31 @@ def test_credentials_come_before_the_upgrade(server):
     # A plain GET of /responses is no operation.
     r = httpx.get(f"{server.api}/responses", headers=server.headers)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+# The SDK opens its socket with websockets' `connect()` outside a `with`, which websockets 17
+# deprecates: a warning from the SDK's code, not ours.
+@pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager")
+def test_the_openai_sdk_websocket_client_works_as_it_is(server):
+    """`client.responses.connect()` of the openai SDK (3.57), unmodified: it sends
+    `response.create` and parses every event the socket carries."""
+    client = openai.OpenAI(base_url=server.api, api_key=TOKEN, max_retries=0)
+    with client.responses.connect() as conn:
+        conn.response.create(input="Hello", **SHORT)
+        types = []
+        for event in conn:
+            types.append(event.type)
+            if event.type in TERMINAL:
+                break
+        final = event.response
+        conn.response.create(input="Again.", previous_response_id=final.id, **SHORT)
+        for event in conn:
+            if event.type in TERMINAL:
+                break
+    assert types[0] == "response.created" and types[-1] in (
+        "response.completed",
+        "response.incomplete",
+    )
+    assert "response.output_text.delta" in types
+    assert event.response.previous_response_id == final.id
+    assert final.output_text

@@ -50,6 +50,12 @@ class ResponsesSocket(WebSocketHandler, LMSPHandler):
         return JupyterHandler.check_origin(self, origin)
 
     @property
+    def ping_interval(self) -> float:
+        # An idle socket (a long prefill, a queued response) is kept alive as an idle SSE
+        # stream is: a ping at the keep-alive interval (Tornado sends none by default).
+        return self.ctx.keepalive_interval
+
+    @property
     def max_message_size(self) -> int:
         return self.ctx.max_body_bytes
 
@@ -150,7 +156,7 @@ class ResponsesSocket(WebSocketHandler, LMSPHandler):
     async def _send_events(self, events: TaskEventStream) -> None:
         try:
             async for event in events:
-                if event is not None:  # idle: the socket's own pings keep it alive
+                if event is not None:  # idle: `ping_interval` keeps the socket alive
                     await self.write_message(json.dumps(event, separators=(",", ":")))
         finally:
             await events.aclose()

@@ -18,6 +18,7 @@ from .responses import (
     CreateResponseRequest,
     Reasoning,
     ResponsesInput,
+    ServiceTier,
     TextConfig,
     input_messages,
 )
@@ -41,14 +42,7 @@ class CompactResponseRequest(Body):
     prompt_cache_key: Annotated[str, Field(max_length=64)] | None = Field(
         None, description="Accepted; the prompt cache needs no key to route by."
     )
-    service_tier: Annotated[
-        Any,
-        Neutral(
-            "auto",
-            "default",
-            message="'{param}' can be 'auto' or 'default': every request is served by one queue.",
-        ),
-    ] = None
+    service_tier: ServiceTier = None
     prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None
     prompt_cache_options: Annotated[Any, Neutral({})] = None
     image: Annotated[Any, Neutral({})] = None

@@ -147,6 +147,17 @@ class BackgroundOptions(Body):
     continuation_id: Label | None = None
 
 
+# One queue serves every request: `auto` and `default` are what it does (a response says
+# `default`); `priority` and `flex` have nothing to map to.
+ServiceTier = Annotated[
+    Any,
+    Neutral(
+        "auto",
+        "default",
+        message="'{param}' can be 'auto' or 'default': every request is served by one queue.",
+    ),
+]
+
 # The `input` of the Responses requests: one user message, or a list of input items.
 ResponsesInput = Annotated[
     Annotated[str, Tag("string")]
@@ -262,16 +273,7 @@ class CreateResponseRequest(Body):
     truncation: Annotated[Any, Neutral("disabled")] = None
     context_management: Annotated[Any, Neutral([])] = None
     moderation: Annotated[Any, Neutral()] = None
-    # One queue serves every request: `auto` and `default` are what it does; the response says
-    # `default`.
-    service_tier: Annotated[
-        Any,
-        Neutral(
-            "auto",
-            "default",
-            message="'{param}' can be 'auto' or 'default': every request is served by one queue.",
-        ),
-    ] = None
+    service_tier: ServiceTier = None
     background_options: BackgroundOptions | None = None
     prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None
     prompt_cache_options: Annotated[Any, Neutral({})] = None
