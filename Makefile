@@ -6,7 +6,8 @@ PORT ?= 8888
 DEMO_MODEL := smollm2-135m-instruct
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
-.PHONY: install serve test test-fast lint format clean chromium postgresql labextension lint-ts types
+.PHONY: install serve test test-fast lint format clean chromium postgresql labextension lint-ts types \
+	node-clients
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -95,6 +96,20 @@ types: install labextension/node_modules/.yarn-state.yml
 lint-ts: labextension/node_modules/.yarn-state.yml
 	cd labextension && $(JLPM) lint
 
+# The real clients the suite runs against a real server: the openai Node SDK
+# (tests/test_node_sdk.py) and the Codex CLI (tests/test_codex_cli.py), pinned in
+# tests/node/package-lock.json. `npm ci` installs them when node_modules is missing or older than
+# the lock; if that is impossible here those tests skip and say why (and fail when `CI` is set:
+# tests/nodeclients.py).
+NODE_CLIENTS := tests/node/node_modules/.package-lock.json
+$(NODE_CLIENTS): tests/node/package.json tests/node/package-lock.json
+	@if ! command -v npm >/dev/null; then \
+		echo "node-clients: npm not found; the Node SDK and Codex CLI tests will be skipped"; \
+	elif (cd tests/node && npm ci --no-audit --no-fund); then touch $@; \
+	else echo "node-clients: npm ci failed; the Node SDK and Codex CLI tests will be skipped"; fi
+
+node-clients: $(NODE_CLIENTS)
+
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
 # (--dist loadfile: a module's shared server or engine is started once, and the tests of a
 # file never race each other). Most of a test's time is spent waiting on the servers and MLX
@@ -102,7 +117,7 @@ lint-ts: labextension/node_modules/.yarn-state.yml
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-test: install lint labextension lint-ts chromium postgresql
+test: install lint labextension lint-ts chromium postgresql node-clients
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -ra --durations=30
 
 # The edit loop (a developer's target, not a set-up step): the tests neither marked slow (no
@@ -114,3 +129,4 @@ test-fast: install
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
 	rm -rf labextension/node_modules labextension/lib labextension/.yarn jupyter_lmsp/labextension
+	rm -rf tests/node/node_modules

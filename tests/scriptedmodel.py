@@ -1,0 +1,184 @@
+"""A "scripted" MLX model for the real-client tests: its greedy output is fixed by construction.
+
+The tests that drive a real agent (tests/test_codex_cli.py runs the Codex CLI) need a model that
+calls a tool on the first turn and answers in text once the tool's result is in its prompt, with
+the client's own request (its tools, `tool_choice: auto`): no grammar can force that. The random
+test model (`jupyter_lmsp.models.testmodel`) never would, and a real model is too big and not
+reliable enough. So this model is built by hand: a one-layer llama whose weights are set, not
+trained, so that greedy decoding produces exactly
+
+- `CALL_TEXT` then end-of-sequence when the prompt holds no `<tool_response>` (turn 1), and
+- `ANSWER_TEXT` then end-of-sequence once it does (the generic call format renders a tool's
+  result as a `<tool_response>` block: `jupyter_lmsp.engine.toolcalls`).
+
+How: the tokenizer is the test model's byte-level BPE plus three added tokens, `CALL_TEXT`,
+`ANSWER_TEXT` and `<tool_response>`, each one token (added tokens are matched in the raw text,
+so the rendered prompt of turn 2 holds the `<tool_response>` token). The embedding has three
+features: a constant, "this token is `<tool_response>`" and "this token is a scripted output".
+The attention head's query is the constant and its key the `<tool_response>` feature, large, in
+the head dimensions RoPE leaves (almost) unrotated (a huge `rope_theta`), so the head attends to
+the `<tool_response>` tokens when there are any and spreads evenly over the context (adding
+nothing) when there are none; it writes "a result was seen" into a fourth feature. The MLP is
+zero. The output layer then scores `CALL_TEXT` from the constant, minus "a result was seen";
+`ANSWER_TEXT` from "a result was seen"; end-of-sequence from "this token is a scripted output",
+strongest of all. Every other token scores 0. It runs through the real mlx-lm code path and the
+engine like any model; only its behaviour is fixed.
+
+Command line: `python tests/scriptedmodel.py DIR` (writes the model, prints DIR).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jupyter_lmsp.models.testmodel import CHAT_TEMPLATE, EOS_TOKEN, _train_tokenizer
+
+# The command the scripted call runs, and the call in the generic format (one `exec_command`
+# call, Codex CLI's shell tool: `cmd` is the command line). The newline the grammar allows after
+# the calls ends it: llguidance takes an added token that starts with `<` and ends with `>` for
+# a special token, which text can never match (the `auto` grammar would then mask it out).
+COMMAND = "echo scripted-hi"
+CALL_NAME = "exec_command"
+CALL_ARGUMENTS = {"cmd": COMMAND}
+CALL_TEXT = (
+    "<tool_call>\n"
+    + json.dumps({"name": CALL_NAME, "arguments": CALL_ARGUMENTS})
+    + "\n</tool_call>\n"
+)
+ANSWER_TEXT = "The command ran and printed scripted-hi."
+RESULT_MARKER = "<tool_response>"
+
+HIDDEN = 16
+# The features (residual stream dimensions).
+CONST, IS_RESULT, IS_SCRIPTED, SAW_RESULT = 0, 1, 2, 3
+# The head dimensions holding the query and key: RoPE's slowest-rotating pair (dims `HALF - 1`
+# and `HIDDEN - 1` of the one head), with `ROPE_THETA` making its rotation negligible even at
+# the end of the window.
+HALF = HIDDEN // 2
+QK_DIM = HALF - 1
+ROPE_THETA = 1e12
+WINDOW = 131072
+
+CONFIG: dict[str, Any] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": HIDDEN,
+    "intermediate_size": 16,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": ROPE_THETA,
+    "max_position_embeddings": WINDOW,
+    "tie_word_embeddings": False,
+}
+
+
+def _tokenizer_json() -> str:
+    """The test model's tokenizer with the scripted outputs and the result marker added."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_str(_train_tokenizer())
+    tokenizer.add_tokens(
+        [
+            AddedToken(text, special=False, normalized=False, single_word=False)
+            for text in (CALL_TEXT, ANSWER_TEXT, RESULT_MARKER)
+        ]
+    )
+    return str(tokenizer.to_str(pretty=True))
+
+
+def _weights(vocab_size: int, ids: dict[str, int]) -> dict[str, np.ndarray]:
+    d = HIDDEN
+    embed = np.zeros((vocab_size, d), np.float32)
+    embed[:, CONST] = 1.0
+    embed[ids[RESULT_MARKER], IS_RESULT] = 1.0
+    embed[ids[CALL_TEXT], IS_SCRIPTED] = 1.0
+    embed[ids[ANSWER_TEXT], IS_SCRIPTED] = 1.0
+
+    # After the RMS norm the constant is 2..4 and a set feature ~2.3..2.8: a score of ~70 on a
+    # `<tool_response>` key (scale 1/4), far above log(WINDOW), against 0 on every other key.
+    q = np.zeros((d, d), np.float32)
+    q[QK_DIM, CONST] = 5.0
+    k = np.zeros((d, d), np.float32)
+    k[QK_DIM, IS_RESULT] = 5.0
+    v = np.zeros((d, d), np.float32)
+    v[0, IS_RESULT] = 1.0
+    # The head's value is ~2.8 on a `<tool_response>` token: "a result was seen" becomes ~1,
+    # the size of the constant.
+    o = np.zeros((d, d), np.float32)
+    o[SAW_RESULT, 0] = 1.0 / 2.83
+
+    head = np.zeros((vocab_size, d), np.float32)
+    head[ids[CALL_TEXT], CONST] = 10.0
+    head[ids[CALL_TEXT], SAW_RESULT] = -20.0
+    head[ids[ANSWER_TEXT], SAW_RESULT] = 20.0
+    head[ids[EOS_TOKEN], IS_SCRIPTED] = 40.0
+
+    ff = CONFIG["intermediate_size"]
+    p = "model.layers.0."
+    return {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": np.ones(d, np.float32),
+        "lm_head.weight": head,
+        p + "input_layernorm.weight": np.ones(d, np.float32),
+        p + "post_attention_layernorm.weight": np.ones(d, np.float32),
+        p + "self_attn.q_proj.weight": q,
+        p + "self_attn.k_proj.weight": k,
+        p + "self_attn.v_proj.weight": v,
+        p + "self_attn.o_proj.weight": o,
+        p + "mlp.gate_proj.weight": np.zeros((ff, d), np.float32),
+        p + "mlp.up_proj.weight": np.zeros((ff, d), np.float32),
+        p + "mlp.down_proj.weight": np.zeros((d, ff), np.float32),
+    }
+
+
+def make_scripted_model(path: Path) -> Path:
+    """Write the scripted model's directory at `path` (created if missing) and return it."""
+    import mlx.core as mx
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer_json = _tokenizer_json()
+    data = json.loads(tokenizer_json)
+    ids: dict[str, int] = dict(data["model"]["vocab"])
+    ids.update({t["content"]: t["id"] for t in data["added_tokens"]})
+    vocab_size = max(ids.values()) + 1
+    config = {
+        **CONFIG,
+        "vocab_size": vocab_size,
+        "eos_token_id": ids[EOS_TOKEN],
+        "bos_token_id": None,
+    }
+    (path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "bos_token": None,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": WINDOW,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    (path / "config.json").write_text(
+        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    weights = {name: mx.array(w) for name, w in _weights(vocab_size, ids).items()}
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return path
+
+
+if __name__ == "__main__":
+    print(make_scripted_model(Path(sys.argv[1])))
