@@ -314,11 +314,8 @@ BAD_REQUESTS = [
     ({"messages": MESSAGES, "temperature": 3}, "invalid_value", "temperature"),
     ({"messages": MESSAGES, "top_p": 0}, "invalid_value", "top_p"),
     ({"messages": MESSAGES, "seed": -1}, "invalid_value", "seed"),
-    (
-        {"messages": MESSAGES, "frequency_penalty": 0.5},
-        "unsupported_parameter",
-        "frequency_penalty",
-    ),
+    ({"messages": MESSAGES, "frequency_penalty": 2.5}, "invalid_value", "frequency_penalty"),
+    ({"messages": MESSAGES, "presence_penalty": "x"}, "invalid_type", "presence_penalty"),
     ({"messages": MESSAGES, "logprobs": 0}, "invalid_type", "logprobs"),
     ({"messages": MESSAGES, "store": True}, "unsupported_parameter", "store"),
     (

@@ -261,8 +261,8 @@ def test_request_fields_are_echoed(http):
             "safety_identifier": "user-1234",
             "prompt_cache_key": "session-7",
             "service_tier": "auto",
-            "presence_penalty": 0,
-            "frequency_penalty": 0.0,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.25,
             "reasoning": {"summary": "auto"},
             "include": ["reasoning.encrypted_content"],
             "client_metadata": {"originator": "test"},
@@ -273,6 +273,7 @@ def test_request_fields_are_echoed(http):
     assert response["safety_identifier"] == "user-1234"
     assert response["prompt_cache_key"] == "session-7"
     assert response["service_tier"] == "default"
+    assert response["presence_penalty"] == 0.5 and response["frequency_penalty"] == -0.25
     assert response["reasoning"] == {"effort": None, "summary": "auto"}
     # OpenAI does not echo client_metadata; it is stored with the request.
     assert "client_metadata" not in response
@@ -281,8 +282,6 @@ def test_request_fields_are_echoed(http):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("presence_penalty", 0.5),
-        ("frequency_penalty", -1),
         ("service_tier", "priority"),
         ("include", ["file_search_call.results"]),
         ("reasoning", {"effort": "high"}),

@@ -30,6 +30,9 @@ Per choice, never per row (rows move as jobs join and leave):
 - its text (`stops.TextStream`: detokenizer and stop sequences);
 - its grammar (`constraints.Constraint`), the row's logits processor: masks are computed and
   applied only for rows that have one;
+- its presence and frequency penalties (`penalties.Penalties`), a logits processor before the
+  grammar, counting the tokens the choice generated (resumed ones included); a row with
+  penalties does not speculate;
 - its log-probabilities (`logprobs`), computed after the step from the row's distribution,
   only for jobs that asked for them.
 
@@ -431,6 +434,8 @@ class _Choice:
     generated: int
     uid: int | None = None  # its decoder row; None while it waits for the prompt, or ended
     ended: bool = False
+    # Its presence and frequency penalties (`penalties.Penalties`), None when both are 0.
+    penalties: LogitsProcessor | None = None
     # Of the tokens generated here (not the resumed ones), how many speculative decoding
     # proposed and verified.
     drafted: int = 0
@@ -544,6 +549,7 @@ class BatchScheduler:
         """
         from mlx_lm.models.cache import make_prompt_cache
 
+        from jupyter_lmsp.engine.penalties import make_penalties
         from jupyter_lmsp.engine.sampling import choice_seed, make_sampler
 
         points = job.resume_points()
@@ -575,6 +581,8 @@ class BatchScheduler:
                 constraint,
                 resumed,
                 len(resumed),
+                # Counted from the resumed tokens: they were generated (see `penalties`).
+                penalties=make_penalties(job.presence_penalty, job.frequency_penalty, resumed),
             )
             entry.choices.append(choice)
             chunk = choice.text.take()
@@ -634,9 +642,10 @@ class BatchScheduler:
         entry = choice.job
         if segments is None:
             segments = [(entry.prompt + choice.resumed)[len(cache_tokens) :]]
-        processors: list[LogitsProcessor] = (
-            [choice.constraint] if choice.constraint is not None else []
-        )
+        # Penalties shift the logits, then the grammar masks them (a masked token stays -inf).
+        processors: list[LogitsProcessor] = [
+            p for p in (choice.penalties, choice.constraint) if p is not None
+        ]
         choice.uid = entry.batch.decoder.insert(
             segments,
             cache,

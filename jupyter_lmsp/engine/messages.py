@@ -95,6 +95,11 @@ class GenerateJob:
     # Function tools: rendered into the prompt and, unless the choice is "none", the output is
     # constrained to text and/or calls in the model's call format (see `toolcalls`).
     tools: ToolSpec | None = None
+    # OpenAI's presence and frequency penalties (-2..2): each step's logits less
+    # `frequency_penalty` x count(t) + `presence_penalty` x (count(t) > 0), counting the tokens
+    # this choice generated, the resumed ones included (`penalties`).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def resume_points(self) -> list[ChoiceResume]:
         """Each choice's resume point (empty token lists for a fresh job)."""

@@ -32,7 +32,8 @@ prefix the grammar allows; the verify step masks each of the row's positions wit
 matcher gives after the draft tokens before it (`constraints.mask_verify_step`). So every
 position's token is drawn from the distribution a one-token step would draw it from, and a
 constrained row keeps exactly the tokens it would decode without speculation. Rows that never
-speculate: rows with another kind of logits processor (they take position 0 of a verify step
+speculate: rows with another kind of logits processor (presence and frequency penalties,
+`penalties.Penalties`, alone or beside a grammar: they take position 0 of a verify step
 only), rows whose sampler cannot draw a given position, and rows with one token left.
 Proposals never contain a stop token, so a row can only end on its last token of a step
 (max_tokens leaves room for the draw after the drafts).

@@ -74,6 +74,7 @@ from jupyter_lmsp.engine.messages import (
     WorkerReady,
     WorkerSettings,
 )
+from jupyter_lmsp.engine.penalties import PENALTY_LIMIT
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 from jupyter_lmsp.engine.speculative import SpeculationSettings
 
@@ -702,6 +703,10 @@ def _validate(job: GenerateJob) -> None:
         raise JobError("invalid_request", f"temperature must be >= 0, got {job.temperature}")
     if not 0 < job.top_p <= 1:
         raise JobError("invalid_request", f"top_p must be in (0, 1], got {job.top_p}")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(job, name)
+        if not (isinstance(value, int | float) and -PENALTY_LIMIT <= value <= PENALTY_LIMIT):
+            raise JobError("invalid_request", f"{name} must be in -2..2, got {value!r}")
     if len(job.stop) > MAX_STOP_SEQUENCES:
         raise JobError("invalid_request", f"at most {MAX_STOP_SEQUENCES} stop sequences")
     if any(not isinstance(stop, str) or not stop for stop in job.stop):

@@ -3,7 +3,7 @@
 
 As with the Responses API, a field the service cannot honour is refused by name with a 400
 rather than ignored; neutral values that SDKs and frameworks send by default (`n: 1`,
-`frequency_penalty: 0`, `tools: []`, ...) are accepted. Error `param`s use the Chat Completions
+`tools: []`, ...) are accepted. Error `param`s use the Chat Completions
 names (`messages[2].content`, `max_tokens`).
 """
 
@@ -19,6 +19,7 @@ from .fields import (
     Label,
     Metadata,
     Neutral,
+    Penalty,
     Seed,
     Temperature,
     TokenLimit,
@@ -231,12 +232,12 @@ class CreateChatCompletionRequest(Body):
     stop: Stop | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = Field(None, description="Needs `logprobs: true`.")
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
     # Accepted only with neutral values, most significant first.
     functions: Annotated[Any, Neutral([])] = None
     function_call: Annotated[Any, Neutral("none", "auto")] = None
     logit_bias: Annotated[Any, Neutral({})] = None
-    frequency_penalty: Annotated[Any, Neutral(0)] = None
-    presence_penalty: Annotated[Any, Neutral(0)] = None
     store: Annotated[
         Any,
         Neutral(

@@ -203,6 +203,15 @@ Metadata = Annotated[
 
 Temperature = Annotated[float, Field(ge=0, le=2, description="0 is greedy decoding.")]
 TopP = Annotated[float, Field(gt=0, le=1)]
+Penalty = Annotated[
+    float,
+    Field(
+        ge=-2,
+        le=2,
+        description="Subtracted from a token's logit (presence: once if the answer has it; "
+        "frequency: once per time it has it), counting the tokens generated, not the prompt.",
+    ),
+]
 Seed = Annotated[
     int,
     Field(

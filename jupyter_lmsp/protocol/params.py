@@ -25,6 +25,9 @@ class TaskParams(BaseModel):
     temperature: float
     top_p: float
     seed: int
+    # OpenAI's penalties, -2..2 (0: none; rows written before they were applied have neither).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     # The prompt's tokens as admission counted them (None: not countable in the server, the
     # worker counts it), and what the task holds of its caller's quota while unfinished
     # (`store.quotas` sums `budget` in SQL).

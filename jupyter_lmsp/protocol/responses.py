@@ -19,6 +19,7 @@ from .fields import (
     Label,
     Metadata,
     Neutral,
+    Penalty,
     Query,
     Seed,
     SequenceNumber,
@@ -257,15 +258,9 @@ class CreateResponseRequest(Body):
         description="With `include: ['message.output_text.logprobs']`: how many alternatives "
         "each token's entry lists (0-20).",
     )
-    # Penalties need logits processors in the engine: until it applies them, only 0.
-    presence_penalty: Annotated[
-        Any,
-        Neutral(0, message="'{param}' is supported only as 0 (no penalties are applied yet)."),
-    ] = None
-    frequency_penalty: Annotated[
-        Any,
-        Neutral(0, message="'{param}' is supported only as 0 (no penalties are applied yet)."),
-    ] = None
+    # Applied by the engine as logits processors (engine.penalties); echoed as used.
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     # Accepted only with neutral values, most significant first.
     reasoning: Reasoning | None = None
     conversation: Annotated[Any, Neutral()] = None

@@ -71,6 +71,8 @@ def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> ResponseS
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
         stream=bool(request.stream),
         store=True,
         metadata=request.metadata,

@@ -172,6 +172,8 @@ def job_for(
         temperature=params.temperature,
         top_p=params.top_p,
         seed=params.seed,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
         expected_files=json.loads(model.files) if model.files else None,
         stop=generation.stop,
         logprobs=generation.logprobs,

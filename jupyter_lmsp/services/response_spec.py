@@ -26,6 +26,8 @@ class ResponseSpec:
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     stream: bool = False
     background: bool = False
     store: bool = True
@@ -78,6 +80,8 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
+        presence_penalty=request.presence_penalty,
+        frequency_penalty=request.frequency_penalty,
         stream=bool(request.stream),
         background=bool(request.background),
         store=request.stored,
@@ -103,6 +107,8 @@ def stored_request(spec: ResponseSpec, seed: int) -> dict[str, Any]:
         "max_output_tokens": spec.max_output_tokens,
         "temperature": 1.0 if spec.temperature is None else spec.temperature,
         "top_p": 1.0 if spec.top_p is None else spec.top_p,
+        "presence_penalty": spec.presence_penalty or 0.0,
+        "frequency_penalty": spec.frequency_penalty or 0.0,
         "seed": seed,
         "stream": spec.stream,
         "background": spec.background,

@@ -156,6 +156,8 @@ def _commit_response(
             temperature=echoed["temperature"],
             top_p=echoed["top_p"],
             seed=seed,
+            presence_penalty=echoed["presence_penalty"],
+            frequency_penalty=echoed["frequency_penalty"],
             prompt_tokens=admitted.plan.prompt_tokens,
             # What the task holds of its caller's quota while unfinished.
             budget=admitted.plan.budget,

@@ -1045,6 +1045,10 @@ export interface components {
              * @default null
              */
             top_logprobs?: number | null;
+            /** @default null */
+            frequency_penalty?: number | null;
+            /** @default null */
+            presence_penalty?: number | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1060,16 +1064,6 @@ export interface components {
              * @default null
              */
             logit_bias?: Record<string, never> | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            frequency_penalty?: 0 | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            presence_penalty?: 0 | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1238,16 +1232,10 @@ export interface components {
              * @default null
              */
             top_logprobs?: number | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            presence_penalty?: 0 | null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            frequency_penalty?: 0 | null;
+            /** @default null */
+            presence_penalty?: number | null;
+            /** @default null */
+            frequency_penalty?: number | null;
             /** @default null */
             reasoning?: components["schemas"]["Reasoning"] | null;
             /**
