@@ -162,6 +162,10 @@ class Task(SQLModel, table=True):
     # takes it (its creation, or a recovery that adopts it), cleared by the one that ends it.
     # Only that runner's commits to the task count.
     runner_id: str | None = Field(default=None, foreign_key="runners.id", ondelete="SET NULL")
+    # The request's `prompt_cache_key` (at most 64 characters), fixed at creation: a routing
+    # hint for the shared queue, whose claim (`rules.claim_tasks`) gives a worker the tasks of
+    # the keys it served recently first. No index: the claim reads the claimable tasks anyway.
+    cache_key: str | None = Field(default=None, sa_column=Column(String(64)))
 
 
 class TaskEvent(SQLModel, table=True):

@@ -17,7 +17,8 @@ keeps. Where each rule lives:
   (`retention`);
 - the start-up recovery table (11.3) — `recover_at_startup`, `recover_runner`,
   `recover_after_worker_exit` (`recovery`);
-- the shared queue and the claim of a task to run — `claim_tasks`, `claim_to_run` (`queue`).
+- the shared queue (a worker's recent prompt cache keys first, within a head start) and the
+  claim of a task to run — `claim_tasks`, `claim_to_run` (`queue`).
 
 Who drives a task (LMSP B12): an unfinished task names its runner (`tasks.runner_id`, set by
 the transaction that creates or adopts it, cleared by the one that ends it). The functions a
@@ -42,7 +43,7 @@ from .lifecycle import (
     revoke_client,
     start_running,
 )
-from .queue import Claim, claim_tasks, claim_to_run
+from .queue import PREFER_HEAD_START, Claim, Claimed, claim_tasks, claim_to_run
 from .recovery import recover_after_worker_exit, recover_at_startup, recover_runner
 from .retention import PurgeReport, delete_finished_task, purge_expired
 from .types import (
@@ -58,10 +59,12 @@ from .types import (
 
 __all__ = [
     "CLIENT_REVOKED",
+    "PREFER_HEAD_START",
     "SERVER_RESTARTED",
     "WORKER_CRASHED",
     "Attempt",
     "Claim",
+    "Claimed",
     "Committed",
     "Event",
     "EventBuilder",
