@@ -149,7 +149,7 @@ def test_a_conversation_longer_than_the_window_still_compacts(sdk, http):
     ("body", "code", "param"),
     [
         ({"model": MODEL}, "missing_required_parameter", "input"),
-        ({"model": MODEL, "input": "Hi.", "service_tier": "flex"}, "unsupported_parameter", None),
+        ({"model": MODEL, "input": "Hi.", "service_tier": "scale"}, "unsupported_parameter", None),
         ({"model": MODEL, "input": "Hi.", "stream": True}, "unknown_parameter", "stream"),
         ({"model": MODEL, "previous_response_id": "resp_nope"}, "not_found", None),
     ],

@@ -10,6 +10,7 @@ does: the comparison is of the same computation, interrupted or not.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,13 @@ WEATHER = {
     "required": ["city"],
     "additionalProperties": False,
 }
+# Commands of a small shell language: long enough to be cut by the kill.
+SHELL_LARK = """start: cmd (" && " cmd){3,5}
+cmd: VERB " " WORD
+VERB: "ls" | "cat" | "echo"
+WORD: /[a-z]{4,12}/
+"""
+SHELL_RE = re.compile(r"(ls|cat|echo) [a-z]{4,12}( && (ls|cat|echo) [a-z]{4,12}){3,5}")
 CASES: dict[str, dict[str, Any]] = {
     "schema": {
         "text": {"format": {"type": "json_schema", "name": "p", "schema": PERSON, "strict": True}},
@@ -56,6 +64,19 @@ CASES: dict[str, dict[str, Any]] = {
         "parallel_tool_calls": False,
         "max_output_tokens": 400,
     },
+    # A custom tool whose input is a sentence of a Lark grammar (issue 36).
+    "custom": {
+        "tools": [
+            {
+                "type": "custom",
+                "name": "shell",
+                "format": {"type": "grammar", "syntax": "lark", "definition": SHELL_LARK},
+            }
+        ],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 400,
+    },
     "stop": {
         "max_output_tokens": 120,
         "include": ["message.output_text.logprobs"],
@@ -63,7 +84,11 @@ CASES: dict[str, dict[str, Any]] = {
     },
 }
 # Events that carry generated output.
-GROWS = {"response.output_text.delta", "response.function_call_arguments.delta"}
+GROWS = {
+    "response.output_text.delta",
+    "response.function_call_arguments.delta",
+    "response.custom_tool_call_input.delta",
+}
 
 
 def grown(log: list[dict[str, Any]]) -> int:
@@ -88,6 +113,8 @@ def outcome(final: dict[str, Any]) -> list[tuple[Any, ...]]:
                 (e["token"], [t["token"] for t in e["top_logprobs"]]) for e in part["logprobs"]
             ]
             out.append(("message", item["status"], part["text"], tokens, part["logprobs"]))
+        elif item["type"] == "custom_tool_call":
+            out.append(("custom_tool_call", item["status"], item["name"], item["input"], []))
         else:
             out.append(("function_call", item["status"], item["name"], item["arguments"], []))
     return out
@@ -105,6 +132,10 @@ def check_valid(case: str, final: dict[str, Any]) -> None:
         assert calls and all(call["status"] == "completed" for call in calls)
         for call in calls:
             jsonschema.validate(json.loads(call["arguments"]), WEATHER)
+    elif case == "custom":
+        [call] = final["output"]
+        assert call["type"] == "custom_tool_call" and call["status"] == "completed"
+        assert SHELL_RE.fullmatch(call["input"]), call["input"]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -152,7 +183,11 @@ def test_resume_after_kill_ends_as_the_uninterrupted_run(lmsp_data, case):
         assert events(c, resp["task_id"]) == whole
         streamed = "".join(e["delta"] for e in whole if e["type"] in GROWS)
         made = "".join(
-            item["content"][0]["text"] if item["type"] == "message" else item["arguments"]
+            item["content"][0]["text"]
+            if item["type"] == "message"
+            else item["input"]
+            if item["type"] == "custom_tool_call"
+            else item["arguments"]
             for item in final["output"]
         )
         assert streamed == made

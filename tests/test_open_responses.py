@@ -282,7 +282,7 @@ def test_request_fields_are_echoed(http):
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("service_tier", "priority"),
+        ("service_tier", "scale"),
         ("include", ["file_search_call.results"]),
         ("reasoning", {"effort": "high"}),
     ],

@@ -25,6 +25,12 @@ What the grammars allow:
   a function without parameters takes `{}` when strict, any object otherwise). A strict
   tool's objects are closed unless they say otherwise (`closed_objects`).
 - With both a response format and tools (not "none"): the JSON, or calls.
+- `CustomTool`s (the Responses API's `custom` tools) take free text rather than JSON: a call of
+  one is `<tool_call>\n{"name": "<name>"}\n<input>\n</tool_call>`, its input raw text. With
+  `syntax="text"` the input is any text not containing the end marker; with `"lark"` or
+  `"regex"` it is exactly a sentence of the tool's grammar, compiled by llguidance as a grammar
+  of its own (`@custom_<i>`) that the call grammar refers to, so the user's `start`, `%ignore`
+  and rule names never meet ours.
 
 JSON whitespace is limited to at most 12 characters at each place JSON allows it (small models
 otherwise fill `max_tokens` with newlines); separators and indentation stay free within that.
@@ -67,23 +73,42 @@ class FunctionTool:
 
 
 @dataclass(frozen=True)
+class CustomTool:
+    """A tool whose input is text (the Responses API's `custom` tool): free text (`syntax`
+    "text"), or a sentence of `definition` in llguidance's Lark syntax ("lark") or a regular
+    expression ("regex", Rust `regex` syntax, matched whole)."""
+
+    name: str
+    description: str | None = None
+    syntax: Literal["text", "lark", "regex"] = "text"
+    definition: str | None = None
+
+
+@dataclass(frozen=True)
 class ToolSpec:
-    """The tools of a request and how they may be called."""
+    """The tools of a request and how they may be called; `choice` may name a function or a
+    custom tool (their names are one namespace)."""
 
     tools: tuple[FunctionTool, ...]
     choice: ToolChoice = "auto"
     parallel: bool = True
     max_calls: int | None = None
+    customs: tuple[CustomTool, ...] = ()
 
     @property
     def active(self) -> bool:
         """Whether calls are possible at all (some tool, a choice other than "none")."""
-        return bool(self.tools) and self.choice != "none" and self.max_calls != 0
+        return bool(self.tools or self.customs) and self.choice != "none" and self.max_calls != 0
 
     def callable_tools(self) -> tuple[FunctionTool, ...]:
         if self.choice in ("auto", "required", "none"):
             return self.tools
         return tuple(tool for tool in self.tools if tool.name == self.choice)
+
+    def callable_customs(self) -> tuple[CustomTool, ...]:
+        if self.choice in ("auto", "required", "none"):
+            return self.customs
+        return tuple(tool for tool in self.customs if tool.name == self.choice)
 
     @property
     def call_limit(self) -> int | None:
@@ -176,9 +201,21 @@ def check_tools(spec: ToolSpec) -> GrammarIssue | None:
         found = check_schema(_arguments_schema(tool), strict=tool.strict)
         if found is not None:
             return GrammarIssue(found.reason, ("tools", i, "parameters", *found.path))
+    for i, custom in enumerate(spec.customs, start=len(spec.tools)):
+        if not FUNCTION_NAME.match(custom.name):
+            return GrammarIssue(
+                "a tool name must be 1 to 64 letters, digits, underscores or dashes",
+                ("tools", i, "name"),
+            )
+        if custom.name in names:
+            return GrammarIssue(f"duplicate tool name {custom.name!r}", ("tools", i, "name"))
+        names.add(custom.name)
+        reason = check_custom(custom)
+        if reason:
+            return GrammarIssue(reason, ("tools", i, "format", "definition"))
     if spec.choice not in ("auto", "none", "required") and spec.choice not in names:
         return GrammarIssue(f"tool_choice names no tool: {spec.choice!r}", ("choice",))
-    if spec.choice == "required" and not spec.tools:
+    if spec.choice == "required" and not (spec.tools or spec.customs):
         return GrammarIssue('tool_choice "required" needs at least one tool', ("choice",))
     if spec.max_calls is not None and spec.max_calls < 0:
         return GrammarIssue("max_calls must be >= 0", ("max_calls",))
@@ -188,6 +225,19 @@ def check_tools(spec: ToolSpec) -> GrammarIssue | None:
         if reason:
             return GrammarIssue(reason, ())
     return None
+
+
+def check_custom(tool: CustomTool) -> str:
+    """Why `tool`'s grammar cannot be compiled by llguidance ("" if it can, or has none)."""
+    if tool.syntax == "text":
+        return ""
+    if not tool.definition or not tool.definition.strip():
+        return "a grammar definition must not be empty"
+    try:
+        grammar = _custom_grammar(tool)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return _validate(json.dumps({"grammars": [{"lark_grammar": grammar}]}))
 
 
 def check_schema(schema: dict[str, Any], *, strict: bool) -> GrammarIssue | None:
@@ -295,23 +345,46 @@ def build_grammar(
     lines = ["%llguidance {}"]
     start, end = _marker(call_format.start, call_format), _marker(call_format.end, call_format)
     functions = tools.callable_tools()
-    lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(functions))))
+    customs = tools.callable_customs()
+    kinds = []
+    if functions:
+        kinds.append('fn "\\n" ' + end)
+        lines.append("fn: " + " | ".join(f"fn_{i}" for i in range(len(functions))))
     for i, tool in enumerate(functions):
         head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
         schema = _with_options(_arguments_schema(tool), tool.strict)
         lines.append(f'fn_{i}: {head} %json {json.dumps(schema)} "}}"')
+    subgrammars: list[dict[str, str]] = []
+    for i, custom in enumerate(customs):
+        head = json.dumps('{"name": ' + json.dumps(custom.name) + "}\n")
+        kinds.append(f"custom_{i}")
+        if custom.syntax == "text":
+            if call_format.special_markers:
+                # A special token never occurs in text: the text simply ends at the marker.
+                lines.append(f"custom_{i}: {head} TEXT {end}")
+            else:
+                # The input ends at the first end marker (which it therefore cannot contain).
+                lines.append(f"custom_{i}[lazy]: {head} TEXT " + json.dumps("\n" + call_format.end))
+        else:
+            name = f"custom_{i}"
+            subgrammars.append({"name": name, "lark_grammar": _custom_grammar(custom)})
+            lines.append(f'custom_{i}: {head} @{name} "\\n" {end}')
+    # One newline lexeme before every kind of call: a longer literal that began with it would
+    # be preferred by the lexer over the bare newline a function call needs.
+    lines.append('body: "\\n" (' + " | ".join(kinds) + ")")
     limit = tools.call_limit
     repeat = f' ("\\n" {start} body)'
     more = "" if limit == 1 else repeat + "*" if limit is None else repeat + f"{{0,{limit - 1}}}"
     # A newline may end the calls (a model often writes one before it stops).
     more += ' "\\n"?'
-    lines.append(f'body: "\\n" fn "\\n" {end}')
+    needs_text = tools.choice == "auto" or any(c.syntax == "text" for c in customs)
+    if needs_text:
+        lines.append("TEXT: /(?s:.*)/")
     if response_format is not None:
         schema = _with_options(_format_schema(response_format), response_format.strict)
         lines.append(f"answer: %json {json.dumps(schema)}")
         lines.append(f"start: answer | {start} body{more}")
     elif tools.choice == "auto":
-        lines.append("TEXT: /(?s:.*)/")
         if call_format.special_markers:
             # A special token never occurs inside text: no lazy lexeme needed.
             lines.append(f"start: TEXT | TEXT {start} body{more}")
@@ -321,7 +394,22 @@ def build_grammar(
             lines.append(f"start: TEXT | call_head body{more}")
     else:
         lines.append(f"start: {start} body{more}")
-    return _lark("\n".join(lines))
+    main = _lark("\n".join(lines))
+    if not subgrammars:
+        return main
+    return json.dumps({"grammars": [{"lark_grammar": main}, *subgrammars]})
+
+
+def _custom_grammar(tool: CustomTool) -> str:
+    """A custom tool's grammar as Lark text of its own (a regex becomes `start: /.../`, as
+    llguidance writes it)."""
+    import llguidance
+
+    definition = tool.definition or ""
+    if tool.syntax == "regex":
+        whole = json.loads(llguidance.LLMatcher.grammar_from_regex(definition))
+        return str(whole["grammars"][0]["lark_grammar"])
+    return definition
 
 
 def _marker(text: str, call_format: CallFormat) -> str:

@@ -14,8 +14,13 @@ and results become a user message of `<tool_response>` blocks, so any template r
 With the model's own format ("json_tools", the Hermes/Qwen shape, same text) the template gets
 `tools=` and the messages in the Hugging Face shape and renders them itself.
 
+A custom tool's call (`grammars.CustomTool`) carries raw text rather than JSON arguments: in
+the messages it is `{"id", "name", "input"}`, and in the model's text `<tool_call>\n{"name":
+…}\n<input>\n</tool_call>`; both formats render it as that text (a template would write it as
+JSON), and its tool is described in the system prompt.
+
 `ToolCallParser` turns the generated text, as it streams, into content text and calls (name,
-argument deltas, done). It raises `ToolCallError` on a call it cannot parse, never dropping it.
+argument or input deltas, done). It raises `ToolCallError` on a call it cannot parse, never dropping it.
 Feeding it the same text gives the same events, so after a resume the caller can re-feed the
 committed text and skip the events it already has.
 """
@@ -62,6 +67,50 @@ def call_text(name: str, arguments: str) -> str:
     return '{"name": ' + json.dumps(name) + ', "arguments": ' + arguments + "}"
 
 
+def custom_call_text(name: str, text: str) -> str:
+    """A custom tool call's body as the grammar has the model write it: its name, then its
+    input on the following lines."""
+    return '{"name": ' + json.dumps(name) + "}\n" + text
+
+
+def written_call(call: dict[str, Any], call_format: CallFormat) -> str:
+    """One call of an assistant message as the model writes it, markers included."""
+    if "input" in call:
+        body = custom_call_text(call["name"], call["input"])
+    else:
+        body = call_text(call["name"], call["arguments"])
+    return f"{call_format.start}\n{body}\n{call_format.end}"
+
+
+CUSTOM_TOOLS_PROMPT = """# Custom tools
+
+These tools take plain text instead of JSON arguments. To call one, write its name as a JSON \
+object, then the input as plain text on the lines that follow:
+<tool_call>
+{{"name": <tool-name>}}
+<input>
+</tool_call>
+
+An input with a grammar must be a sentence of that grammar, written exactly.
+<custom_tools>
+{tools}
+</custom_tools>"""
+
+
+def custom_tools_prompt(tools: ToolSpec) -> str:
+    lines = []
+    for tool in tools.callable_customs():
+        entry: dict[str, Any] = {"name": tool.name}
+        if tool.description:
+            entry["description"] = tool.description
+        if tool.syntax == "text":
+            entry["input"] = "free text"
+        else:
+            entry["input"] = {"grammar": tool.syntax, "definition": tool.definition}
+        lines.append(json.dumps(entry))
+    return CUSTOM_TOOLS_PROMPT.format(tools="\n".join(lines))
+
+
 def render(
     messages: list[dict[str, Any]], tools: ToolSpec | None, call_format: CallFormat = GENERIC
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -95,10 +144,7 @@ def _render_generic(
         role = message.get("role")
         content = message.get("content") or ""
         if role == "assistant" and message.get("tool_calls"):
-            calls = "\n".join(
-                f"{call_format.start}\n{call_text(c['name'], c['arguments'])}\n{call_format.end}"
-                for c in message["tool_calls"]
-            )
+            calls = "\n".join(written_call(c, call_format) for c in message["tool_calls"])
             out.append({"role": "assistant", "content": f"{content}{calls}"})
         elif role == "tool":
             block = f"<tool_response>\n{content}\n</tool_response>"
@@ -112,12 +158,22 @@ def _render_generic(
     for message in out:
         message.pop("_results", None)
     if tools is not None:
-        prompt = tools_prompt(tools)
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{prompt}"}
-        else:
-            out.insert(0, {"role": "system", "content": prompt})
+        parts = []
+        if tools.callable_tools():
+            parts.append(tools_prompt(tools))
+        if tools.callable_customs():
+            parts.append(custom_tools_prompt(tools))
+        _add_system(out, "\n\n".join(parts))
     return out
+
+
+def _add_system(messages: list[dict[str, Any]], prompt: str) -> None:
+    if not prompt:
+        return
+    if messages and messages[0]["role"] == "system":
+        messages[0] = {"role": "system", "content": f"{messages[0]['content']}\n\n{prompt}"}
+    else:
+        messages.insert(0, {"role": "system", "content": prompt})
 
 
 def _render_native(
@@ -127,7 +183,12 @@ def _render_native(
     for message in messages:
         role = message.get("role")
         content = message.get("content") or ""
-        if role == "assistant" and message.get("tool_calls"):
+        if role == "assistant" and any("input" in c for c in message.get("tool_calls") or ()):
+            # A custom call has no JSON arguments for the template to write: the message is
+            # given as the model wrote it (the same text a native call has).
+            calls_text = "\n".join(written_call(c, GENERIC) for c in message["tool_calls"])
+            out.append({"role": "assistant", "content": f"{content}{calls_text}"})
+        elif role == "assistant" and message.get("tool_calls"):
             calls = []
             for call in message["tool_calls"]:
                 try:
@@ -151,7 +212,7 @@ def _render_native(
         else:
             out.append({"role": role, "content": content})
     extra: dict[str, Any] = {}
-    if tools is not None:
+    if tools is not None and tools.callable_tools():
         extra["tools"] = [
             {
                 "type": "function",
@@ -163,6 +224,8 @@ def _render_native(
             }
             for tool in tools.callable_tools()
         ]
+    if tools is not None and tools.callable_customs():
+        _add_system(out, custom_tools_prompt(tools))
     return out, extra
 
 
@@ -178,15 +241,18 @@ class ContentDelta:
 
 @dataclass
 class CallStart:
-    """Call `index` (0-based, in order) began; its function is `name`."""
+    """Call `index` (0-based, in order) began; its function (or custom tool, `custom`) is
+    `name`."""
 
     index: int
     name: str
+    custom: bool = False
 
 
 @dataclass
 class ArgumentsDelta:
-    """More of call `index`'s arguments text; the deltas add up to `CallDone.arguments`."""
+    """More of call `index`'s arguments text (a custom call's input); the deltas add up to
+    `CallDone.arguments`."""
 
     index: int
     delta: str
@@ -194,11 +260,13 @@ class ArgumentsDelta:
 
 @dataclass
 class CallDone:
-    """Call `index` is complete: `arguments` is its arguments' JSON text (an object)."""
+    """Call `index` is complete: `arguments` is its arguments' JSON text (an object), or a
+    custom call's input text."""
 
     index: int
     name: str
     arguments: str
+    custom: bool = False
 
 
 ParserEvent = ContentDelta | CallStart | ArgumentsDelta | CallDone
@@ -209,6 +277,8 @@ class ToolCallError(ValueError):
 
 
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+# A custom tool call's head: its name alone, then its input from the next line on.
+_CUSTOM_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*\}\n')
 
 
 class ToolCallParser:
@@ -217,15 +287,20 @@ class ToolCallParser:
     `feed` takes the next piece of text and returns the events it completes; `finish` ends the
     text (raising `ToolCallError` if it ends inside a call). Content that could be the start of
     a call marker is held back until it is known not to be. `names`, when given, are the only
-    function names accepted.
+    function names accepted; `customs` are the custom tools' names (their calls carry text).
     """
 
     def __init__(
-        self, call_format: CallFormat = GENERIC, names: Collection[str] | None = None
+        self,
+        call_format: CallFormat = GENERIC,
+        names: Collection[str] | None = None,
+        customs: Collection[str] = (),
     ) -> None:
         self._start = call_format.start
         self._end = call_format.end
         self._names = set(names) if names is not None else None
+        self._customs = set(customs)
+        self._custom = False
         self._buffer = ""
         self._in_call = False
         self.calls: list[CallDone] = []
@@ -259,6 +334,7 @@ class ToolCallParser:
                 self._in_call = True
                 self._name, self._args_start, self._args_sent = None, 0, 0
                 self._args_end = None
+                self._custom = False
 
     def finish(self) -> list[ParserEvent]:
         if self._in_call:
@@ -282,6 +358,20 @@ class ToolCallParser:
         """Advance the call in the buffer; True once it is done (the buffer then holds what
         follows it)."""
         index = len(self.calls)
+        if self._name is None and self._customs:
+            custom = _CUSTOM_HEAD.match(self._buffer)
+            if custom is not None:
+                try:
+                    name = json.loads(custom.group(1))
+                except ValueError as exc:
+                    raise ToolCallError(f"tool call {index}: bad name {custom.group(1)}") from exc
+                if name not in self._customs:
+                    raise ToolCallError(f"tool call {index} names no custom tool: {name!r}")
+                self._name, self._custom = name, True
+                self._args_start = self._args_sent = custom.end()
+                events.append(CallStart(index, name, custom=True))
+        if self._custom:
+            return self._read_input(index, events)
         if self._name is None:
             head = _HEAD.match(self._buffer)
             if head is not None:
@@ -338,6 +428,30 @@ class ToolCallParser:
         else:
             arguments = body[self._args_start : self._args_end]
         done = CallDone(index, call["name"], arguments)
+        self.calls.append(done)
+        events.append(done)
+        return True
+
+    def _read_input(self, index: int, events: list[ParserEvent]) -> bool:
+        """Advance a custom call's input: it runs to the end marker (a newline just before
+        the marker is the call's, not the input's); what may still turn out to be that newline
+        and marker is held back."""
+        assert self._name is not None
+        close = self._buffer.find(self._end, self._args_start)
+        if close < 0:
+            pending = self._buffer[self._args_sent :]
+            stop = len(self._buffer) - _partial_suffix(pending, "\n" + self._end)
+        else:
+            stop = close - 1 if self._buffer.startswith("\n", close - 1) else close
+            stop = max(stop, self._args_start)
+        if stop > self._args_sent:
+            events.append(ArgumentsDelta(index, self._buffer[self._args_sent : stop]))
+            self._args_sent = stop
+        if close < 0:
+            return False
+        done = CallDone(index, self._name, self._buffer[self._args_start : stop], custom=True)
+        self._buffer = self._buffer[close + len(self._end) :]
+        self._in_call = self._custom = False
         self.calls.append(done)
         events.append(done)
         return True

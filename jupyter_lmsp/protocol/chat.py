@@ -21,6 +21,7 @@ from .fields import (
     Neutral,
     Penalty,
     Seed,
+    ServiceTier,
     Temperature,
     TokenLimit,
     TopP,
@@ -216,7 +217,11 @@ class CreateChatCompletionRequest(Body):
     # Labels and hints with no effect on the output: checked to be strings, then unused.
     user: Label | None = None
     safety_identifier: Label | None = None
-    prompt_cache_key: Label | None = None
+    prompt_cache_key: str | None = Field(
+        None,
+        description="A routing hint: standalone workers claim the queued tasks of the keys they "
+        "served recently first (the first 64 characters count).",
+    )
     # Function tools and structured output (LMSP B11), grammar-constrained.
     tools: ChatTools | None = Field(None, description="Function tools only.")
     tool_choice: ChatToolChoice | None = Field(None, description="Default `auto` with tools.")
@@ -252,7 +257,7 @@ class CreateChatCompletionRequest(Body):
     web_search_options: Annotated[Any, Neutral()] = None
     reasoning_effort: Annotated[Any, Neutral()] = None
     verbosity: Annotated[Any, Neutral()] = None
-    service_tier: Annotated[Any, Neutral("auto", "default")] = None
+    service_tier: ServiceTier = None
     prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None
     prompt_cache_options: Annotated[Any, Neutral({})] = None
     moderation: Annotated[Any, Neutral()] = None

@@ -40,7 +40,8 @@ class CompactResponseRequest(Body):
         None, description="Compact the conversation of this finished response (and `input`)."
     )
     prompt_cache_key: Annotated[str, Field(max_length=64)] | None = Field(
-        None, description="Accepted; the prompt cache needs no key to route by."
+        None,
+        description="Accepted; a routing hint for the compaction pass, as on `POST /responses`.",
     )
     service_tier: ServiceTier = None
     prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None

@@ -27,6 +27,7 @@ from .responses import (
     OutputText,
     Response,
     TaskError,
+    custom_tool_call_item,
     function_call_item,
     output_message,
     output_text_part,
@@ -168,6 +169,20 @@ class ResponseFunctionCallArgumentsDoneEvent(_ItemEvent):
     arguments: str
 
 
+class ResponseCustomToolCallInputDeltaEvent(_ItemEvent):
+    """More of a custom tool call's input text: one per committed batch."""
+
+    type: Literal["response.custom_tool_call_input.delta"]
+    item_id: str
+    delta: str
+
+
+class ResponseCustomToolCallInputDoneEvent(_ItemEvent):
+    type: Literal["response.custom_tool_call_input.done"]
+    item_id: str
+    input: str
+
+
 # -- a model registration's task -------------------------------------------------------------
 
 
@@ -241,6 +256,8 @@ AnyEvent = Annotated[
     | ResponseOutputItemDoneEvent
     | ResponseFunctionCallArgumentsDeltaEvent
     | ResponseFunctionCallArgumentsDoneEvent
+    | ResponseCustomToolCallInputDeltaEvent
+    | ResponseCustomToolCallInputDoneEvent
     | TaskCreatedEvent
     | TaskQueuedEvent
     | TaskLoadingEvent
@@ -281,6 +298,8 @@ PART_DONE = "response.content_part.done"
 ITEM_DONE = "response.output_item.done"
 ARGUMENTS_DELTA = "response.function_call_arguments.delta"
 ARGUMENTS_DONE = "response.function_call_arguments.done"
+INPUT_DELTA = "response.custom_tool_call_input.delta"
+INPUT_DONE = "response.custom_tool_call_input.done"
 COMPLETED = "response.completed"
 INCOMPLETE = "response.incomplete"
 FAILED = "response.failed"
@@ -363,17 +382,20 @@ def item_closed(
     ]
 
 
-def call_opened(item_id: str, call_id: str, output_index: int, name: str) -> EventData:
+def call_opened(
+    item_id: str, call_id: str, output_index: int, name: str, custom: bool = False
+) -> EventData:
+    item = custom_tool_call_item if custom else function_call_item
     return {
         "type": ITEM_ADDED,
         "output_index": output_index,
-        "item": function_call_item(item_id, call_id, name, "", "in_progress"),
+        "item": item(item_id, call_id, name, "", "in_progress"),
     }
 
 
-def call_arguments(item_id: str, output_index: int, delta: str) -> EventData:
+def call_arguments(item_id: str, output_index: int, delta: str, custom: bool = False) -> EventData:
     return {
-        "type": ARGUMENTS_DELTA,
+        "type": INPUT_DELTA if custom else ARGUMENTS_DELTA,
         "item_id": item_id,
         "output_index": output_index,
         "delta": delta,
@@ -381,21 +403,24 @@ def call_arguments(item_id: str, output_index: int, delta: str) -> EventData:
 
 
 def call_closed(
-    item_id: str, call_id: str, output_index: int, name: str, arguments: str, status: str
+    item_id: str,
+    call_id: str,
+    output_index: int,
+    name: str,
+    arguments: str,
+    status: str,
+    custom: bool = False,
 ) -> list[EventData]:
-    """The end of a function call item: its arguments, then the item. A call cut off (output
-    limit, cancel) gets its `function_call_arguments.done` too, with the arguments written so
-    far: the Responses streams close every item's arguments before the item."""
-    return [
-        {
-            "type": ARGUMENTS_DONE,
-            "item_id": item_id,
-            "output_index": output_index,
-            "arguments": arguments,
-        },
-        {
-            "type": ITEM_DONE,
-            "output_index": output_index,
-            "item": function_call_item(item_id, call_id, name, arguments, status),
-        },
-    ]
+    """The end of a call item: its arguments (a custom call's input), then the item. A call
+    cut off (output limit, cancel) gets its `function_call_arguments.done` (`custom_tool_call_
+    input.done`) too, with what was written so far: the Responses streams close every item's
+    arguments before the item."""
+    if custom:
+        done = {"type": INPUT_DONE, "item_id": item_id, "output_index": output_index}
+        done["input"] = arguments
+        item = custom_tool_call_item(item_id, call_id, name, arguments, status)
+    else:
+        done = {"type": ARGUMENTS_DONE, "item_id": item_id, "output_index": output_index}
+        done["arguments"] = arguments
+        item = function_call_item(item_id, call_id, name, arguments, status)
+    return [done, {"type": ITEM_DONE, "output_index": output_index, "item": item}]

@@ -227,3 +227,26 @@ SequenceNumber = Annotated[int, Field(ge=-1, le=2**63 - 1)]
 Label = Annotated[str, Field(description="A label for the caller's own bookkeeping; not used.")]
 
 Role = Literal["user", "assistant", "system", "developer"]
+
+
+# The queue's tiers (services.fairqueue.Tier): `auto` and `default` wait as every request does,
+# `priority` before its caller's other work, `flex` after it (and after others' work). OpenAI's
+# `scale` (capacity bought ahead) has no meaning on a local machine.
+def _no_scale_tier(value: Any) -> Any:
+    if value == "scale":
+        raise refuse(
+            "unsupported_parameter",
+            "'{param}' 'scale' is capacity bought ahead, which a local service has not; use "
+            "'auto', 'default', 'priority' or 'flex'.",
+        )
+    return value
+
+
+ServiceTier = Annotated[
+    Literal["auto", "default", "priority", "flex"] | None,
+    BeforeValidator(_no_scale_tier),
+    Field(
+        description="The caller's own queued work is served `priority` first, then `auto`/"
+        "`default`, then `flex` (which also waits for everyone else's other work)."
+    ),
+]

@@ -18,7 +18,9 @@ from .output import Attempt
 from .pairing import Client, Pairing
 from .registry import Model, ModelFile
 from .response_object import (
+    CustomToolCallOutputItem,
     FunctionCallOutputItem,
+    InputCustomToolCallItem,
     InputFunctionCallItem,
     InputItem,
     InputText,
@@ -285,7 +287,7 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
             "metadata": request.get("metadata") or {},
             "store": response.store,
             # One queue serves every request (`auto` and `default` are all it accepts).
-            "service_tier": "default",
+            "service_tier": request.get("service_tier") or "default",
             "safety_identifier": request.get("safety_identifier"),
             "prompt_cache_key": request.get("prompt_cache_key"),
             "user": request.get("user"),
@@ -311,7 +313,7 @@ def with_namespaces(
 
 
 def with_namespace(item: dict[str, Any], namespaces: dict[str, str]) -> dict[str, Any]:
-    if item.get("type") == "function_call" and item.get("name") in namespaces:
+    if item.get("type") in ("function_call", "custom_tool_call") and item.get("name") in namespaces:
         return {**item, "namespace": namespaces[item["name"]]}
     return item
 
@@ -329,8 +331,11 @@ def input_items(response_id: str, messages: list[dict[str, Any]]) -> list[dict[s
     for message in messages:
         role = message["role"]
         if role == "tool":
+            output_kind = (
+                CustomToolCallOutputItem if message.get("custom") else FunctionCallOutputItem
+            )
             items.append(
-                FunctionCallOutputItem(
+                output_kind(
                     id=next_id(),
                     call_id=message.get("tool_call_id") or "",
                     output=message.get("content") or "",
@@ -342,6 +347,17 @@ def input_items(response_id: str, messages: list[dict[str, Any]]) -> list[dict[s
         if message.get("content") or not calls:
             items.append(input_item(next_id(), message))
         for call in calls:
+            if "input" in call:
+                items.append(
+                    InputCustomToolCallItem(
+                        id=next_id(),
+                        call_id=call["id"],
+                        name=call["name"],
+                        input=call["input"],
+                        status="completed",
+                    ).wire()
+                )
+                continue
             items.append(
                 InputFunctionCallItem(
                     id=next_id(),

@@ -9,8 +9,9 @@ output items, each at its own `output_index`, in the order they begin:
   with tools it opens at the choice's first text that is not whitespace (a choice that only
   calls functions has none);
 - a **function call** per call the model makes (`function_call`: `call_id`, `name`,
-  `arguments`); it begins once the call's name is known, its arguments stream, and it ends
-  when the call is complete. A call closes the choice's message before it.
+  `arguments`; a custom tool's is a `custom_tool_call` with its `input` text); it begins once
+  the call's name is known, its arguments stream, and it ends when the call is complete. A
+  call closes the choice's message before it.
 
 The runner commits `Batch`es: per choice, the tokens and raw text generated (what a resumed
 job needs), and the `Piece`s that text made (content, call begin/arguments/end, a choice's
@@ -39,14 +40,16 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from . import events as ev
 from . import snapshot as stored
-from .responses import function_call_item, output_message
+from .responses import custom_tool_call_item, function_call_item, output_message
 from .snapshot import ChoiceSnapshot, Snapshot, SnapshotItem
 
 Event = dict[str, Any]
+CUSTOM_CALL: Literal["custom_tool_call"] = "custom_tool_call"
+CALL_TYPES = ("function_call", CUSTOM_CALL)
 LogprobLookup = Callable[[str], list[dict[str, Any]]]
 
 
@@ -62,11 +65,13 @@ class Text:
 
 @dataclass
 class CallBegin:
-    """Call `index` (the choice's n-th) of function `name` began."""
+    """Call `index` (the choice's n-th) of function (or custom tool, `custom`) `name`
+    began."""
 
     choice: int
     index: int
     name: str
+    custom: bool = False
 
 
 @dataclass
@@ -137,9 +142,10 @@ def message_id(base: str, output_index: int) -> str:
     return f"msg_{base}" + (f"_{output_index}" if output_index else "")
 
 
-def call_ids(base: str, output_index: int) -> tuple[str, str]:
-    """A function call item's id and its `call_id`."""
-    return f"fc_{base}_{output_index}", f"call_{base}_{output_index}"
+def call_ids(base: str, output_index: int, custom: bool = False) -> tuple[str, str]:
+    """A function (custom tool) call item's id and its `call_id`."""
+    prefix = "ctc" if custom else "fc"
+    return f"{prefix}_{base}_{output_index}", f"call_{base}_{output_index}"
 
 
 class Attempt:
@@ -286,15 +292,17 @@ class Attempt:
             match piece:
                 case Text(choice=choice, text=text, logprobs=logprobs):
                     events += self._text(choice, text, logprobs or [], fresh)
-                case CallBegin(choice=choice, index=index, name=name):
+                case CallBegin(choice=choice, index=index, name=name, custom=custom):
                     events += self._close_message(choice, "completed", lookup, fresh)
-                    events += self._open_call(choice, index, name)
+                    events += self._open_call(choice, index, name, custom)
                 case CallArguments(choice=choice, index=index, delta=delta):
                     item = self._call(choice, index)
                     item["arguments"] += delta
+                    custom = item["type"] == CUSTOM_CALL
                     events.append(
                         self._label(
-                            ev.call_arguments(item["id"], item["output_index"], delta), item
+                            ev.call_arguments(item["id"], item["output_index"], delta, custom),
+                            item,
                         )
                     )
                 case CallEnd(choice=choice, index=index, arguments=arguments):
@@ -360,7 +368,7 @@ class Attempt:
     def _call(self, choice: int, index: int) -> SnapshotItem:
         for item in self.data["items"]:
             if (
-                item["type"] == "function_call"
+                item["type"] in CALL_TYPES
                 and item.get("choice", 0) == choice
                 and item["call"] == index
             ):
@@ -407,11 +415,11 @@ class Attempt:
         )
         return events
 
-    def _open_call(self, choice: int, index: int, name: str) -> list[Event]:
+    def _open_call(self, choice: int, index: int, name: str, custom: bool) -> list[Event]:
         output_index = self._take_index()
-        item_id, call_id = call_ids(self.base, output_index)
+        item_id, call_id = call_ids(self.base, output_index, custom)
         item: SnapshotItem = {
-            "type": "function_call",
+            "type": CUSTOM_CALL if custom else "function_call",
             "id": item_id,
             "call_id": call_id,
             "output_index": output_index,
@@ -422,7 +430,7 @@ class Attempt:
             "status": "in_progress",
         }
         self.data["items"].append(item)
-        return [self._label(ev.call_opened(item_id, call_id, output_index, name), item)]
+        return [self._label(ev.call_opened(item_id, call_id, output_index, name, custom), item)]
 
     def _close_message(
         self,
@@ -453,6 +461,7 @@ class Attempt:
                 item["name"],
                 item["arguments"],
                 status,
+                item["type"] == CUSTOM_CALL,
             )
         return [self._label(event, item) for event in built]
 
@@ -466,9 +475,8 @@ class Attempt:
     ) -> dict[str, Any]:
         if item["type"] == "message":
             return output_message(item["id"], item["text"], status, self._logprobs(item, lookup))
-        return function_call_item(
-            item["id"], item["call_id"], item["name"], item["arguments"], status
-        )
+        wire = custom_tool_call_item if item["type"] == CUSTOM_CALL else function_call_item
+        return wire(item["id"], item["call_id"], item["name"], item["arguments"], status)
 
 
 def logprobs_from_events(events: list[Event], item_id: str) -> list[dict[str, Any]]:

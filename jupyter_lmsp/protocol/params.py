@@ -33,6 +33,9 @@ class TaskParams(BaseModel):
     # (`store.quotas` sums `budget` in SQL).
     prompt_tokens: int | None = None
     budget: int = 0
+    # The queue tier asked for, "priority" or "flex" (None: the default): read again when a
+    # restarted runner queues its unfinished tasks.
+    service_tier: str | None = None
     stop: list[str] = Field(default_factory=list)
     logprobs: bool = False
     top_logprobs: int = 0

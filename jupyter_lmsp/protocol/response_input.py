@@ -1,7 +1,7 @@
 """The `input` of `POST /responses` (LMSP B5): the items a request may give — messages with
-text content (the forms the openai SDK sends), function calls the model made earlier (with the
-namespace their call item named), function call outputs, and compaction items — and those items
-as the chat messages the engine takes. Other item and content kinds are refused by name
+text content (the forms the openai SDK sends), function and custom tool calls the model made
+earlier (with the namespace their call item named), their outputs, and compaction items — and
+those items as the chat messages the engine takes. Other item and content kinds are refused by name
 (`unsupported_input`)."""
 
 from __future__ import annotations
@@ -94,6 +94,35 @@ class InputFunctionCallOutput(Body):
         return "".join(part.text for part in self.output)
 
 
+class InputCustomToolCall(Body):
+    """A custom tool call the model made earlier (an output item sent back as input)."""
+
+    type: Literal["custom_tool_call"]
+    call_id: Annotated[str, Field(min_length=1)]
+    name: str
+    input: str = Field(description="The text the model wrote for the tool.")
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+    namespace: str | None = None
+    caller: Annotated[Any, Neutral({"type": "direct"})] = None
+    async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
+
+
+class InputCustomToolCallOutput(Body):
+    """What a custom tool call returned: its `output` (text) for the call with `call_id`."""
+
+    type: Literal["custom_tool_call_output"]
+    call_id: Annotated[str, Field(min_length=1)]
+    output: TextContent
+    id: str | None = None
+    caller: Annotated[Any, Neutral({"type": "direct"})] = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(part.text for part in self.output)
+
+
 class InputCompaction(Body):
     """A compaction item `POST /responses/compact` returned, sent back as input: its sealed
     summary stands for the turns it replaced (opened by the service; `services.summaries`)."""
@@ -109,7 +138,14 @@ class InputCompaction(Body):
 COMPACTION_KEY = "compaction"
 COMPACTION_PARAM_KEY = "compaction_param"
 
-INPUT_ITEM_TYPES = ("message", "function_call", "function_call_output", "compaction")
+INPUT_ITEM_TYPES = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "compaction",
+)
 
 
 def _input_item_kind(value: Any) -> str | None:
@@ -123,8 +159,8 @@ def _supported_items_only(value: Any) -> Any:
     if isinstance(value, dict) and value.get("type", "message") not in INPUT_ITEM_TYPES:
         raise refuse(
             "unsupported_input",
-            "'{param}' is '" + str(value.get("type")) + "'; only messages, function calls, "
-            "function call outputs and compaction items are supported.",
+            "'{param}' is '" + str(value.get("type")) + "'; only messages, function and custom "
+            "tool calls, their outputs and compaction items are supported.",
         )
     return value
 
@@ -133,20 +169,23 @@ InputItemParam = Annotated[
     Annotated[InputMessage, Tag("message")]
     | Annotated[InputFunctionCall, Tag("function_call")]
     | Annotated[InputFunctionCallOutput, Tag("function_call_output")]
+    | Annotated[InputCustomToolCall, Tag("custom_tool_call")]
+    | Annotated[InputCustomToolCallOutput, Tag("custom_tool_call_output")]
     | Annotated[InputCompaction, Tag("compaction")],
     Discriminator(
         _input_item_kind,
         custom_error_type="invalid_value",
-        custom_error_message="'{param}' must be a message, a function call, its output or a "
-        "compaction item",
+        custom_error_message="'{param}' must be a message, a function or custom tool call, its "
+        "output or a compaction item",
     ),
     BeforeValidator(_supported_items_only),
 ]
 
 
 def engine_messages(items: list[Any], param: str = "input") -> list[dict[str, Any]]:
-    """Input items as chat messages: function calls join the assistant message before them
-    (`tool_calls`), their outputs become `tool` messages; a compaction item becomes a user
+    """Input items as chat messages: function and custom tool calls join the assistant message
+    before them (`tool_calls`; a custom call has `input` for `arguments`), their outputs become
+    `tool` messages (`custom` for a custom tool's); a compaction item becomes a user
     message holding its sealed summary under `COMPACTION_KEY`, for the service to open."""
     out: list[dict[str, Any]] = []
     for index, item in enumerate(items):
@@ -159,8 +198,12 @@ def engine_messages(items: list[Any], param: str = "input") -> list[dict[str, An
                     COMPACTION_PARAM_KEY: f"{param}[{index}].encrypted_content",
                 }
             )
-        elif isinstance(item, InputFunctionCall):
-            call = {"id": item.call_id, "name": item.name, "arguments": item.arguments}
+        elif isinstance(item, InputFunctionCall | InputCustomToolCall):
+            call: dict[str, Any] = {"id": item.call_id, "name": item.name}
+            if isinstance(item, InputCustomToolCall):
+                call["input"] = item.input
+            else:
+                call["arguments"] = item.arguments
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
@@ -168,6 +211,15 @@ def engine_messages(items: list[Any], param: str = "input") -> list[dict[str, An
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif isinstance(item, InputFunctionCallOutput):
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        elif isinstance(item, InputCustomToolCallOutput):
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.call_id,
+                    "content": item.text(),
+                    "custom": True,
+                }
+            )
         else:
             role = "system" if item.role == "developer" else item.role
             out.append({"role": role, "content": item.text()})

@@ -52,7 +52,27 @@ class FunctionCall(WireObject):
     )
 
 
-OutputItem = Annotated[OutputMessage | FunctionCall, Field(discriminator="type")]
+class CustomToolCall(WireObject):
+    """A call of one of the request's `custom` tools: `input` is the text the model wrote for
+    it (a sentence of the tool's grammar, when it has one). The client runs the tool and sends
+    a `custom_tool_call_output` with the same `call_id`."""
+
+    model_config = {"json_schema_extra": optional_on_wire("namespace")}
+
+    id: str
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    call_id: str
+    name: str
+    input: str
+    status: Literal["in_progress", "completed", "incomplete"]
+    namespace: str | None = Field(
+        None,
+        description="The `namespace` tool the custom tool came in (absent for a top-level one).",
+        exclude_if=lambda v: v is None,
+    )
+
+
+OutputItem = Annotated[OutputMessage | FunctionCall | CustomToolCall, Field(discriminator="type")]
 
 
 def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -81,6 +101,12 @@ def function_call_item(
         arguments=arguments,
         status=status,
     ).wire()
+
+
+def custom_tool_call_item(
+    item_id: str, call_id: str, name: str, text: str, status: str
+) -> dict[str, Any]:
+    return CustomToolCall(id=item_id, call_id=call_id, name=name, input=text, status=status).wire()
 
 
 class InputTokensDetails(WireObject):
@@ -126,14 +152,36 @@ class FunctionToolEcho(WireObject):
     strict: bool
 
 
+class TextInputEcho(WireObject):
+    type: Literal["text"] = "text"
+
+
+class GrammarInputEcho(WireObject):
+    type: Literal["grammar"] = "grammar"
+    syntax: Literal["lark", "regex"]
+    definition: str
+
+
+class CustomToolEcho(WireObject):
+    type: Literal["custom"] = "custom"
+    name: str
+    description: str | None
+    format: Annotated[TextInputEcho | GrammarInputEcho, Field(discriminator="type")]
+
+
+NamespacedToolEcho = Annotated[FunctionToolEcho | CustomToolEcho, Field(discriminator="type")]
+
+
 class NamespaceToolEcho(WireObject):
     type: Literal["namespace"] = "namespace"
     name: str
     description: str
-    tools: list[FunctionToolEcho]
+    tools: list[NamespacedToolEcho]
 
 
-ToolEcho = Annotated[FunctionToolEcho | NamespaceToolEcho, Field(discriminator="type")]
+ToolEcho = Annotated[
+    FunctionToolEcho | CustomToolEcho | NamespaceToolEcho, Field(discriminator="type")
+]
 
 
 class FunctionChoiceEcho(WireObject):
@@ -141,10 +189,18 @@ class FunctionChoiceEcho(WireObject):
     name: str
 
 
+class CustomChoiceEcho(WireObject):
+    type: Literal["custom"] = "custom"
+    name: str
+
+
+ChoiceEcho = Annotated[FunctionChoiceEcho | CustomChoiceEcho, Field(discriminator="type")]
+
+
 class AllowedToolsEcho(WireObject):
     type: Literal["allowed_tools"] = "allowed_tools"
     mode: Literal["auto", "required"]
-    tools: list[FunctionChoiceEcho]
+    tools: list[ChoiceEcho]
 
 
 class ReasoningEcho(WireObject):
@@ -202,7 +258,10 @@ class Response(WireObject):
     presence_penalty: float
     frequency_penalty: float
     tool_choice: Annotated[
-        Literal["auto", "none", "required"] | FunctionChoiceEcho | AllowedToolsEcho,
+        Literal["auto", "none", "required"]
+        | FunctionChoiceEcho
+        | CustomChoiceEcho
+        | AllowedToolsEcho,
         Field(union_mode="left_to_right"),
     ]
     tools: list[ToolEcho]
@@ -214,7 +273,7 @@ class Response(WireObject):
     usage: Usage | None
     metadata: dict[str, str]
     store: bool
-    service_tier: Literal["default"]
+    service_tier: Literal["default", "priority", "flex"]
     safety_identifier: str | None
     prompt_cache_key: str | None
     user: str | None
@@ -267,8 +326,34 @@ class FunctionCallOutputItem(WireObject):
     status: Literal["in_progress", "completed", "incomplete"]
 
 
+class InputCustomToolCallItem(WireObject):
+    """A custom tool call given in a response's `input` (a call the model made earlier)."""
+
+    id: str
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    call_id: str
+    name: str
+    input: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
+class CustomToolCallOutputItem(WireObject):
+    """A custom tool call's output given in a response's `input`."""
+
+    id: str
+    type: Literal["custom_tool_call_output"] = "custom_tool_call_output"
+    call_id: str
+    output: str
+    status: Literal["in_progress", "completed", "incomplete"]
+
+
 ListedInputItem = Annotated[
-    InputItem | InputFunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")
+    InputItem
+    | InputFunctionCallItem
+    | FunctionCallOutputItem
+    | InputCustomToolCallItem
+    | CustomToolCallOutputItem,
+    Field(discriminator="type"),
 ]
 
 

@@ -23,6 +23,7 @@ from .fields import (
     Query,
     Seed,
     SequenceNumber,
+    ServiceTier,
     Temperature,
     TokenLimit,
     TopP,
@@ -44,6 +45,7 @@ from .response_object import (
     OutputText,
     Response,
     TaskError,
+    custom_tool_call_item,
     function_call_item,
     output_message,
     output_text_part,
@@ -53,6 +55,7 @@ from .tools import (
     CHOICE_NEEDS_TOOLS,
     LOGPROBS_INCLUDE,
     AllowedTools,
+    CustomChoice,
     FormatSpec,
     FunctionChoice,
     ResponsesToolChoice,
@@ -61,6 +64,7 @@ from .tools import (
     TextFormat,
     ToolsSpec,
     TopLogprobs,
+    flat_customs,
     flat_functions,
     responses_format,
     stop_list,
@@ -92,6 +96,7 @@ __all__ = [
     "StreamOptions",
     "TaskError",
     "TextConfig",
+    "custom_tool_call_item",
     "engine_messages",
     "function_call_item",
     "output_message",
@@ -147,17 +152,6 @@ class BackgroundOptions(Body):
     completion_window: Annotated[Any, Neutral("soonest")] = None
     continuation_id: Label | None = None
 
-
-# One queue serves every request: `auto` and `default` are what it does (a response says
-# `default`); `priority` and `flex` have nothing to map to.
-ServiceTier = Annotated[
-    Any,
-    Neutral(
-        "auto",
-        "default",
-        message="'{param}' can be 'auto' or 'default': every request is served by one queue.",
-    ),
-]
 
 # The `input` of the Responses requests: one user message, or a list of input items.
 ResponsesInput = Annotated[
@@ -221,8 +215,8 @@ class CreateResponseRequest(Body):
     )
     prompt_cache_key: Annotated[str, Field(max_length=64)] | None = Field(
         None,
-        description="Stored and echoed. The prompt cache finds shared prefixes by their tokens, "
-        "so it needs no key to route by.",
+        description="Stored and echoed; a routing hint: standalone workers claim the queued "
+        "tasks of the keys they served recently first (their prompt caches hold them).",
     )
     client_metadata: dict[str, Any] | None = Field(
         None, description="The client's own labels (Codex sends them): stored, not echoed."
@@ -297,22 +291,38 @@ class CreateResponseRequest(Body):
                 "'tool_choice' asks for a call, but there are no 'tools'.",
                 param="tool_choice",
             )
-        functions = flat_functions(self.tools or [])
-        names = [f.name for f in functions]
+        tools = self.tools or []
+        functions = [f.name for f in flat_functions(tools)]
+        customs = [c.name for c in flat_customs(tools)]
+        names = functions + customs
+        kinds = {name: "function" for name in functions} | {name: "custom" for name in customs}
         if len(set(names)) < len(names):
-            # Namespaces are flattened for the model, which must tell every function apart.
+            # Namespaces are flattened for the model, which must tell every tool apart.
             dup = next(n for n in names if names.count(n) > 1)
             raise refuse(
                 "invalid_value",
-                f"Two functions are named {dup!r} (namespaces are flattened: names must differ).",
+                f"Two tools are named {dup!r} (namespaces are flattened: names must differ).",
                 param="tools",
             )
-        if isinstance(self.tool_choice, AllowedTools):
-            for i, allowed in enumerate(self.tool_choice.tools):
-                if allowed.name not in names:
+        choice = self.tool_choice
+        if (
+            isinstance(choice, FunctionChoice | CustomChoice)
+            and choice.name in kinds
+            and kinds[choice.name] != choice.type
+        ):
+            raise refuse(
+                "invalid_value",
+                f"'tool_choice' asks for a {choice.type} tool, but {choice.name!r} is a "
+                f"{kinds[choice.name]} tool.",
+                param="tool_choice.type",
+            )
+        if isinstance(choice, AllowedTools):
+            for i, allowed in enumerate(choice.tools):
+                if kinds.get(allowed.name) != allowed.type:
                     raise refuse(
                         "invalid_value",
-                        f"'tool_choice.tools[{i}]' names no function of 'tools': {allowed.name!r}.",
+                        f"'tool_choice.tools[{i}]' names no {allowed.type} tool of 'tools': "
+                        f"{allowed.name!r}.",
                         param=f"tool_choice.tools[{i}].name",
                     )
         return self
@@ -372,29 +382,37 @@ class CreateResponseRequest(Body):
         return responses_format(self.text.format if self.text is not None else None)
 
     def tools_spec(self) -> ToolsSpec | None:
-        """The function tools (namespaces flattened) and how they may be called; None without
-        tools. With `allowed_tools` only those are offered to the model, in its `mode`."""
+        """The function and custom tools (namespaces flattened) and how they may be called;
+        None without tools. With `allowed_tools` only those are offered to the model, in its
+        `mode`."""
         if not self.tools:
             return None
         functions = flat_functions(self.tools)
+        customs = flat_customs(self.tools)
         choice = self.tool_choice
         if isinstance(choice, AllowedTools):
             allowed = {c.name for c in choice.tools}
             functions = [f for f in functions if f.name in allowed]
+            customs = [c for c in customs if c.name in allowed]
             mode: str = choice.mode
-        elif isinstance(choice, FunctionChoice):
+        elif isinstance(choice, FunctionChoice | CustomChoice):
             mode = choice.name
         else:
             mode = choice or "auto"
         return ToolsSpec(
-            tuple(functions), mode, self.parallel_tool_calls is not False, self.max_tool_calls
+            tuple(functions),
+            mode,
+            self.parallel_tool_calls is not False,
+            self.max_tool_calls,
+            tuple(customs),
         )
 
     def namespaces(self) -> dict[str, str]:
-        """Each namespaced function's namespace, by the function's name."""
-        return {
-            f.name: f.namespace for f in flat_functions(self.tools or []) if f.namespace is not None
-        }
+        """Each namespaced tool's namespace, by the tool's name."""
+        tools = self.tools or []
+        found = {f.name: f.namespace for f in flat_functions(tools) if f.namespace is not None}
+        found.update((c.name, c.namespace) for c in flat_customs(tools) if c.namespace is not None)
+        return found
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,9 +25,10 @@ _CONFIG = ConfigDict(extra="allow", strict=True)
 @with_config(_CONFIG)
 class SnapshotItem(TypedDict, total=False):
     """One output item of the attempt: a message (`text`, `lp`: it has log-probabilities) or
-    a function call (`call_id`, `call`: its number within the choice, `name`, `arguments`)."""
+    a function or custom tool call (`call_id`, `call`: its number within the choice, `name`,
+    `arguments`: a function's arguments, a custom tool's input)."""
 
-    type: Required[Literal["message", "function_call"]]
+    type: Required[Literal["message", "function_call", "custom_tool_call"]]
     id: Required[str]
     output_index: Required[int]
     choice: int

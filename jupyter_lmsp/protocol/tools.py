@@ -5,11 +5,13 @@ turned into (`ToolsSpec`, `FormatSpec`, `logprob_entry`), which the services han
 One code path for both APIs: a Responses `text.format` and a Chat Completions `response_format`
 become the same `FormatSpec`; Responses `tools` (flat: `{"type": "function", "name", ...}`) and
 Chat `tools` (nested: `{"type": "function", "function": {"name", ...}}`) the same `ToolsSpec`.
-Only function tools exist here, alone or grouped in a Responses `namespace` tool (flattened
-for the model: its functions are offered by their own names, and the calls name the namespace
-again); another tool type (`web_search`, `custom`, …) is refused by name
-(`unsupported_parameter`). A tool choice is `auto`, `none`, `required`, one named function, or
-`allowed_tools` (the model is offered only those, `mode` `auto` or `required`).
+Function tools exist in both APIs; the Responses API also has `custom` tools (their input is
+text: free, or a sentence of a Lark or regex grammar), and groups either kind in a `namespace`
+tool (flattened for the model: its tools are offered by their own names, and the calls name the
+namespace again); another tool type (`web_search`, …) is refused by name
+(`unsupported_parameter`). A tool choice is `auto`, `none`, `required`, one named function or
+custom tool, or `allowed_tools` (the model is offered only those, `mode` `auto` or
+`required`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
 MAX_STOP_SEQUENCES = 4
 MAX_TOP_LOGPROBS = 20
 MAX_TOOLS = 128
+# A custom tool's grammar definition (Lark or regex text), at most.
+MAX_GRAMMAR_CHARS = 65536
 
 # The include value that asks the Responses API for log-probabilities.
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -113,27 +117,60 @@ class FunctionSpec:
 
 
 @dataclass(frozen=True)
+class CustomSpec:
+    """A Responses `custom` tool: its input is free text (`syntax` "text") or a sentence of
+    `definition` ("lark": llguidance's Lark syntax; "regex": a whole-match regular expression)."""
+
+    name: str
+    description: str | None
+    syntax: Literal["text", "lark", "regex"] = "text"
+    definition: str | None = None
+    namespace: str | None = None
+    # Where the request put its grammar (`tools[2].format.definition`), for errors.
+    param: str = field(default="tools", compare=False)
+
+    def wire(self) -> dict[str, Any]:
+        """As the Responses API echoes a custom tool."""
+        fmt: dict[str, Any] = {"type": "text"}
+        if self.syntax != "text":
+            fmt = {"type": "grammar", "syntax": self.syntax, "definition": self.definition}
+        return {
+            "type": "custom",
+            "name": self.name,
+            "description": self.description,
+            "format": fmt,
+        }
+
+
+@dataclass(frozen=True)
 class ToolsSpec:
-    """A request's function tools and how they may be called: `choice` is "auto", "none",
-    "required" or a function's name; `max_calls` None for no bound."""
+    """A request's tools and how they may be called: `choice` is "auto", "none", "required"
+    or a tool's name; `max_calls` None for no bound. `customs` are the Responses API's
+    custom tools."""
 
     functions: tuple[FunctionSpec, ...]
     choice: str = "auto"
     parallel: bool = True
     max_calls: int | None = None
+    customs: tuple[CustomSpec, ...] = ()
 
     @property
     def active(self) -> bool:
         """Whether the model may call anything at all."""
-        return bool(self.functions) and self.choice != "none" and self.max_calls != 0
+        return (
+            bool(self.functions or self.customs) and self.choice != "none" and self.max_calls != 0
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "functions": [f.__dict__ for f in self.functions],
             "choice": self.choice,
             "parallel": self.parallel,
             "max_calls": self.max_calls,
         }
+        if self.customs:
+            out["customs"] = [c.__dict__ for c in self.customs]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ToolsSpec:
@@ -142,6 +179,7 @@ class ToolsSpec:
             data["choice"],
             data["parallel"],
             data["max_calls"],
+            tuple(CustomSpec(**c) for c in data.get("customs", ())),
         )
 
 
@@ -199,11 +237,22 @@ def _function_tools_only(value: Any) -> Any:
 
 
 def _responses_tool_kinds(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type", "function") not in ("function", "namespace"):
+    kinds = ("function", "custom", "namespace")
+    if isinstance(value, dict) and value.get("type", "function") not in kinds:
         raise refuse(
             "unsupported_parameter",
-            f"'{{param}}' is a {str(value.get('type'))!r} tool; only function tools "
-            "('type': 'function', alone or in a 'namespace' tool) are supported by this service.",
+            f"'{{param}}' is a {str(value.get('type'))!r} tool; only function and custom tools "
+            "(alone or in a 'namespace' tool) are supported by this service.",
+        )
+    return value
+
+
+def _namespaced_tool_kinds(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type", "function") not in ("function", "custom"):
+        raise refuse(
+            "unsupported_parameter",
+            f"'{{param}}' is a {str(value.get('type'))!r} tool; a namespace holds function and "
+            "custom tools only.",
         )
     return value
 
@@ -242,31 +291,105 @@ class FunctionTool(Body):
     def specs(self) -> list[FunctionSpec]:
         return [self.spec()]
 
+    def customs(self) -> list[CustomSpec]:
+        return []
+
     def echo(self) -> dict[str, Any]:
         return self.spec().wire()
 
 
+class TextInput(Body):
+    """A custom tool's input is free text."""
+
+    type: Literal["text"]
+
+
+class GrammarInput(Body):
+    """A custom tool's input is a sentence of a grammar: `lark` (llguidance's Lark syntax, as
+    OpenAI's) or `regex` (Rust `regex` syntax, matched whole)."""
+
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: Annotated[str, Field(min_length=1, max_length=MAX_GRAMMAR_CHARS)]
+
+
+class CustomTool(Body):
+    """A `custom` tool of `POST /responses`: the model writes text for it instead of JSON
+    arguments; with a grammar `format` the text is constrained to the grammar's sentences."""
+
+    type: Literal["custom"]
+    name: FunctionName
+    description: str | None = None
+    format: Annotated[TextInput | GrammarInput, Field(discriminator="type")] | None = Field(
+        None, description="`{'type': 'text'}` (the default) or a grammar."
+    )
+    allowed_callers: Annotated[Any, Neutral(["direct"])] = None
+    defer_loading: Annotated[Any, Neutral(False)] = None
+    async_: Annotated[Any, Neutral(False)] = Field(None, alias="async")
+
+    def custom_spec(self, namespace: str | None = None) -> CustomSpec:
+        if isinstance(self.format, GrammarInput):
+            return CustomSpec(
+                self.name, self.description, self.format.syntax, self.format.definition, namespace
+            )
+        return CustomSpec(self.name, self.description, namespace=namespace)
+
+    def specs(self) -> list[FunctionSpec]:
+        return []
+
+    def customs(self) -> list[CustomSpec]:
+        return [self.custom_spec()]
+
+    def echo(self) -> dict[str, Any]:
+        return self.custom_spec().wire()
+
+
+def _namespaced_kind(value: Any) -> str | None:
+    kind = value.get("type", "function") if isinstance(value, dict) else None
+    return kind if kind in ("function", "custom") else None
+
+
 class NamespaceTool(Body):
-    """A Responses `namespace` tool: function tools grouped under a name (Codex sends one).
-    The model is offered the functions by their own names; a call of one carries `namespace`,
-    and a call sent back as input may carry it too."""
+    """A Responses `namespace` tool: function and custom tools grouped under a name (Codex
+    sends one). The model is offered the tools by their own names; a call of one carries
+    `namespace`, and a call sent back as input may carry it too."""
 
     type: Literal["namespace"]
     name: FunctionName
-    description: str = Field(description="Shown to the model with the namespace's functions.")
+    description: str = Field(description="Shown to the model with the namespace's tools.")
     tools: Annotated[
-        list[Annotated[FunctionTool, BeforeValidator(_function_tools_only)]],
+        list[
+            Annotated[
+                Annotated[FunctionTool, Tag("function")] | Annotated[CustomTool, Tag("custom")],
+                Discriminator(
+                    _namespaced_kind,
+                    custom_error_type="invalid_value",
+                    custom_error_message="'{param}' must be a function tool or a custom tool",
+                ),
+                BeforeValidator(_namespaced_tool_kinds),
+            ]
+        ],
         Field(min_length=1, max_length=MAX_TOOLS),
     ]
 
+    def _described(self, description: str | None) -> str:
+        # The model sees the tools only, so each says what its namespace is for.
+        return f"{self.description}\n\n{description}" if description else self.description
+
     def specs(self) -> list[FunctionSpec]:
-        # The model sees the functions only, so each says what its namespace is for.
         return [
-            replace(spec, description=f"{self.description}\n\n{spec.description}")
-            if spec.description
-            else replace(spec, description=self.description)
-            for spec in (tool.spec(self.name) for tool in self.tools)
+            replace(spec, description=self._described(spec.description))
+            for spec in (
+                tool.spec(self.name) for tool in self.tools if isinstance(tool, FunctionTool)
+            )
         ]
+
+    def customs(self) -> list[CustomSpec]:
+        return [self.custom_of(tool) for tool in self.tools if isinstance(tool, CustomTool)]
+
+    def custom_of(self, tool: CustomTool) -> CustomSpec:
+        spec = tool.custom_spec(self.name)
+        return replace(spec, description=self._described(spec.description))
 
     def echo(self) -> dict[str, Any]:
         return {
@@ -278,11 +401,13 @@ class NamespaceTool(Body):
 
 
 ResponsesTool = Annotated[
-    Annotated[FunctionTool, Tag("function")] | Annotated[NamespaceTool, Tag("namespace")],
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[CustomTool, Tag("custom")]
+    | Annotated[NamespaceTool, Tag("namespace")],
     Discriminator(
         _tool_kind,
         custom_error_type="invalid_value",
-        custom_error_message="'{param}' must be a function tool or a namespace tool",
+        custom_error_message="'{param}' must be a function tool, a custom tool or a namespace tool",
     ),
     BeforeValidator(_responses_tool_kinds),
 ]
@@ -290,9 +415,24 @@ ResponsesTool = Annotated[
 ResponsesTools = Annotated[list[ResponsesTool], Field(max_length=MAX_TOOLS)]
 
 
-def flat_functions(tools: list[FunctionTool | NamespaceTool]) -> list[FunctionSpec]:
+def flat_functions(tools: list[FunctionTool | CustomTool | NamespaceTool]) -> list[FunctionSpec]:
     """Every function of `tools`, namespaces flattened, in order."""
     return [spec for tool in tools for spec in tool.specs()]
+
+
+def flat_customs(tools: list[FunctionTool | CustomTool | NamespaceTool]) -> list[CustomSpec]:
+    """Every custom tool of `tools`, namespaces flattened, in order, each knowing where the
+    request put it (`param`)."""
+    out = []
+    for i, tool in enumerate(tools):
+        if isinstance(tool, CustomTool):
+            out.append(replace(tool.custom_spec(), param=f"tools[{i}].format.definition"))
+        elif isinstance(tool, NamespaceTool):
+            for j, inner in enumerate(tool.tools):
+                if isinstance(inner, CustomTool):
+                    spec = tool.custom_of(inner)
+                    out.append(replace(spec, param=f"tools[{i}].tools[{j}].format.definition"))
+    return out
 
 
 def _function_choice_only(value: Any) -> Any:
@@ -310,6 +450,23 @@ class FunctionChoice(Body):
     name: str
 
 
+class CustomChoice(Body):
+    """`tool_choice: {"type": "custom", "name": ...}`: a call of that custom tool."""
+
+    type: Literal["custom"]
+    name: str
+
+
+def _allowed_kinds(value: Any) -> Any:
+    if isinstance(value, dict) and value.get("type") == "custom":
+        return value
+    return _function_choice_only(value)
+
+
+def _allowed_kind(value: Any) -> str | None:
+    return "custom" if isinstance(value, dict) and value.get("type") == "custom" else "function"
+
+
 class AllowedTools(Body):
     """`tool_choice: {"type": "allowed_tools", ...}`: the model may call only these functions
     (`mode` `auto`: or answer in text; `required`: at least one call)."""
@@ -317,13 +474,19 @@ class AllowedTools(Body):
     type: Literal["allowed_tools"]
     mode: Literal["auto", "required"]
     tools: Annotated[
-        list[Annotated[FunctionChoice, BeforeValidator(_function_choice_only)]],
+        list[
+            Annotated[
+                Annotated[FunctionChoice, Tag("function")] | Annotated[CustomChoice, Tag("custom")],
+                Discriminator(_allowed_kind),
+                BeforeValidator(_allowed_kinds),
+            ]
+        ],
         Field(min_length=1, max_length=MAX_TOOLS),
     ]
 
 
 def _responses_choice_kinds(value: Any) -> Any:
-    if isinstance(value, dict) and value.get("type") == "allowed_tools":
+    if isinstance(value, dict) and value.get("type") in ("allowed_tools", "custom"):
         return value
     return _function_choice_only(value)
 
@@ -332,19 +495,21 @@ def _choice_kind(value: Any) -> str | None:
     if isinstance(value, str):
         return "string"
     if isinstance(value, dict):
-        return "allowed_tools" if value.get("type") == "allowed_tools" else "function"
+        kind = value.get("type")
+        return kind if kind in ("allowed_tools", "custom") else "function"
     return None
 
 
 ResponsesToolChoice = Annotated[
     Annotated[Literal["auto", "none", "required"], Tag("string")]
     | Annotated[FunctionChoice, Tag("function")]
+    | Annotated[CustomChoice, Tag("custom")]
     | Annotated[AllowedTools, Tag("allowed_tools")],
     Discriminator(
         _choice_kind,
         custom_error_type="invalid_value",
-        custom_error_message="'{param}' must be 'auto', 'none', 'required', a function choice "
-        "object or an allowed_tools object",
+        custom_error_message="'{param}' must be 'auto', 'none', 'required', a function or "
+        "custom tool choice object or an allowed_tools object",
     ),
     BeforeValidator(_responses_choice_kinds),
 ]

@@ -3,7 +3,8 @@
 The worker sends each choice's generated tokens with the text they completed (and their
 log-probabilities, when asked for). For a task without tools that text is its message's. With
 tools, it is the model's raw output in its call format, which `engine.toolcalls.
-ToolCallParser` splits, as it streams, into content and calls (name, argument deltas, done);
+ToolCallParser` splits, as it streams, into content and calls (name, argument or custom input
+deltas, done);
 content before the first call loses its leading whitespace, so a choice that only calls
 functions has no message. A call the parser cannot read raises `ToolCallError`: the runner
 then fails the task with the reason, never dropping the call.
@@ -65,8 +66,8 @@ class _Choice:
                         self.started = bool(text)
                     if text:
                         pieces.append(Text(self.choice, text))
-                case CallStart(index=index, name=name):
-                    pieces.append(CallBegin(self.choice, index, name))
+                case CallStart(index=index, name=name, custom=custom):
+                    pieces.append(CallBegin(self.choice, index, name, custom))
                 case ArgumentsDelta(index=index, delta=delta):
                     pieces.append(CallArguments(self.choice, index, delta))
                 case CallDone(index=index, arguments=arguments):
@@ -78,15 +79,24 @@ class OutputAssembler:
     """One task's output, choice by choice. `tool_format` is the call format the worker
     reported (`JobStarted.tool_format`), None when the model may call nothing."""
 
-    def __init__(self, tool_format: str | None, names: Collection[str] = (), n: int = 1) -> None:
+    def __init__(
+        self,
+        tool_format: str | None,
+        names: Collection[str] = (),
+        n: int = 1,
+        customs: Collection[str] = (),
+    ) -> None:
         self.tool_format = tool_format
         self.names = set(names)
+        self.customs = set(customs)
         self.choices = [self._new(i) for i in range(max(1, n))]
 
     def _new(self, choice: int) -> _Choice:
         parser = None
         if self.tool_format is not None:
-            parser = ToolCallParser(CallFormat(self.tool_format), self.names or None)
+            parser = ToolCallParser(
+                CallFormat(self.tool_format), self.names or None, customs=self.customs
+            )
         return _Choice(choice, parser)
 
     def _choice(self, index: int) -> _Choice:

@@ -86,7 +86,10 @@ def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> ResponseS
             tools=request.tools_spec(),
             chat=True,
         ),
+        service_tier=request.service_tier if request.service_tier in ("priority", "flex") else None,
         echo=_echo(request),
+        # A routing hint only (`tasks.cache_key` holds 64 characters; this API sets no limit).
+        cache_key=(request.prompt_cache_key or "")[:64] or None,
         input_param="messages",
         output_param="max_tokens",
     )

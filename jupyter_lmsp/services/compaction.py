@@ -61,7 +61,8 @@ def transcript(messages: list[dict[str, Any]]) -> list[str]:
             if content:
                 lines.append("Assistant: " + content)
             for call in m.get("tool_calls") or []:
-                lines.append(f"Assistant called {call['name']}({call['arguments']}) [{call['id']}]")
+                given = call["input"] if "input" in call else call["arguments"]
+                lines.append(f"Assistant called {call['name']}({given}) [{call['id']}]")
         else:
             lines.append("User: " + content)
     return lines
@@ -102,6 +103,9 @@ async def compact(
         max_output_tokens=limit,
         temperature=0,
         store=False,
+        # The summary waits in the queue as the request asked.
+        service_tier=request.service_tier if request.service_tier in ("priority", "flex") else None,
+        cache_key=request.prompt_cache_key,
     )
     created = await create_response(ctx, spec, caller)
     try:

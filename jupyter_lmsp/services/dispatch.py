@@ -90,15 +90,22 @@ class EngineDispatcher:
             output = task.output
             if output is not None:
                 output.assembler = OutputAssembler(
-                    message.tool_format, output.generation.function_names(), output.generation.n
+                    message.tool_format,
+                    output.generation.function_names(),
+                    output.generation.n,
+                    output.generation.custom_names(),
                 )
                 self._read(task, functools.partial(_restored, output.resumed))
+        # The output's layout from the params parsed at the claim (not read again).
+        generation = task.output.generation if task is not None and task.output else None
         runner.committer.run(
             rules.start_running,
             runner.db,
             task_id,
             message.input_tokens,
             runner_id=runner.runner_id,
+            n=generation.n if generation is not None else None,
+            eager=not generation.calls if generation is not None else None,
             then=runner.committed,
         )
 

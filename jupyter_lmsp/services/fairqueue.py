@@ -5,6 +5,12 @@ lines are served in turn: a task is taken from the line whose turn it is, and th
 to the back. An owner with a thousand tasks queued therefore delays another owner's new task
 by at most one task of each owner ahead of it in the turn order, never by its backlog.
 
+Within an owner's line, tasks wait by service tier (`Tier`: the request's `service_tier`):
+`priority` before `default` before `flex`, in arrival order within a tier. A tier reorders only
+its owner's own tasks, so no caller can pass another by asking for `priority`; and an owner
+whose line holds only `flex` tasks lets every owner with other work go first (flex work runs
+when nothing else waits).
+
 Turns alone do not help a newcomer when one owner already holds every decoding slot with long
 generations: `over_share` names the owner holding more than its fair share of the slots while
 another owner waits with fewer, so the runner can pause one of its generations (it resumes
@@ -13,14 +19,70 @@ from its snapshot, LMSP B7) and give the slot away.
 
 from __future__ import annotations
 
+import json
 from collections import Counter, OrderedDict, deque
 from collections.abc import Iterable
+from enum import IntEnum
+from typing import Any
+
+
+class Tier(IntEnum):
+    """A queued task's service tier: lower is served first within its owner's line."""
+
+    PRIORITY = 0
+    DEFAULT = 1
+    FLEX = 2
+
+    @classmethod
+    def of(cls, service_tier: str | None) -> Tier:
+        """The tier of a request's `service_tier` (`auto`, `default` or none: `DEFAULT`)."""
+        if service_tier == "priority":
+            return cls.PRIORITY
+        if service_tier == "flex":
+            return cls.FLEX
+        return cls.DEFAULT
+
+
+def tier_of(task: Any) -> Tier:
+    """The tier a task row asked for (its params' `service_tier`; rows without one, and tasks
+    other than responses, are `DEFAULT`)."""
+    try:
+        params = json.loads(task.params or "{}")
+    except ValueError:
+        return Tier.DEFAULT
+    return Tier.of(params.get("service_tier") if isinstance(params, dict) else None)
+
+
+class _Line:
+    """One owner's queued tasks: a first-in-first-out line per tier."""
+
+    def __init__(self) -> None:
+        self.tiers: tuple[deque[str], ...] = tuple(deque() for _ in Tier)
+
+    def __bool__(self) -> bool:
+        return any(self.tiers)
+
+    @property
+    def flex_only(self) -> bool:
+        return not any(self.tiers[: Tier.FLEX])
+
+    def pop(self) -> str:
+        for tier in self.tiers:
+            if tier:
+                return tier.popleft()
+        raise IndexError("pop from an empty line")
+
+    def remove(self, task_id: str) -> None:
+        for tier in self.tiers:
+            if task_id in tier:
+                tier.remove(task_id)
+                return
 
 
 class FairQueue:
     def __init__(self) -> None:
         # Owners with queued tasks, in turn order (the first is served next).
-        self._lines: OrderedDict[str, deque[str]] = OrderedDict()
+        self._lines: OrderedDict[str, _Line] = OrderedDict()
         self._owner_of: dict[str, str] = {}
 
     def __len__(self) -> int:
@@ -32,40 +94,37 @@ class FairQueue:
     def __contains__(self, task_id: object) -> bool:
         return task_id in self._owner_of
 
-    def push(self, task_id: str, owner: str) -> None:
-        """Queue `task_id` at the end of its owner's line (an owner new to the queue takes its
-        turn after the owners already waiting)."""
+    def _line(self, task_id: str, owner: str) -> _Line | None:
         if task_id in self._owner_of:
-            return
+            return None
         self._owner_of[task_id] = owner
         line = self._lines.get(owner)
         if line is None:
-            line = self._lines[owner] = deque()
-        line.append(task_id)
+            line = self._lines[owner] = _Line()
+        return line
 
-    def push_front(self, task_id: str, owner: str) -> None:
-        """Queue `task_id` first in its owner's line, and its owner first in turn (a task that
-        was already running and must be started again)."""
-        if task_id in self._owner_of:
-            return
-        self._owner_of[task_id] = owner
-        line = self._lines.get(owner)
-        if line is None:
-            line = self._lines[owner] = deque()
-        line.appendleft(task_id)
-        self._lines.move_to_end(owner, last=False)
+    def push(self, task_id: str, owner: str, tier: Tier = Tier.DEFAULT) -> None:
+        """Queue `task_id` at the end of its tier in its owner's line (an owner new to the
+        queue takes its turn after the owners already waiting)."""
+        line = self._line(task_id, owner)
+        if line is not None:
+            line.tiers[tier].append(task_id)
 
-    def push_paused(self, task_id: str, owner: str) -> None:
-        """Queue a task whose generation was paused to free its slot: first in its owner's
-        line, but its owner's turn comes after the owners already waiting."""
-        if task_id in self._owner_of:
-            return
-        self._owner_of[task_id] = owner
-        line = self._lines.get(owner)
-        if line is None:
-            line = self._lines[owner] = deque()
-        line.appendleft(task_id)
-        self._lines.move_to_end(owner)
+    def push_front(self, task_id: str, owner: str, tier: Tier = Tier.DEFAULT) -> None:
+        """Queue `task_id` first in its tier of its owner's line, and its owner first in turn
+        (a task that was already running and must be started again)."""
+        line = self._line(task_id, owner)
+        if line is not None:
+            line.tiers[tier].appendleft(task_id)
+            self._lines.move_to_end(owner, last=False)
+
+    def push_paused(self, task_id: str, owner: str, tier: Tier = Tier.DEFAULT) -> None:
+        """Queue a task whose generation was paused to free its slot: first in its tier of its
+        owner's line, but its owner's turn comes after the owners already waiting."""
+        line = self._line(task_id, owner)
+        if line is not None:
+            line.tiers[tier].appendleft(task_id)
+            self._lines.move_to_end(owner)
 
     def remove(self, task_id: str) -> bool:
         """Take `task_id` out of the queue; whether it was there."""
@@ -83,9 +142,13 @@ class FairQueue:
         return list(self._lines)
 
     def pop(self) -> str:
-        """The next task id, from the owner whose turn it is; that owner goes to the back."""
-        owner, line = next(iter(self._lines.items()))
-        task_id = line.popleft()
+        """The next task id, from the owner whose turn it is (passing over owners with only
+        flex work while another has other work); that owner goes to the back."""
+        owner, line = next(
+            ((o, line) for o, line in self._lines.items() if not line.flex_only),
+            next(iter(self._lines.items())),
+        )
+        task_id = line.pop()
         del self._owner_of[task_id]
         if line:
             self._lines.move_to_end(owner)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.grammars import (
+    CustomTool,
     FunctionTool,
     GrammarIssue,
     ResponseFormat,
@@ -47,7 +48,7 @@ class Generation:
 
     @property
     def calls(self) -> bool:
-        """Whether the model may call a function."""
+        """Whether the model may call a tool (a function or a custom tool)."""
         return self.tools is not None and self.tools.active
 
     def params(self) -> dict[str, Any]:
@@ -93,10 +94,17 @@ class Generation:
             self.tools.choice,
             self.tools.parallel,
             self.tools.max_calls,
+            tuple(
+                CustomTool(c.name, c.description, c.syntax, c.definition)
+                for c in self.tools.customs
+            ),
         )
 
     def function_names(self) -> set[str]:
         return {f.name for f in self.tools.functions} if self.tools is not None else set()
+
+    def custom_names(self) -> set[str]:
+        return {c.name for c in self.tools.customs} if self.tools is not None else set()
 
 
 def check(generation: Generation) -> None:
@@ -122,6 +130,14 @@ def check(generation: Generation) -> None:
     tools = generation.engine_tools()
     if tools is not None:
         issue = check_tools(tools)
+        if issue is not None and issue.path[-1:] == ("definition",) and generation.tools:
+            # A custom tool's grammar: its place in the request is on the tool.
+            custom = generation.tools.customs[int(issue.path[1]) - len(tools.tools)]
+            raise invalid(
+                f"The grammar of custom tool {custom.name!r} cannot be compiled: {issue.reason}",
+                param=custom.param,
+                code="invalid_grammar",
+            )
         if issue is not None:
             raise _schema_error(issue, _tools_path(issue, chat=generation.chat))
 

@@ -35,7 +35,12 @@ class ResponseSpec:
     metadata: dict[str, str] | None = None
     on_restart: RestartPolicy = RestartPolicy.FAIL
     generation: Generation = field(default_factory=Generation)
+    # The queue tier asked for: "priority" or "flex" (None: the default).
+    service_tier: str | None = None
     echo: dict[str, Any] = field(default_factory=dict)
+    # The request's `prompt_cache_key`: the task's `cache_key`, which standalone workers'
+    # claims route by (`rules.claim_tasks`).
+    cache_key: str | None = None
     # The request's names for the input and the output limit, in errors.
     input_param: str = "input"
     output_param: str = "max_output_tokens"
@@ -65,6 +70,7 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
         echo["stop"] = request.stop_sequences()
     if request.text is not None and request.text.verbosity is not None:
         echo["verbosity"] = request.text.verbosity
+    tier = request.service_tier if request.service_tier in ("priority", "flex") else None
     if request.reasoning is not None:
         summary = request.reasoning.summary or request.reasoning.generate_summary
         echo["reasoning"] = {"effort": request.reasoning.effort, "summary": summary}
@@ -95,7 +101,9 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
             format=fmt,
             tools=tools,
         ),
+        service_tier=tier,
         echo=echo,
+        cache_key=request.prompt_cache_key,
     )
 
 
@@ -113,5 +121,6 @@ def stored_request(spec: ResponseSpec, seed: int) -> dict[str, Any]:
         "stream": spec.stream,
         "background": spec.background,
         "metadata": spec.metadata or {},
+        **({"service_tier": spec.service_tier} if spec.service_tier else {}),
         **spec.echo,
     }

@@ -31,6 +31,7 @@ from . import generation, metrics
 from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
+from .fairqueue import Tier
 from .follow import TaskEventStream, spec_view
 from .idempotency import KeyedRequest
 from .response_spec import ResponseSpec, spec_of, stored_request
@@ -87,7 +88,7 @@ async def create_response(
     )
     metrics.task_created("response", committed.task.model)
     ctx.runner.publish(committed)
-    ctx.runner.submit(committed.task.id, caller.id, spec.generation.n)
+    ctx.runner.submit(committed.task.id, caller.id, spec.generation.n, Tier.of(spec.service_tier))
     return body
 
 
@@ -151,6 +152,8 @@ def _commit_response(
         # Held by this server's runner from the transaction that creates it (LMSP B12), or,
         # without a local worker, by none: a standalone worker claims it.
         runner_id=ctx.runner.holder_id,
+        # What the shared queue's claims route by (standalone workers prefer their keys).
+        cache_key=spec.cache_key,
         params=TaskParams(
             max_tokens=admitted.plan.max_tokens,
             temperature=echoed["temperature"],
@@ -161,6 +164,7 @@ def _commit_response(
             prompt_tokens=admitted.plan.prompt_tokens,
             # What the task holds of its caller's quota while unfinished.
             budget=admitted.plan.budget,
+            service_tier=spec.service_tier,
             **spec.generation.params(),
         ).dump(),
         created_at=now,
@@ -205,7 +209,7 @@ def context_before(
 
 def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     """A response's output (one choice's items) as the assistant message of a later turn:
-    its text and its function calls."""
+    its text and its function and custom tool calls."""
     message: dict[str, Any] = {"role": "assistant", "content": ""}
     for item in output:
         if item.get("type") == "message":
@@ -213,6 +217,10 @@ def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:
         elif item.get("type") == "function_call":
             message.setdefault("tool_calls", []).append(
                 {"id": item["call_id"], "name": item["name"], "arguments": item["arguments"]}
+            )
+        elif item.get("type") == "custom_tool_call":
+            message.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "name": item["name"], "input": item["input"]}
             )
     return message
 

@@ -45,9 +45,11 @@ from ..store.database import Database
 from ..store.tables import Task
 from . import claiming, metrics
 from .bus import EventBus
+from .cache_keys import RecentKeys
 from .catalog import ModelCatalog
 from .committer import Committer
 from .dispatch import EngineDispatcher
+from .fairqueue import Tier, tier_of
 from .output import OutputStage
 from .runner_clock import RunnerClock
 from .running import TaskOutput
@@ -95,6 +97,9 @@ class TaskRunner:
         self.cancel_listeners: list[Callable[[str], None]] = []
         # Called with the loop when the runner starts (the lease's heartbeat, the feed).
         self.start_listeners: list[Callable[[asyncio.AbstractEventLoop], None]] = []
+        # The prompt cache keys of the tasks it claimed from the shared queue, most recent
+        # last: its claims prefer those keys' tasks (its worker's prompt cache holds them).
+        self.recent_keys = RecentKeys()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -151,7 +156,7 @@ class TaskRunner:
 
     def _queue_found(self, tasks: list[Task]) -> None:
         for task in tasks:
-            if self.slots.push(task.id, task.owner):
+            if self.slots.push(task.id, task.owner, tier=tier_of(task)):
                 self.clock.queued(task.id)
         self.schedule()
 
@@ -166,15 +171,23 @@ class TaskRunner:
 
     async def claim_shared(self, models: Sequence[str] | None) -> int:
         """Claim from the shared queue as many tasks as there is room for (`room`), of these
-        models (None: any), and run them; how many it claimed (a standalone worker's loop)."""
+        models (None: any), the tasks of the prompt cache keys it claimed recently first
+        (within `rules.PREFER_HEAD_START`), and run them; how many it claimed (a standalone
+        worker's loop)."""
         room = self.room()
         if room <= 0 or self.runner_id is None:
             return 0
         claimed = await self.committer.call(
-            rules.claim_tasks, self.db, self.runner_id, models, room
+            rules.claim_tasks,
+            self.db,
+            self.runner_id,
+            models,
+            room,
+            prefer=self.recent_keys.keys(),
         )
-        for task_id, owner in claimed:
-            self.submit(task_id, owner)
+        self.recent_keys.add(c.cache_key for c in claimed)
+        for c in claimed:
+            self.submit(c.task_id, c.owner)
         return len(claimed)
 
     def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -188,15 +201,16 @@ class TaskRunner:
 
     # -- requests from the services (any thread) -------------------------------------------
 
-    def submit(self, task_id: str, owner: str, rows: int = 1) -> None:
+    def submit(self, task_id: str, owner: str, rows: int = 1, tier: Tier = Tier.DEFAULT) -> None:
         """A task of `owner` was committed `queued`, held by this runner: run it when a slot
-        is free (and it is its owner's turn). A job of n choices takes `rows` = n slots."""
+        is free (and it is its owner's turn, and its tier's). A job of n choices takes `rows`
+        = n slots."""
         if not self.started or not self.executes:
             return  # start() picks it up from the database; or a standalone worker will
-        self._on_loop(self._submit, task_id, owner, rows)
+        self._on_loop(self._submit, task_id, owner, rows, tier)
 
-    def _submit(self, task_id: str, owner: str, rows: int = 1) -> None:
-        self.slots.push(task_id, owner, rows)
+    def _submit(self, task_id: str, owner: str, rows: int = 1, tier: Tier = Tier.DEFAULT) -> None:
+        self.slots.push(task_id, owner, rows, tier)
         self.clock.submitted(task_id)
         if self.slots.active_count() + self.slots.waiting() <= self.max_active:
             # It will start as soon as it is dispatched: an idle worker gathering a burst of

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..protocol.output import Batch
 from .assembly import OutputAssembler
+from .fairqueue import Tier
 from .generation import Generation
 
 
@@ -47,6 +48,8 @@ class RunningTask:
     owner: str
     # The batch rows its job takes (a job with n choices takes n).
     rows: int = 1
+    # Its service tier: where it waits in its owner's line (`fairqueue.Tier`).
+    tier: Tier = Tier.DEFAULT
     # It holds a slot: being claimed, or handed to the engine.
     has_slot: bool = False
     # Set when its job is handed to the engine; dropped when it is paused.

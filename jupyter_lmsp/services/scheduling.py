@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .fairqueue import FairQueue, over_share
+from .fairqueue import FairQueue, Tier, over_share
 from .running import RunningTask
 
 
@@ -48,22 +48,29 @@ class Slots:
         self.queue.remove(task_id)
         return self.tasks.pop(task_id, None)
 
-    def _record(self, task_id: str, owner: str, rows: int | None = None) -> RunningTask:
+    def _record(
+        self, task_id: str, owner: str, rows: int | None = None, tier: Tier | None = None
+    ) -> RunningTask:
         task = self.tasks.get(task_id)
         if task is None:
             task = self.tasks[task_id] = RunningTask(task_id, owner)
         if rows is not None:
             task.rows = rows
+        if tier is not None:
+            task.tier = tier
         return task
 
     # -- the queue --------------------------------------------------------------------------
 
-    def push(self, task_id: str, owner: str, rows: int | None = None) -> bool:
-        """Queue a task without a slot at the end of its owner's line; whether it was."""
-        task = self._record(task_id, owner, rows)
+    def push(
+        self, task_id: str, owner: str, rows: int | None = None, tier: Tier | None = None
+    ) -> bool:
+        """Queue a task without a slot at the end of its tier in its owner's line; whether it
+        was."""
+        task = self._record(task_id, owner, rows, tier)
         if task.has_slot:
             return False
-        self.queue.push(task_id, owner)
+        self.queue.push(task_id, owner, task.tier)
         return True
 
     def push_front(self, task_id: str, owner: str) -> bool:
@@ -71,13 +78,13 @@ class Slots:
         task = self._record(task_id, owner)
         if task.has_slot:
             return False
-        self.queue.push_front(task_id, owner)
+        self.queue.push_front(task_id, owner, task.tier)
         return True
 
     def push_paused(self, task: RunningTask) -> None:
         """Queue a paused task again: first in its owner's line, after the waiting owners."""
         task.requeued()
-        self.queue.push_paused(task.task_id, task.owner)
+        self.queue.push_paused(task.task_id, task.owner, task.tier)
 
     def unqueue(self, task_id: str) -> bool:
         """Take a waiting task out of the queue (it ends); whether it was waiting."""
@@ -109,7 +116,7 @@ class Slots:
             if used and used + task.rows > self.max_active:
                 # A job takes all its rows at once; with nothing running it starts anyway
                 # (the worker takes a job wider than its batch when idle).
-                self.queue.push_front(task_id, task.owner)
+                self.queue.push_front(task_id, task.owner, task.tier)
                 return
             task.has_slot = True
             yield task

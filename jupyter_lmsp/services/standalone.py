@@ -7,7 +7,9 @@ and a lease it renews; what it lacks is HTTP. Its work comes from the shared que
 without a local worker (`LMSPExtension.local_worker = False`) create their tasks held by no
 runner, and every `claim_interval` the worker claims as many as it has room for
 (`rules.claim_tasks`: oldest first, of the models it serves, `FOR UPDATE SKIP LOCKED` on
-PostgreSQL so that workers never take the same task). Cancels committed through any server
+PostgreSQL so that workers never take the same task). Its claims give the tasks of the
+`prompt_cache_key`s it claimed recently a head start (`TaskRunner.recent_keys`): its own
+inference worker's prompt cache holds their prompts. Cancels committed through any server
 reach it through the feed (`services.feed`: LISTEN/NOTIFY on PostgreSQL), and stop the
 generation at its next step.
 

@@ -35,6 +35,8 @@ from ..protocol.states import TERMINAL_STATES as _TERMINAL_STATES
 # The task state each lifecycle event moves to: the service's one map (protocol.states).
 EVENT_STATES: dict[str, str] = {event: str(state) for event, state in _EVENT_STATES.items()}
 TERMINAL_STATES = frozenset(str(state) for state in _TERMINAL_STATES)
+# Output items that are calls the client runs: a function's, a custom tool's.
+CALL_ITEMS = ("function_call", "custom_tool_call")
 
 TokenCounter = Callable[[str], int]
 
@@ -76,11 +78,15 @@ def tokenizer_counter(model_path: str | None) -> TokenCounter:
 def _detail(event: Event) -> str:
     """A short human description of an event for the "last events" list."""
     data = event.data
-    if event.type in ("response.output_text.delta", "response.function_call_arguments.delta"):
+    if event.type in (
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+    ):
         delta = data.get("delta", "")
         return repr(delta if len(delta) <= 40 else delta[:39] + "…")
     item = data.get("item")
-    if isinstance(item, dict) and item.get("type") == "function_call":
+    if isinstance(item, dict) and item.get("type") in CALL_ITEMS:
         return f"call {item.get('name', '')} {item.get('status', '')}".strip()
     response = data.get("response")
     if isinstance(response, dict):
@@ -97,7 +103,7 @@ def _detail(event: Event) -> str:
 
 def _is_call(data: dict[str, Any]) -> bool:
     item = data.get("item")
-    return isinstance(item, dict) and item.get("type") == "function_call"
+    return isinstance(item, dict) and item.get("type") in CALL_ITEMS
 
 
 @dataclass
@@ -277,11 +283,13 @@ class WatcherState:
                     {
                         "id": item.get("id", ""),
                         "name": item.get("name", ""),
-                        "arguments": item.get("arguments", ""),
+                        # A custom tool's call has its input text where a function has
+                        # arguments.
+                        "arguments": item.get("arguments", item.get("input", "")),
                         "status": item.get("status", ""),
                     }
                     for item in output
-                    if item.get("type") == "function_call"
+                    if item.get("type") in CALL_ITEMS
                 ]
             usage = response.get("usage")
             if isinstance(usage, dict) and "output_tokens" in usage:

@@ -9,22 +9,30 @@ import { stateAfterEvent } from './taskstate';
 import type { ITaskEvent } from './types';
 
 /**
- * A one-line summary of an event: its text for deltas (of text or of a call's arguments), the
- * function and its arguments for a function call item, the status for lifecycle events.
+ * A one-line summary of an event: its text for deltas (of text, of a call's arguments or of a
+ * custom tool's input), the tool and its arguments or input for a call item, the status for
+ * lifecycle events.
  */
 export function summarize(event: ITaskEvent): string {
   // `Event` is a union discriminated on `type`: each case sees its own event's fields.
   switch (event.type) {
     case 'response.output_text.delta':
     case 'response.function_call_arguments.delta':
+    case 'response.custom_tool_call_input.delta':
       return JSON.stringify(event.delta);
     case 'response.function_call_arguments.done':
       return `arguments ${event.arguments}`;
+    case 'response.custom_tool_call_input.done':
+      return `input ${JSON.stringify(event.input)}`;
     case 'response.output_item.added':
     case 'response.output_item.done':
       if (event.item.type === 'function_call') {
         const { name, arguments: args, status } = event.item;
         return `call ${name}(${args}) ${status}`;
+      }
+      if (event.item.type === 'custom_tool_call') {
+        const { name, input, status } = event.item;
+        return `call ${name} ${JSON.stringify(input)} ${status}`;
       }
       return '';
   }

@@ -386,7 +386,8 @@ export class SidebarModel {
     view.task = task;
     if (
       event.type === 'response.output_text.delta' ||
-      event.type === 'response.function_call_arguments.delta'
+      event.type === 'response.function_call_arguments.delta' ||
+      event.type === 'response.custom_tool_call_input.delta'
     ) {
       view.chars = (view.chars ?? 0) + event.delta.length;
     }

@@ -174,14 +174,21 @@ def append_events(
 
 
 def start_running(
-    db: Database, task_id: str, input_tokens: int, runner_id: str | None = None
+    db: Database,
+    task_id: str,
+    input_tokens: int,
+    runner_id: str | None = None,
+    *,
+    n: int | None = None,
+    eager: bool | None = None,
 ) -> Committed:
     """`loading` → `running`, opening the attempt's output (or re-entering it when resuming).
 
-    A task without tools opens its message (one per choice) at once; with tools a message
-    opens with the first text (`protocol.output`). A resumed task is already `running` with
-    its attempt open: nothing is appended then, so the log goes on from its last committed
-    event.
+    A task without tools opens its message (one per choice, `n`) at once (`eager`); with tools
+    a message opens with the first text (`protocol.output`). The runner passes both from the
+    params it parsed at the claim; without them they are read from the task's params. A
+    resumed task is already `running` with its attempt open: nothing is appended then, so the
+    log goes on from its last committed event.
     """
     now = time.time()
     with db.writing() as conn:
@@ -198,14 +205,17 @@ def start_running(
         if state != TaskState.LOADING:
             return Committed(task, response, [], changed=False)
         task.state = TaskState.RUNNING
-        params = json.loads(task.params or "{}")
-        tools = params.get("tools")
+        if n is None or eager is None:
+            params = json.loads(task.params or "{}")
+            tools = params.get("tools")
+            n = int(params.get("n", 1))
+            eager = not (tools and ToolsSpec.from_json(tools).active)
         attempt, opened = Attempt.begin(
             attempt,
             (task.response_id or task.id).split("_", 1)[1],
             input_tokens,
-            n=int(params.get("n", 1)),
-            eager=not (tools and ToolsSpec.from_json(tools).active),
+            n=n,
+            eager=eager,
         )
         built: list[Event] = []
         if response is not None:

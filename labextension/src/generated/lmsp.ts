@@ -482,7 +482,7 @@ export interface components {
             type: "allowed_tools";
             /** @enum {string} */
             mode: "auto" | "required";
-            tools: components["schemas"]["FunctionChoice"][];
+            tools: (components["schemas"]["FunctionChoice"] | components["schemas"]["CustomChoice"])[];
         };
         /** AllowedToolsEcho */
         AllowedToolsEcho: {
@@ -493,7 +493,7 @@ export interface components {
             type: "allowed_tools";
             /** @enum {string} */
             mode: "auto" | "required";
-            tools: components["schemas"]["FunctionChoiceEcho"][];
+            tools: (components["schemas"]["FunctionChoiceEcho"] | components["schemas"]["CustomChoiceEcho"])[];
         };
         /** AssistantMessage */
         AssistantMessage: {
@@ -865,7 +865,7 @@ export interface components {
              * @description The conversation's items (as for `POST /responses`).
              * @default null
              */
-            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
+            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
             /**
              * @description The conversation's instructions (not compacted: send them again).
              * @default null
@@ -877,15 +877,15 @@ export interface components {
              */
             previous_response_id?: string | null;
             /**
-             * @description Accepted; the prompt cache needs no key to route by.
+             * @description Accepted; a routing hint for the compaction pass, as on `POST /responses`.
              * @default null
              */
             prompt_cache_key?: string | null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description The caller's own queued work is served `priority` first, then `auto`/`default`, then `flex` (which also waits for everyone else's other work).
              * @default null
              */
-            service_tier?: "auto" | "default" | null;
+            service_tier?: ("auto" | "default" | "priority" | "flex") | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1012,7 +1012,10 @@ export interface components {
             user?: string | null;
             /** @default null */
             safety_identifier?: string | null;
-            /** @default null */
+            /**
+             * @description A routing hint: standalone workers claim the queued tasks of the keys they served recently first (the first 64 characters count).
+             * @default null
+             */
             prompt_cache_key?: string | null;
             /**
              * @description Function tools only.
@@ -1102,10 +1105,10 @@ export interface components {
              */
             verbosity?: null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description The caller's own queued work is served `priority` first, then `auto`/`default`, then `flex` (which also waits for everyone else's other work).
              * @default null
              */
-            service_tier?: "auto" | "default" | null;
+            service_tier?: ("auto" | "default" | "priority" | "flex") | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1134,7 +1137,7 @@ export interface components {
              */
             model?: string | null;
             /** @description A string (one user message) or a list of items: messages with text content, function calls, function call outputs and compaction items. */
-            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCompaction"])[];
+            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputCompaction"])[];
             /**
              * @description A system message before `input`.
              * @default null
@@ -1187,7 +1190,7 @@ export interface components {
              */
             safety_identifier?: string | null;
             /**
-             * @description Stored and echoed. The prompt cache finds shared prefixes by their tokens, so it needs no key to route by.
+             * @description Stored and echoed; a routing hint: standalone workers claim the queued tasks of the keys they served recently first (their prompt caches hold them).
              * @default null
              */
             prompt_cache_key?: string | null;
@@ -1202,12 +1205,12 @@ export interface components {
              * @description Function tools, alone or in `namespace` tools.
              * @default null
              */
-            tools?: (components["schemas"]["FunctionTool"] | components["schemas"]["NamespaceTool"])[] | null;
+            tools?: (components["schemas"]["FunctionTool"] | components["schemas"]["CustomTool"] | components["schemas"]["NamespaceTool"])[] | null;
             /**
              * @description Default `auto` with tools; `allowed_tools` offers only those.
              * @default null
              */
-            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"] | components["schemas"]["AllowedTools"]) | null;
+            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"] | components["schemas"]["CustomChoice"] | components["schemas"]["AllowedTools"]) | null;
             /**
              * @description Several calls in one answer (default true).
              * @default null
@@ -1264,10 +1267,10 @@ export interface components {
              */
             moderation?: null;
             /**
-             * @description Accepted only with these values (they change nothing).
+             * @description The caller's own queued work is served `priority` first, then `auto`/`default`, then `flex` (which also waits for everyone else's other work).
              * @default null
              */
-            service_tier?: "auto" | "default" | null;
+            service_tier?: ("auto" | "default" | "priority" | "flex") | null;
             /** @default null */
             background_options?: components["schemas"]["BackgroundOptions"] | null;
             /**
@@ -1291,6 +1294,109 @@ export interface components {
              */
             access_programs?: Record<string, never> | null;
         } & (unknown & unknown & unknown);
+        /**
+         * CustomChoice
+         * @description `tool_choice: {"type": "custom", "name": ...}`: a call of that custom tool.
+         */
+        CustomChoice: {
+            /** @constant */
+            type: "custom";
+            name: string;
+        };
+        /** CustomChoiceEcho */
+        CustomChoiceEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "custom";
+            name: string;
+        };
+        /**
+         * CustomTool
+         * @description A `custom` tool of `POST /responses`: the model writes text for it instead of JSON
+         *     arguments; with a grammar `format` the text is constrained to the grammar's sentences.
+         */
+        CustomTool: {
+            /** @constant */
+            type: "custom";
+            name: string;
+            /** @default null */
+            description?: string | null;
+            /**
+             * @description `{'type': 'text'}` (the default) or a grammar.
+             * @default null
+             */
+            format?: (components["schemas"]["TextInput"] | components["schemas"]["GrammarInput"]) | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            allowed_callers?: [
+                "direct"
+            ] | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            defer_loading?: false | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            async?: false | null;
+        };
+        /**
+         * CustomToolCall
+         * @description A call of one of the request's `custom` tools: `input` is the text the model wrote for
+         *     it (a sentence of the tool's grammar, when it has one). The client runs the tool and sends
+         *     a `custom_tool_call_output` with the same `call_id`.
+         */
+        CustomToolCall: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "custom_tool_call";
+            call_id: string;
+            name: string;
+            input: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+            /**
+             * @description The `namespace` tool the custom tool came in (absent for a top-level one).
+             * @default null
+             */
+            namespace?: string | null;
+        };
+        /**
+         * CustomToolCallOutputItem
+         * @description A custom tool call's output given in a response's `input`.
+         */
+        CustomToolCallOutputItem: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "custom_tool_call_output";
+            call_id: string;
+            output: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+        };
+        /** CustomToolEcho */
+        CustomToolEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "custom";
+            name: string;
+            description: string | null;
+            format: components["schemas"]["TextInputEcho"] | components["schemas"]["GrammarInputEcho"];
+        };
         /**
          * Error
          * @description Every error the service answers with (LMSP B1).
@@ -1317,7 +1423,7 @@ export interface components {
          *     `task.completed`, `.failed`, `.cancelled`). Lifecycle events carry the whole response as
          *     `response`; text arrives as `response.output_text.delta`.
          */
-        Event: components["schemas"]["ResponseCreatedEvent"] | components["schemas"]["ResponseQueuedEvent"] | components["schemas"]["ResponseLoadingEvent"] | components["schemas"]["ResponseInProgressEvent"] | components["schemas"]["ResponseCancellingEvent"] | components["schemas"]["ResponseCompletedEvent"] | components["schemas"]["ResponseIncompleteEvent"] | components["schemas"]["ResponseFailedEvent"] | components["schemas"]["ResponseCancelledEvent"] | components["schemas"]["ResponseOutputItemAddedEvent"] | components["schemas"]["ResponseContentPartAddedEvent"] | components["schemas"]["ResponseOutputTextDeltaEvent"] | components["schemas"]["ResponseOutputTextDoneEvent"] | components["schemas"]["ResponseContentPartDoneEvent"] | components["schemas"]["ResponseOutputItemDoneEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDoneEvent"] | components["schemas"]["TaskCreatedEvent"] | components["schemas"]["TaskQueuedEvent"] | components["schemas"]["TaskLoadingEvent"] | components["schemas"]["TaskRunningEvent"] | components["schemas"]["TaskProgressEvent"] | components["schemas"]["TaskCancellingEvent"] | components["schemas"]["TaskCompletedEvent"] | components["schemas"]["TaskFailedEvent"] | components["schemas"]["TaskCancelledEvent"];
+        Event: components["schemas"]["ResponseCreatedEvent"] | components["schemas"]["ResponseQueuedEvent"] | components["schemas"]["ResponseLoadingEvent"] | components["schemas"]["ResponseInProgressEvent"] | components["schemas"]["ResponseCancellingEvent"] | components["schemas"]["ResponseCompletedEvent"] | components["schemas"]["ResponseIncompleteEvent"] | components["schemas"]["ResponseFailedEvent"] | components["schemas"]["ResponseCancelledEvent"] | components["schemas"]["ResponseOutputItemAddedEvent"] | components["schemas"]["ResponseContentPartAddedEvent"] | components["schemas"]["ResponseOutputTextDeltaEvent"] | components["schemas"]["ResponseOutputTextDoneEvent"] | components["schemas"]["ResponseContentPartDoneEvent"] | components["schemas"]["ResponseOutputItemDoneEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDoneEvent"] | components["schemas"]["ResponseCustomToolCallInputDeltaEvent"] | components["schemas"]["ResponseCustomToolCallInputDoneEvent"] | components["schemas"]["TaskCreatedEvent"] | components["schemas"]["TaskQueuedEvent"] | components["schemas"]["TaskLoadingEvent"] | components["schemas"]["TaskRunningEvent"] | components["schemas"]["TaskProgressEvent"] | components["schemas"]["TaskCancellingEvent"] | components["schemas"]["TaskCompletedEvent"] | components["schemas"]["TaskFailedEvent"] | components["schemas"]["TaskCancelledEvent"];
         /** EventPage */
         EventPage: {
             /**
@@ -1455,8 +1561,8 @@ export interface components {
         /** FunctionChoiceEcho */
         FunctionChoiceEcho: {
             /**
-             * @default function
-             * @constant
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
              */
             type: "function";
             name: string;
@@ -1520,6 +1626,32 @@ export interface components {
             } | null;
             strict: boolean;
         };
+        /**
+         * GrammarInput
+         * @description A custom tool's input is a sentence of a grammar: `lark` (llguidance's Lark syntax, as
+         *     OpenAI's) or `regex` (Rust `regex` syntax, matched whole).
+         */
+        GrammarInput: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "grammar";
+            /** @enum {string} */
+            syntax: "lark" | "regex";
+            definition: string;
+        };
+        /** GrammarInputEcho */
+        GrammarInputEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "grammar";
+            /** @enum {string} */
+            syntax: "lark" | "regex";
+            definition: string;
+        };
         /** IncompleteDetails */
         IncompleteDetails: {
             reason: string;
@@ -1537,6 +1669,72 @@ export interface components {
             id?: string | null;
             /** @default null */
             created_by?: string | null;
+        };
+        /**
+         * InputCustomToolCall
+         * @description A custom tool call the model made earlier (an output item sent back as input).
+         */
+        InputCustomToolCall: {
+            /** @constant */
+            type: "custom_tool_call";
+            call_id: string;
+            name: string;
+            /** @description The text the model wrote for the tool. */
+            input: string;
+            /** @default null */
+            id?: string | null;
+            /** @default null */
+            status?: ("in_progress" | "completed" | "incomplete") | null;
+            /** @default null */
+            namespace?: string | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            caller?: {
+                type: "direct";
+            } | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            async?: false | null;
+        };
+        /**
+         * InputCustomToolCallItem
+         * @description A custom tool call given in a response's `input` (a call the model made earlier).
+         */
+        InputCustomToolCallItem: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "custom_tool_call";
+            call_id: string;
+            name: string;
+            input: string;
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+        };
+        /**
+         * InputCustomToolCallOutput
+         * @description What a custom tool call returned: its `output` (text) for the call with `call_id`.
+         */
+        InputCustomToolCallOutput: {
+            /** @constant */
+            type: "custom_tool_call_output";
+            call_id: string;
+            output: string | components["schemas"]["InputTextPart"][];
+            /** @default null */
+            id?: string | null;
+            /**
+             * @description Accepted only with these values (they change nothing).
+             * @default null
+             */
+            caller?: {
+                type: "direct";
+            } | null;
         };
         /**
          * InputFunctionCall
@@ -1639,7 +1837,7 @@ export interface components {
              * @constant
              */
             object: "list";
-            data: (components["schemas"]["InputItem"] | components["schemas"]["InputFunctionCallItem"] | components["schemas"]["FunctionCallOutputItem"])[];
+            data: (components["schemas"]["InputItem"] | components["schemas"]["InputFunctionCallItem"] | components["schemas"]["FunctionCallOutputItem"] | components["schemas"]["InputCustomToolCallItem"] | components["schemas"]["CustomToolCallOutputItem"])[];
             first_id: string | null;
             last_id: string | null;
             has_more: boolean;
@@ -1720,7 +1918,7 @@ export interface components {
              * @description As for `POST /responses`.
              * @default null
              */
-            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
+            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
             /** @default null */
             instructions?: string | null;
             /** @default null */
@@ -1729,12 +1927,12 @@ export interface components {
              * @description Counted as the model's template renders them.
              * @default null
              */
-            tools?: (components["schemas"]["FunctionTool"] | components["schemas"]["NamespaceTool"])[] | null;
+            tools?: (components["schemas"]["FunctionTool"] | components["schemas"]["CustomTool"] | components["schemas"]["NamespaceTool"])[] | null;
             /**
              * @description `allowed_tools` counts only the tools it offers.
              * @default null
              */
-            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"] | components["schemas"]["AllowedTools"]) | null;
+            tool_choice?: (("auto" | "none" | "required") | components["schemas"]["FunctionChoice"] | components["schemas"]["CustomChoice"] | components["schemas"]["AllowedTools"]) | null;
             /** @default null */
             parallel_tool_calls?: boolean | null;
             /**
@@ -1866,17 +2064,17 @@ export interface components {
         };
         /**
          * NamespaceTool
-         * @description A Responses `namespace` tool: function tools grouped under a name (Codex sends one).
-         *     The model is offered the functions by their own names; a call of one carries `namespace`,
-         *     and a call sent back as input may carry it too.
+         * @description A Responses `namespace` tool: function and custom tools grouped under a name (Codex
+         *     sends one). The model is offered the tools by their own names; a call of one carries
+         *     `namespace`, and a call sent back as input may carry it too.
          */
         NamespaceTool: {
             /** @constant */
             type: "namespace";
             name: string;
-            /** @description Shown to the model with the namespace's functions. */
+            /** @description Shown to the model with the namespace's tools. */
             description: string;
-            tools: components["schemas"]["FunctionTool"][];
+            tools: (components["schemas"]["FunctionTool"] | components["schemas"]["CustomTool"])[];
         };
         /** NamespaceToolEcho */
         NamespaceToolEcho: {
@@ -1887,7 +2085,7 @@ export interface components {
             type: "namespace";
             name: string;
             description: string;
-            tools: components["schemas"]["FunctionToolEcho"][];
+            tools: (components["schemas"]["FunctionToolEcho"] | components["schemas"]["CustomToolEcho"])[];
         };
         /** OutputMessage */
         OutputMessage: {
@@ -2084,15 +2282,15 @@ export interface components {
             instructions: string | null;
             max_output_tokens: number | null;
             model: string;
-            output: (components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"])[];
+            output: (components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"])[];
             parallel_tool_calls: boolean;
             previous_response_id: string | null;
             temperature: number;
             top_p: number;
             presence_penalty: number;
             frequency_penalty: number;
-            tool_choice: ("auto" | "none" | "required") | components["schemas"]["FunctionChoiceEcho"] | components["schemas"]["AllowedToolsEcho"];
-            tools: (components["schemas"]["FunctionToolEcho"] | components["schemas"]["NamespaceToolEcho"])[];
+            tool_choice: ("auto" | "none" | "required") | components["schemas"]["FunctionChoiceEcho"] | components["schemas"]["CustomChoiceEcho"] | components["schemas"]["AllowedToolsEcho"];
+            tools: (components["schemas"]["FunctionToolEcho"] | components["schemas"]["CustomToolEcho"] | components["schemas"]["NamespaceToolEcho"])[];
             max_tool_calls: number | null;
             text: components["schemas"]["TextEcho"];
             top_logprobs: number;
@@ -2104,8 +2302,8 @@ export interface components {
                 [key: string]: string;
             };
             store: boolean;
-            /** @constant */
-            service_tier: "default";
+            /** @enum {string} */
+            service_tier: "default" | "priority" | "flex";
             safety_identifier: string | null;
             prompt_cache_key: string | null;
             user: string | null;
@@ -2200,6 +2398,43 @@ export interface components {
              * @enum {string}
              */
             type: "response.created";
+        };
+        /**
+         * ResponseCustomToolCallInputDeltaEvent
+         * @description More of a custom tool call's input text: one per committed batch.
+         */
+        ResponseCustomToolCallInputDeltaEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default 0
+             */
+            choice?: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.custom_tool_call_input.delta";
+            item_id: string;
+            delta: string;
+        };
+        /** ResponseCustomToolCallInputDoneEvent */
+        ResponseCustomToolCallInputDoneEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default 0
+             */
+            choice?: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.custom_tool_call_input.done";
+            item_id: string;
+            input: string;
         };
         /** ResponseDeleted */
         ResponseDeleted: {
@@ -2306,7 +2541,7 @@ export interface components {
              * @enum {string}
              */
             type: "response.output_item.added";
-            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"];
+            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"];
         };
         /** ResponseOutputItemDoneEvent */
         ResponseOutputItemDoneEvent: {
@@ -2322,7 +2557,7 @@ export interface components {
              * @enum {string}
              */
             type: "response.output_item.done";
-            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"];
+            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"];
         };
         /**
          * ResponseOutputTextDeltaEvent
@@ -2622,6 +2857,25 @@ export interface components {
              * @enum {string}
              */
             verbosity: "low" | "medium" | "high";
+        };
+        /**
+         * TextInput
+         * @description A custom tool's input is free text.
+         */
+        TextInput: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "text";
+        };
+        /** TextInputEcho */
+        TextInputEcho: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "text";
         };
         /** ToolCall */
         ToolCall: {
@@ -3614,12 +3868,21 @@ export const chatMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<componen
 export const choiceFinish_reasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Choice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
 export const chunkChoiceFinish_reasonAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChunkChoice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
 export const clientScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Client"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const compactResponseRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactResponseRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
 export const compactedUserMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactedUserMessage"]["type"]> = ["message"];
 export const compactionItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactionItem"]["type"]> = ["compaction"];
 export const completedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompletedEventType"]> = ["response.completed", "response.incomplete", "task.completed"];
 export const createChatCompletionRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["tool_choice"]> = ["auto", "none", "required"];
+export const createChatCompletionRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
 export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createResponseRequestIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
+export const createResponseRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
+export const customChoiceEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomChoiceEcho"]["type"]> = ["custom"];
+export const customToolCallTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCall"]["type"]> = ["custom_tool_call"];
+export const customToolCallStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCall"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const customToolCallOutputItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCallOutputItem"]["type"]> = ["custom_tool_call_output"];
+export const customToolCallOutputItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCallOutputItem"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const customToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolEcho"]["type"]> = ["custom"];
 export const failedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FailedEventType"]> = ["response.failed", "task.failed"];
 export const formatJSONObjectTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONObject"]["type"]> = ["json_object"];
 export const formatJSONObjectEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FormatJSONObjectEcho"]["type"]> = ["json_object"];
@@ -3631,7 +3894,15 @@ export const functionCallTypeValues: ReadonlyArray<FlattenedDeepRequired<compone
 export const functionCallStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCall"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const functionCallOutputItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCallOutputItem"]["type"]> = ["function_call_output"];
 export const functionCallOutputItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionCallOutputItem"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const functionChoiceEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionChoiceEcho"]["type"]> = ["function"];
 export const functionToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["FunctionToolEcho"]["type"]> = ["function"];
+export const grammarInputTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["GrammarInput"]["type"]> = ["grammar"];
+export const grammarInputSyntaxValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["GrammarInput"]["syntax"]> = ["lark", "regex"];
+export const grammarInputEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["GrammarInputEcho"]["type"]> = ["grammar"];
+export const grammarInputEchoSyntaxValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["GrammarInputEcho"]["syntax"]> = ["lark", "regex"];
+export const inputCustomToolCallStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputCustomToolCall"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const inputCustomToolCallItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputCustomToolCallItem"]["type"]> = ["custom_tool_call"];
+export const inputCustomToolCallItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputCustomToolCallItem"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const inputFunctionCallStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCall"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const inputFunctionCallItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallItem"]["type"]> = ["function_call"];
 export const inputFunctionCallItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputFunctionCallItem"]["status"]> = ["in_progress", "completed", "incomplete"];
@@ -3661,12 +3932,15 @@ export const reasoningEchoSummaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequir
 export const responseStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["status"]> = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"];
 export const responseTool_choiceAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["tool_choice"]> = ["auto", "none", "required"];
 export const responseTruncationValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["truncation"]> = ["auto", "disabled"];
+export const responseService_tierValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["service_tier"]> = ["default", "priority", "flex"];
 export const responseCancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCancelledEvent"]["type"]> = ["response.cancelled"];
 export const responseCancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCancellingEvent"]["type"]> = ["response.cancelling"];
 export const responseCompletedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCompletedEvent"]["type"]> = ["response.completed"];
 export const responseContentPartAddedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseContentPartAddedEvent"]["type"]> = ["response.content_part.added"];
 export const responseContentPartDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseContentPartDoneEvent"]["type"]> = ["response.content_part.done"];
 export const responseCreatedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCreatedEvent"]["type"]> = ["response.created"];
+export const responseCustomToolCallInputDeltaEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCustomToolCallInputDeltaEvent"]["type"]> = ["response.custom_tool_call_input.delta"];
+export const responseCustomToolCallInputDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseCustomToolCallInputDoneEvent"]["type"]> = ["response.custom_tool_call_input.done"];
 export const responseFailedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseFailedEvent"]["type"]> = ["response.failed"];
 export const responseFunctionCallArgumentsDeltaEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"]["type"]> = ["response.function_call_arguments.delta"];
 export const responseFunctionCallArgumentsDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseFunctionCallArgumentsDoneEvent"]["type"]> = ["response.function_call_arguments.done"];
@@ -3693,3 +3967,5 @@ export const taskRunningEventTypeValues: ReadonlyArray<FlattenedDeepRequired<com
 export const taskStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskState"]> = ["queued", "loading", "running", "cancelling", "completed", "failed", "cancelled"];
 export const terminalEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TerminalEventType"]> = ["response.completed", "response.incomplete", "response.failed", "response.cancelled", "task.completed", "task.failed", "task.cancelled"];
 export const textEchoVerbosityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextEcho"]["verbosity"]> = ["low", "medium", "high"];
+export const textInputTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextInput"]["type"]> = ["text"];
+export const textInputEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextInputEcho"]["type"]> = ["text"];
