@@ -24,6 +24,12 @@ zero. The output layer then scores `CALL_TEXT` from the constant, minus "a resul
 strongest of all. Every other token scores 0. It runs through the real mlx-lm code path and the
 engine like any model; only its behaviour is fixed.
 
+The first turn's output may also be a sequence of tokens (`script`: a family's call written
+with its special tokens, tests/familymodels.py): each scripted token then has a feature of its
+own ("this is script token i") from which the output layer scores token i + 1, the last one
+scoring end-of-sequence; the chat template and the tokenizer's extra special tokens are then the
+family's.
+
 Command line: `python tests/scriptedmodel.py DIR` (writes the model, prints DIR).
 """
 
@@ -54,8 +60,8 @@ ANSWER_TEXT = "The command ran and printed scripted-hi."
 RESULT_MARKER = "<tool_response>"
 
 HIDDEN = 16
-# The features (residual stream dimensions).
-CONST, IS_RESULT, IS_SCRIPTED, SAW_RESULT = 0, 1, 2, 3
+# The features (residual stream dimensions); a script's token i has feature NEXT + i.
+CONST, IS_RESULT, IS_SCRIPTED, SAW_RESULT, NEXT = 0, 1, 2, 3, 4
 # The head dimensions holding the query and key: RoPE's slowest-rotating pair (dims `HALF - 1`
 # and `HIDDEN - 1` of the one head), with `ROPE_THETA` making its rotation negligible even at
 # the end of the window.
@@ -80,27 +86,42 @@ CONFIG: dict[str, Any] = {
 }
 
 
-def _tokenizer_json() -> str:
-    """The test model's tokenizer with the scripted outputs and the result marker added."""
+def _tokenizer_json(script: tuple[str, ...] = (CALL_TEXT,), special: tuple[str, ...] = ()) -> str:
+    """The test model's tokenizer with the scripted outputs and the result marker added
+    (`special` as special tokens)."""
     from tokenizers import AddedToken, Tokenizer
 
     tokenizer = Tokenizer.from_str(_train_tokenizer())
+    if special:
+        tokenizer.add_special_tokens(
+            [
+                AddedToken(text, special=True, normalized=False, single_word=False)
+                for text in special
+            ]
+        )
+    plain = [t for t in (*script, ANSWER_TEXT, RESULT_MARKER) if t not in special]
     tokenizer.add_tokens(
         [
             AddedToken(text, special=False, normalized=False, single_word=False)
-            for text in (CALL_TEXT, ANSWER_TEXT, RESULT_MARKER)
+            for text in dict.fromkeys(plain)
         ]
     )
     return str(tokenizer.to_str(pretty=True))
 
 
-def _weights(vocab_size: int, ids: dict[str, int]) -> dict[str, np.ndarray]:
+def _weights(
+    vocab_size: int, ids: dict[str, int], script: tuple[str, ...] = (CALL_TEXT,)
+) -> dict[str, np.ndarray]:
+    if len(set(script)) != len(script) or len(script) > HIDDEN - NEXT + 1:
+        raise ValueError("a script is at most 13 distinct tokens")
     d = HIDDEN
     embed = np.zeros((vocab_size, d), np.float32)
     embed[:, CONST] = 1.0
     embed[ids[RESULT_MARKER], IS_RESULT] = 1.0
-    embed[ids[CALL_TEXT], IS_SCRIPTED] = 1.0
+    embed[ids[script[-1]], IS_SCRIPTED] = 1.0
     embed[ids[ANSWER_TEXT], IS_SCRIPTED] = 1.0
+    for i, token in enumerate(script[:-1]):
+        embed[ids[token], NEXT + i] = 1.0
 
     # After the RMS norm the constant is 2..4 and a set feature ~2.3..2.8: a score of ~70 on a
     # `<tool_response>` key (scale 1/4), far above log(WINDOW), against 0 on every other key.
@@ -116,8 +137,10 @@ def _weights(vocab_size: int, ids: dict[str, int]) -> dict[str, np.ndarray]:
     o[SAW_RESULT, 0] = 1.0 / 2.83
 
     head = np.zeros((vocab_size, d), np.float32)
-    head[ids[CALL_TEXT], CONST] = 10.0
-    head[ids[CALL_TEXT], SAW_RESULT] = -20.0
+    head[ids[script[0]], CONST] = 10.0
+    head[ids[script[0]], SAW_RESULT] = -20.0
+    for i, token in enumerate(script[1:]):
+        head[ids[token], NEXT + i] = 40.0
     head[ids[ANSWER_TEXT], SAW_RESULT] = 20.0
     head[ids[EOS_TOKEN], IS_SCRIPTED] = 40.0
 
@@ -139,13 +162,21 @@ def _weights(vocab_size: int, ids: dict[str, int]) -> dict[str, np.ndarray]:
     }
 
 
-def make_scripted_model(path: Path) -> Path:
-    """Write the scripted model's directory at `path` (created if missing) and return it."""
+def make_scripted_model(
+    path: Path,
+    *,
+    script: tuple[str, ...] = (CALL_TEXT,),
+    special: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
+) -> Path:
+    """Write the scripted model's directory at `path` (created if missing) and return it.
+    `script`: the first turn's tokens (each one token of the tokenizer; `special` are added as
+    special tokens), `chat_template` the template its tokenizer config holds."""
     import mlx.core as mx
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer_json = _tokenizer_json()
+    tokenizer_json = _tokenizer_json(script, special)
     data = json.loads(tokenizer_json)
     ids: dict[str, int] = dict(data["model"]["vocab"])
     ids.update({t["content"]: t["id"] for t in data["added_tokens"]})
@@ -167,7 +198,7 @@ def make_scripted_model(path: Path) -> Path:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": WINDOW,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (path / "tokenizer_config.json").write_text(
         json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
@@ -175,7 +206,7 @@ def make_scripted_model(path: Path) -> Path:
     (path / "config.json").write_text(
         json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
-    weights = {name: mx.array(w) for name, w in _weights(vocab_size, ids).items()}
+    weights = {name: mx.array(w) for name, w in _weights(vocab_size, ids, script).items()}
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     return path
 

@@ -125,13 +125,16 @@ class CallFormat:
     `name` is "generic" (the format this service teaches a model through its system prompt) or
     the mlx-lm tool parser whose format the model was trained on (same shape: "json_tools").
     `special_markers`: the markers are single special tokens of the model's tokenizer, so the
-    grammar names them as tokens rather than spelling them out.
+    grammar names them as tokens rather than spelling them out. Another mlx-lm format
+    (`callformats.FAMILIES`: "qwen3_coder", "mistral", ...) has its own markers and grammar;
+    `marker_ids` are those of its fixed strings that are single special tokens, with their ids.
     """
 
     name: str = "generic"
     start: str = "<tool_call>"
     end: str = "</tool_call>"
     special_markers: bool = False
+    marker_ids: tuple[tuple[str, int], ...] = ()
 
 
 GENERIC = CallFormat()
@@ -181,9 +184,11 @@ def check_response_format(fmt: ResponseFormat) -> GrammarIssue | None:
     return GrammarIssue(found.reason, ("schema", *found.path))
 
 
-def check_tools(spec: ToolSpec) -> GrammarIssue | None:
+def check_tools(spec: ToolSpec, call_format: CallFormat = GENERIC) -> GrammarIssue | None:
     """None if every tool's parameters compile and the choice names a tool, else the first
-    issue found."""
+    issue found; the whole grammar is compiled in `call_format` (the server, which does not
+    know the model's, checks the generic one; the worker builds the model's and fails a job
+    whose grammar does not compile with `grammar_invalid`)."""
     names: set[str] = set()
     for i, tool in enumerate(spec.tools):
         if not FUNCTION_NAME.match(tool.name):
@@ -221,7 +226,10 @@ def check_tools(spec: ToolSpec) -> GrammarIssue | None:
         return GrammarIssue("max_calls must be >= 0", ("max_calls",))
     if spec.active:
         # The whole grammar too (it should compile whenever its parts do).
-        reason = _validate(build_grammar(None, spec))
+        try:
+            reason = _validate(build_grammar(None, spec, call_format))
+        except (TypeError, ValueError) as exc:
+            reason = str(exc)
         if reason:
             return GrammarIssue(reason, ())
     return None
@@ -342,6 +350,10 @@ def build_grammar(
             return None
         return _json_grammar(_format_schema(response_format), response_format.strict)
     assert tools is not None
+    if call_format.name not in ("generic", "json_tools"):
+        from .callformats import family_grammar
+
+        return family_grammar(response_format, tools, call_format)
     lines = ["%llguidance {}"]
     start, end = _marker(call_format.start, call_format), _marker(call_format.end, call_format)
     functions = tools.callable_tools()

@@ -1,0 +1,230 @@
+"""Model families made here, for the call-format tests (issue 37): per tool-call format mlx-lm
+knows, the special tokens its models' tokenizers have and a chat template written here in the
+family's shape (tools listed in the system block, past calls written in the family's syntax,
+results as `<tool_response>` blocks).
+
+`family_tokenizer(name, dir)` writes a tokenizer directory (the test model's byte-level BPE plus
+the family's special tokens, and its template) and loads it with mlx-lm's own loader, which
+infers the tool parser from the template as it does for a real checkpoint. `family_script(name)`
+is the token sequence in which a scripted model (tests/scriptedmodel.py) writes the call
+`exec_command(cmd="echo scripted-hi")` in the family's format.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scriptedmodel import CALL_ARGUMENTS, CALL_NAME, _tokenizer_json
+
+from jupyter_lmsp.models.testmodel import EOS_TOKEN
+
+# The frame every template shares: role blocks in the test model's special tokens; tools in
+# the system block; a tool's result as a <tool_response> block.
+_HEAD = (
+    "{%- if tools %}<|system|>\n# Tools\n{% for tool in tools %}{{ tool | tojson }}\n"
+    "{% endfor %}{{ call_help }}<|end|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'tool' %}"
+    "<|user|>\n<tool_response>\n{{ message.content }}\n</tool_response><|end|>\n"
+    "{%- elif message.role == 'assistant' %}"
+    "<|assistant|>\n{{ message.content or '' }}"
+    "{%- if message.tool_calls %}{{ calls(message.tool_calls) }}{% endif %}<|end|>\n"
+    "{%- else %}<|{{ message.role }}|>\n{{ message.content }}<|end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+_VALUE = "{% if v is string %}{{ v }}{% else %}{{ v | tojson }}{% endif %}"
+_FN = "{% set f = c.function if c.function is defined else c %}"
+
+_CALLS = {
+    "qwen3_coder": (
+        "{% for c in tool_calls %}" + _FN + "{% if not loop.first %}{{ NL }}{% endif %}"
+        "<tool_call>\n<function={{ f.name }}>{{ NL }}"
+        "{% for k, v in f.arguments.items() %}<parameter={{ k }}>{{ NL }}"
+        + _VALUE
+        + "{{ NL }}</parameter>{{ NL }}{% endfor %}</function>{{ NL }}</tool_call>{% endfor %}"
+    ),
+    "glm47": (
+        "{% for c in tool_calls %}" + _FN + "<tool_call>{{ f.name }}"
+        "{% for k, v in f.arguments.items() %}<arg_key>{{ k }}</arg_key><arg_value>"
+        + _VALUE
+        + "</arg_value>{% endfor %}</tool_call>{% endfor %}"
+    ),
+    "longcat": (
+        "{% for c in tool_calls %}" + _FN + "<longcat_tool_call>{{ f.name }}"
+        "{% for k, v in f.arguments.items() %}<longcat_arg_key>{{ k }}</longcat_arg_key>"
+        "<longcat_arg_value>" + _VALUE + "</longcat_arg_value>{% endfor %}"
+        "</longcat_tool_call>{% endfor %}"
+    ),
+    "minimax_m2": (
+        "<minimax:tool_call>{{ NL }}{% for c in tool_calls %}" + _FN + "{% if not loop.first %}"
+        '{{ NL }}{% endif %}<invoke name="{{ f.name }}">{{ NL }}'
+        "{% for k, v in f.arguments.items() %}"
+        '<parameter name="{{ k }}">' + _VALUE + "</parameter>{{ NL }}{% endfor %}</invoke>"
+        "{% endfor %}{{ NL }}</minimax:tool_call>"
+    ),
+    "mistral": (
+        "{% for c in tool_calls %}" + _FN + "[TOOL_CALLS]{{ f.name }}[ARGS]"
+        "{{ f.arguments | tojson }}{% endfor %}"
+    ),
+    "kimi_k2": (
+        "<|tool_calls_section_begin|>{% for c in tool_calls %}" + _FN + "<|tool_call_begin|>"
+        "functions.{{ f.name }}:{{ loop.index0 }}<|tool_call_argument_begin|>"
+        "{{ f.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>"
+    ),
+    "pythonic": (
+        "<|tool_call_start|>[{% for c in tool_calls %}" + _FN + "{% if not loop.first %}, "
+        "{% endif %}{{ f.name }}({% for k, v in f.arguments.items() %}{% if not loop.first %}"
+        ", {% endif %}{{ k }}={{ v | tojson }}{% endfor %}){% endfor %}]<|tool_call_end|>"
+    ),
+    "gemma4": (
+        "{% for c in tool_calls %}" + _FN + "<|tool_call>call:{{ f.name }}{{ '{' }}"
+        "{% for k, v in f.arguments.items() %}{% if not loop.first %},{% endif %}{{ k }}:"
+        '{% if v is string %}<|"|>{{ v }}<|"|>{% else %}{{ v | tojson }}{% endif %}'
+        "{% endfor %}{{ '}' }}<tool_call|>{% endfor %}"
+    ),
+    "function_gemma": (
+        "{% for c in tool_calls %}" + _FN + "<start_function_call>call:{{ f.name }}{{ '{' }}"
+        "{% for k, v in f.arguments.items() %}{% if not loop.first %},{% endif %}{{ k }}:"
+        "{% if v is string %}<escape>{{ v }}<escape>{% else %}{{ v | tojson }}{% endif %}"
+        "{% endfor %}{{ '}' }}<end_function_call>{% endfor %}"
+    ),
+}
+
+# What each template tells the model (and what mlx-lm's inference reads).
+_HELP = {
+    "qwen3_coder": "Call a function as <tool_call>\n<function=NAME>\n...",
+    "glm47": "Call a function as <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>",
+    "longcat": "Call a function as <longcat_tool_call>NAME<longcat_arg_key>K...",
+    "minimax_m2": "Call functions in <minimax:tool_call> blocks.",
+    "mistral": "Call functions as [TOOL_CALLS]NAME[ARGS]{...}.",
+    "kimi_k2": "Call functions in a <|tool_calls_section_begin|> section.",
+    "pythonic": "Call functions as <|tool_call_start|>[f(a=1)]<|tool_call_end|>.",
+    "gemma4": "Call functions as <|tool_call>call:f{a:1}<tool_call|>.",
+    "function_gemma": "Call functions as <start_function_call>call:f{a:1}<end_function_call>.",
+}
+
+# The family's marker tokens that are special tokens of the tokenizer made here (qwen3_coder's
+# and longcat's are text, as in Qwen3-Coder's tokenizer; llguidance still takes an added token
+# spelled <...> for a special one).
+SPECIAL: dict[str, tuple[str, ...]] = {
+    "qwen3_coder": (),
+    "glm47": (
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    ),
+    "longcat": (),
+    "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>"),
+    "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+    "kimi_k2": (
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    ),
+    "pythonic": ("<|tool_call_start|>", "<|tool_call_end|>"),
+    "gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>'),
+    "function_gemma": ("<start_function_call>", "<end_function_call>", "<escape>"),
+}
+
+FAMILIES = tuple(_CALLS)
+
+
+def chat_template(family: str) -> str:
+    # (Newlines next to block tags are written as {{ NL }}: HF renders with trim_blocks.)
+    macro = (
+        "{%- set NL = '\\n' -%}{%- macro calls(tool_calls) -%}"
+        + _CALLS[family]
+        + "{%- endmacro -%}"
+    )
+    return macro + "{%- set call_help = " + json.dumps(_HELP[family]) + " -%}" + _HEAD
+
+
+@dataclass(frozen=True)
+class Script:
+    """A scripted first turn: the tokens (`tokens`, `special` among them) and their text."""
+
+    tokens: tuple[str, ...]
+    special: tuple[str, ...]
+
+    @property
+    def text(self) -> str:
+        return "".join(self.tokens)
+
+
+def family_script(family: str) -> Script:
+    """The tokens in which a scripted model writes `exec_command(cmd=...)` in `family`'s format
+    (body tokens start with a character other than `<`, which llguidance would take for a
+    special token's)."""
+    cmd = CALL_ARGUMENTS["cmd"]
+    if family == "qwen3_coder":
+        # The string value a token of its own: llguidance's token mask refuses a token in which
+        # a lexeme of variable length ends and another one follows (BPE tokens are short).
+        return Script(
+            (
+                "<tool_call>",
+                f"\n<function={CALL_NAME}>\n<parameter=cmd>\n",
+                cmd,
+                "\n</parameter>\n</function>\n",
+                "</tool_call>",
+            ),
+            ("<tool_call>", "</tool_call>"),
+        )
+    if family == "mistral":
+        args = json.dumps(CALL_ARGUMENTS)
+        return Script(("[TOOL_CALLS]", CALL_NAME, "[ARGS]", args), SPECIAL["mistral"])
+    if family == "kimi_k2":
+        return Script(
+            (
+                "<|tool_calls_section_begin|>",
+                "<|tool_call_begin|>",
+                f"functions.{CALL_NAME}:",
+                "0",
+                "<|tool_call_argument_begin|>",
+                json.dumps(CALL_ARGUMENTS),
+                "<|tool_call_end|>",
+                "<|tool_calls_section_end|>",
+            ),
+            SPECIAL["kimi_k2"],
+        )
+    raise KeyError(family)
+
+
+def family_tokenizer(family: str, path: Path) -> Any:
+    """mlx-lm's `TokenizerWrapper` for a tokenizer of `family` written at `path`."""
+    from mlx_lm.tokenizer_utils import load
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "tokenizer.json").write_text(_tokenizer_json((), SPECIAL[family]), encoding="utf-8")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS_TOKEN,
+        "pad_token": EOS_TOKEN,
+        "bos_token": None,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 4096,
+        "chat_template": chat_template(family),
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return load(path, eos_token_ids=None)
+
+
+def ll_tokenizer(tokenizer: Any) -> Any:
+    """llguidance's view of `tokenizer` (as the worker builds it)."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(
+        tokenizer._tokenizer, eos_token=sorted(tokenizer.eos_token_ids)
+    )

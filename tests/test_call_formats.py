@@ -1,0 +1,396 @@
+"""Every tool-call format mlx-lm knows (issue 37): for each family (tests/familymodels.py: a
+tokenizer with the family's special tokens and a chat template in its shape), the format is
+inferred as mlx-lm infers it; tools, past calls and results render through the template and the
+calls the template writes parse back; the streaming parser gives the same calls whatever the
+chunking; the family's grammar takes its valid calls and refuses a wrong name or an undeclared
+key of a strict tool; a call that cannot be read fails loudly. Then two families end to end: a
+scripted model writes its call in the family's syntax and both APIs return it as a call."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from familymodels import FAMILIES, SPECIAL, family_script, family_tokenizer, ll_tokenizer
+from scriptedmodel import CALL_ARGUMENTS, CALL_NAME, make_scripted_model
+from sdkserver import MODEL, sdk_server
+
+from jupyter_lmsp.engine.callformats import FAMILIES as FORMATS
+from jupyter_lmsp.engine.callformats import make_parser
+from jupyter_lmsp.engine.grammars import (
+    GENERIC,
+    CustomTool,
+    FunctionTool,
+    ToolSpec,
+    build_grammar,
+    check_tools,
+)
+from jupyter_lmsp.engine.toolcalls import (
+    CallDone,
+    ContentDelta,
+    ToolCallError,
+    call_format_for,
+    render,
+)
+from jupyter_lmsp.engine.worker import call_format_of
+
+pytestmark = pytest.mark.timeout(300)
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "units": {"type": "string", "enum": ["c", "f"]},
+        "opts": {"type": "object", "properties": {"hourly": {"type": "boolean"}}},
+    },
+    "required": ["city"],
+}
+TOOLS = (FunctionTool("get_weather", "The weather", WEATHER, True), FunctionTool("ping"))
+NAMES = {"get_weather", "ping"}
+
+
+def arguments(family: str) -> dict[str, Any]:
+    args: dict[str, Any] = {"city": "Oslo", "days": 3, "units": "c"}
+    if family != "function_gemma":
+        # mlx-lm's function_gemma parser splits values at commas: no nested objects there.
+        args["opts"] = {"hourly": True}
+    return args
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("families")
+    return {family: family_tokenizer(family, root / family) for family in FAMILIES}
+
+
+def spec(choice: str = "auto", tools: tuple[FunctionTool, ...] = TOOLS) -> ToolSpec:
+    return ToolSpec(tools, choice)
+
+
+def written(tokenizer: Any, family: str, calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """The calls as the family's template writes them (an assistant turn's text)."""
+    fmt = call_format_for(family)
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": f"c{i}", "name": name, "arguments": json.dumps(args)}
+            for i, (name, args) in enumerate(calls)
+        ],
+    }
+    rendered, extra = render([{"role": "user", "content": "hi"}, message], spec(), fmt)
+    prompt = tokenizer.apply_chat_template(rendered, tokenize=False, **extra)
+    start = prompt.rindex("<|assistant|>\n") + len("<|assistant|>\n")
+    return str(prompt[start : prompt.index("<|end|>", start)])
+
+
+def parse(family: str, text: str, chunks: list[str] | None = None) -> tuple[str, list[CallDone]]:
+    parser = make_parser(family, NAMES, (), spec())
+    events = []
+    for chunk in chunks if chunks is not None else [text]:
+        events += parser.feed(chunk)
+    events += parser.finish()
+    content = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    return content, [e for e in events if isinstance(e, CallDone)]
+
+
+def accepts(tokenizer: Any, grammar: str, text: str) -> bool:
+    """Whether the token mask lets the model write `text` (as the tokenizer encodes it), then
+    end. (The mask, not only `consume_tokens`: llguidance's mask can be stricter.)"""
+    import llguidance
+    import numpy as np
+
+    ll = ll_tokenizer(tokenizer)
+    matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    for token in [*tokenizer.encode(text, add_special_tokens=False), ll.eos_token]:
+        mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32)
+        if not (int(mask[token // 32]) >> (token % 32)) & 1:
+            return False
+        if token != ll.eos_token and not matcher.consume_token(token):
+            return False
+    return not matcher.is_error()
+
+
+def grammar_for(tokenizer: Any, tools: ToolSpec) -> str:
+    fmt = call_format_of(tokenizer, ll_tokenizer(tokenizer), tools)
+    grammar = build_grammar(None, tools, fmt)
+    assert grammar is not None
+    return grammar
+
+
+# --- formats ---------------------------------------------------------------------------------
+
+
+def test_every_mlx_lm_parser_of_the_priority_list_has_a_format():
+    for name in ("qwen3_coder", "mistral", "pythonic", "glm47", "kimi_k2", "minimax_m2"):
+        assert name in FORMATS
+    for name in ("function_gemma", "gemma4", "longcat", "laguna"):
+        assert name in FORMATS
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_format_is_inferred_as_mlx_lm_infers_it(tokenizers, family):
+    tokenizer = tokenizers[family]
+    assert tokenizer.init_kwargs["tool_parser_type"] == family
+    fmt = call_format_of(tokenizer, ll_tokenizer(tokenizer), spec())
+    assert fmt.name == family
+    # The markers that are special tokens are named by id in the grammar.
+    specials = {marker for marker, _ in fmt.marker_ids}
+    assert specials == {m for m in FORMATS[family].markers if m in SPECIAL[family]}
+
+
+def test_custom_tools_are_served_in_the_generic_format():
+    customs = ToolSpec(TOOLS, "auto", customs=(CustomTool("shell"),))
+    assert call_format_for("qwen3_coder", tools=customs) == GENERIC
+    assert call_format_for("json_tools", tools=customs).name == "json_tools"
+    assert call_format_for("qwen3_coder", tools=spec()).name == "qwen3_coder"
+    # An unknown parser, or none: the generic format.
+    assert call_format_for("no_such_parser") == GENERIC
+    assert call_format_for(None) == GENERIC
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tools_calls_and_results_round_trip_through_the_template(tokenizers, family):
+    tokenizer = tokenizers[family]
+    fmt = call_format_for(family)
+    calls = [("get_weather", arguments(family)), ("ping", {})]
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"c{i}", "name": name, "arguments": json.dumps(args)}
+                for i, (name, args) in enumerate(calls)
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c0", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c1", "content": "pong"},
+    ]
+    rendered, extra = render(messages, spec(), fmt)
+    assert [t["function"]["name"] for t in extra["tools"]] == ["get_weather", "ping"]
+    prompt = tokenizer.apply_chat_template(
+        rendered, add_generation_prompt=True, tokenize=False, **extra
+    )
+    assert '"name": "get_weather"' in prompt  # the tools, as the template lists them
+    assert "<tool_response>\nsunny\n</tool_response>" in prompt
+    assert "<tool_response>\npong\n</tool_response>" in prompt
+    content, done = parse(family, written(tokenizer, family, calls))
+    assert content == ""
+    assert [(c.name, json.loads(c.arguments)) for c in done] == calls
+    assert [c.index for c in done] == [0, 1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("seed", range(3))
+def test_streaming_under_any_chunking_equals_the_whole_text(tokenizers, family, seed):
+    text = "Let me check. " + written(
+        tokenizers[family], family, [("get_weather", arguments(family)), ("ping", {})]
+    )
+    whole = parse(family, text)
+    rng = random.Random(seed)
+    cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 12)))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    assert parse(family, text, chunks) == whole
+    # One character at a time too: a start marker split anywhere is held back, never content.
+    assert parse(family, text, list(text)) == whole
+    assert whole[0] == "Let me check. "
+    assert [c.name for c in whole[1]] == ["get_weather", "ping"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_call_that_cannot_be_read_fails_loudly(tokenizers, family):
+    fmt = FORMATS[family]
+    good = written(tokenizers[family], family, [("get_weather", {"city": "Oslo"})])
+    # A function no tool has.
+    with pytest.raises(ToolCallError):
+        parse(family, good.replace("get_weather", "get_wether"))
+    # Garbage between the markers.
+    with pytest.raises(ToolCallError):
+        parse(family, f"{fmt.start}(((not a call{fmt.end}")
+    if fmt.end:
+        # The output ends inside a call.
+        with pytest.raises(ToolCallError):
+            parse(family, good[: good.rindex(fmt.end)])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_grammar_takes_valid_calls_in_the_family_syntax(tokenizers, family):
+    tokenizer = tokenizers[family]
+    one = written(tokenizer, family, [("get_weather", arguments(family))])
+    two = written(tokenizer, family, [("get_weather", {"city": "Oslo"}), ("ping", {})])
+    required = grammar_for(tokenizer, spec("required"))
+    assert accepts(tokenizer, required, one)
+    assert accepts(tokenizer, required, two)
+    assert not accepts(tokenizer, required, "Just text.")
+    auto = grammar_for(tokenizer, spec("auto"))
+    assert accepts(tokenizer, auto, "Just text.")
+    assert accepts(tokenizer, auto, "Checking. " + one)
+    # parallel_tool_calls false: one call only.
+    single = grammar_for(tokenizer, ToolSpec(TOOLS, "required", parallel=False))
+    assert accepts(tokenizer, single, one)
+    assert not accepts(tokenizer, single, two)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_grammar_refuses_wrong_names_and_undeclared_keys(tokenizers, family):
+    tokenizer = tokenizers[family]
+    required = grammar_for(tokenizer, spec("required"))
+    assert not accepts(
+        tokenizer, required, written(tokenizer, family, [("get_wether", {"city": "Oslo"})])
+    )
+    extra = written(tokenizer, family, [("get_weather", {"city": "Oslo", "country": "NO"})])
+    assert not accepts(tokenizer, required, extra)
+    # A wrong type of a typed parameter, a value outside an enum.
+    assert not accepts(
+        tokenizer,
+        required,
+        written(tokenizer, family, [("get_weather", {"city": "Oslo", "days": "soon"})]),
+    )
+    assert not accepts(
+        tokenizer,
+        required,
+        written(tokenizer, family, [("get_weather", {"city": "Oslo", "units": "k"})]),
+    )
+    # A missing required parameter.
+    assert not accepts(
+        tokenizer, required, written(tokenizer, family, [("get_weather", {"days": 3})])
+    )
+    # A named function: only its calls.
+    named = grammar_for(tokenizer, spec("ping"))
+    assert accepts(tokenizer, named, written(tokenizer, family, [("ping", {})]))
+    assert not accepts(
+        tokenizer, named, written(tokenizer, family, [("get_weather", {"city": "Oslo"})])
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_non_strict_tool_without_properties_takes_its_calls(tokenizers, family):
+    tokenizer = tokenizers[family]
+    loose = ToolSpec((FunctionTool("note", None, {"type": "object"}, strict=False),), "required")
+    grammar = grammar_for(tokenizer, loose)
+    if family in ("qwen3_coder", "glm47", "longcat", "minimax_m2", "mistral", "kimi_k2"):
+        assert accepts(tokenizer, grammar, written(tokenizer, family, [("note", {"text": "hi"})]))
+    assert accepts(tokenizer, grammar, written(tokenizer, family, [("note", {})]))
+
+
+@pytest.mark.parametrize("family", sorted(FORMATS))
+def test_check_tools_compiles_each_format_and_refuses_with_a_path(family):
+    fmt = call_format_for(family)
+    # A property that refers to the root's definitions compiles alone too.
+    defs = {
+        "type": "object",
+        "properties": {"when": {"$ref": "#/$defs/day"}, "city": {"type": "string"}},
+        "required": ["when"],
+        "$defs": {"day": {"type": "object", "properties": {"d": {"type": "integer"}}}},
+    }
+    assert check_tools(ToolSpec((FunctionTool("f", None, defs),), "required"), fmt) is None
+    bad = {"type": "object", "properties": {"x": {"type": "string", "pattern": "(?=a)b"}}}
+    issue = check_tools(ToolSpec((FunctionTool("f", None, bad),), "required"), fmt)
+    assert issue is not None
+    assert issue.path == ("tools", 0, "parameters", "properties", "x", "pattern")
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+E2E = ("qwen3_coder", "mistral", "kimi_k2")
+SHELL = {
+    "type": "function",
+    "name": CALL_NAME,
+    "description": "Run a command",
+    "parameters": {
+        "type": "object",
+        "properties": {"cmd": {"type": "string"}},
+        "required": ["cmd"],
+    },
+}
+
+
+@pytest.fixture(scope="module", params=E2E)
+def family_server(request, tmp_path_factory) -> Iterator[tuple[str, Any]]:
+    from familymodels import chat_template
+
+    family = request.param
+    script = family_script(family)
+    model_dir = make_scripted_model(
+        tmp_path_factory.mktemp(f"scripted-{family}"),
+        script=script.tokens,
+        special=script.special,
+        chat_template=chat_template(family),
+    )
+    with sdk_server(tmp_path_factory.mktemp(f"server-{family}"), Path(model_dir)) as server:
+        yield family, server
+
+
+def test_a_scripted_call_in_the_family_format_through_both_apis(family_server):
+    family, server = family_server
+    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
+        body = {
+            "model": MODEL,
+            "input": "Run it.",
+            "tools": [SHELL],
+            "temperature": 0,
+            "max_output_tokens": 64,
+        }
+        r = http.post("/responses", json=body)
+        assert r.status_code == 200, r.text
+        response = r.json()
+        assert response["status"] == "completed", json.dumps(response)[:3000]
+        [call] = [item for item in response["output"] if item["type"] == "function_call"]
+        assert call["name"] == CALL_NAME
+        assert json.loads(call["arguments"]) == CALL_ARGUMENTS
+        assert [i["type"] for i in response["output"]] == ["function_call"]
+
+        # Streamed: the call's events in order, the same arguments.
+        events = _stream(http, {**body, "stream": True})
+        kinds = [e["type"] for e in events]
+        assert kinds.index("response.output_item.added") < kinds.index(
+            "response.function_call_arguments.done"
+        )
+        done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+        assert json.loads(done["arguments"]) == CALL_ARGUMENTS
+
+        # Forced (a grammar in the family's syntax), then Chat Completions.
+        forced = http.post("/responses", json={**body, "tool_choice": "required"}).json()
+        assert forced["status"] == "completed", forced
+        assert forced["output"][0]["name"] == CALL_NAME
+        chat = http.post(
+            "/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "Run it."}],
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {k: v for k, v in SHELL.items() if k != "type"},
+                    }
+                ],
+                "temperature": 0,
+                "max_tokens": 64,
+            },
+        )
+        assert chat.status_code == 200, chat.text
+        choice = chat.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        [tool_call] = choice["message"]["tool_calls"]
+        assert tool_call["function"]["name"] == CALL_NAME
+        assert json.loads(tool_call["function"]["arguments"]) == CALL_ARGUMENTS
+        assert not choice["message"].get("content")
+    assert family in E2E
+
+
+def _stream(http: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
+    events = []
+    with http.stream("POST", "/responses", json=body) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+    return events
