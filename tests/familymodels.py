@@ -67,6 +67,18 @@ _CALLS = {
         '<parameter name="{{ k }}">' + _VALUE + "</parameter>{{ NL }}{% endfor %}</invoke>"
         "{% endfor %}{{ NL }}</minimax:tool_call>"
     ),
+    "minicpm5": (
+        "{% for c in tool_calls %}" + _FN + '<function name="{{ f.name }}">'
+        '{% for k, v in f.arguments.items() %}<param name="{{ k }}">' + _VALUE + "</param>"
+        "{% endfor %}</function>{% endfor %}"
+    ),
+    "muse_spark": (
+        "<atem:function_calls>{% for c in tool_calls %}"
+        + _FN
+        + '<atem:invoke name="{{ f.name }}">{% for k, v in f.arguments.items() %}'
+        '<atem:parameter name="{{ k }}">{{ v | tojson }}</atem:parameter>{% endfor %}'
+        "</atem:invoke>{% endfor %}</atem:function_calls>"
+    ),
     "mistral": (
         "{% for c in tool_calls %}" + _FN + "[TOOL_CALLS]{{ f.name }}[ARGS]"
         "{{ f.arguments | tojson }}{% endfor %}"
@@ -101,6 +113,8 @@ _HELP = {
     "glm47": "Call a function as <tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>",
     "longcat": "Call a function as <longcat_tool_call>NAME<longcat_arg_key>K...",
     "minimax_m2": "Call functions in <minimax:tool_call> blocks.",
+    "minicpm5": 'Call a function as <function name="NAME"><param name="K">V</param></function>.',
+    "muse_spark": "Call functions in an <atem:function_calls> block.",
     "mistral": "Call functions as [TOOL_CALLS]NAME[ARGS]{...}.",
     "kimi_k2": "Call functions in a <|tool_calls_section_begin|> section.",
     "pythonic": "Call functions as <|tool_call_start|>[f(a=1)]<|tool_call_end|>.",
@@ -123,6 +137,8 @@ SPECIAL: dict[str, tuple[str, ...]] = {
     ),
     "longcat": (),
     "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>"),
+    "minicpm5": (),
+    "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
     "mistral": ("[TOOL_CALLS]", "[ARGS]"),
     "kimi_k2": (
         "<|tool_calls_section_begin|>",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,7 @@ def grammar_for(tokenizer: Any, tools: ToolSpec) -> str:
 def test_every_mlx_lm_parser_of_the_priority_list_has_a_format():
     for name in ("qwen3_coder", "mistral", "pythonic", "glm47", "kimi_k2", "minimax_m2"):
         assert name in FORMATS
-    for name in ("function_gemma", "gemma4", "longcat", "laguna"):
+    for name in ("function_gemma", "gemma4", "longcat", "laguna", "minicpm5", "muse_spark"):
         assert name in FORMATS
 
 
@@ -205,6 +206,59 @@ def test_streaming_under_any_chunking_equals_the_whole_text(tokenizers, family, 
     assert [c.name for c in whole[1]] == ["get_weather", "ping"]
 
 
+def merged(pieces: list[Any]) -> list[Any]:
+    """`pieces` with adjacent text (or argument deltas of one call) joined: what a client
+    reads, whatever the commits' boundaries."""
+    from jupyter_lmsp.protocol.output import CallArguments, Text
+
+    out: list[Any] = []
+    for piece in pieces:
+        last = out[-1] if out else None
+        if isinstance(piece, Text) and isinstance(last, Text):
+            out[-1] = Text(last.choice, last.text + piece.text)
+        elif (
+            isinstance(piece, CallArguments)
+            and isinstance(last, CallArguments)
+            and last.index == piece.index
+        ):
+            out[-1] = CallArguments(last.choice, last.index, last.delta + piece.delta)
+        else:
+            out.append(piece)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_resumed_assembler_goes_on_as_an_uninterrupted_one(tokenizers, family):
+    """The server's assembler (from `JobStarted.tool_format`): after a resume it is re-fed the
+    committed text (`restore`) and makes exactly the pieces an uninterrupted run makes next."""
+    from jupyter_lmsp.engine.messages import JobTokens
+    from jupyter_lmsp.protocol.output import CallArguments, CallBegin, CallEnd, Text
+    from jupyter_lmsp.services.assembly import OutputAssembler
+
+    text = "Checking. " + written(
+        tokenizers[family], family, [("get_weather", arguments(family)), ("ping", {})]
+    )
+
+    def run(assembler: OutputAssembler, part: str) -> list[Any]:
+        pieces = []
+        for i in range(0, len(part), 7):
+            pieces += assembler.tokens(JobTokens("j", [0], part[i : i + 7])).pieces
+        return pieces
+
+    whole = OutputAssembler(family, NAMES, 1, (), tools=spec())
+    expected = run(whole, text) + whole.end(0, "stop").pieces
+    kinds = [type(p) for p in expected]
+    assert kinds[:1] == [Text] and kinds.count(CallBegin) == 2 and kinds.count(CallEnd) == 2
+    assert kinds.count(CallArguments) == 2
+    for cut in (3, len(text) // 3, len(text) // 2, len(text) - 2):
+        first = OutputAssembler(family, NAMES, 1, (), tools=spec())
+        before = run(first, text[:cut])
+        resumed = OutputAssembler(family, NAMES, 1, (), tools=spec())
+        resumed.restore([text[:cut]])
+        after = run(resumed, text[cut:]) + resumed.end(0, "stop").pieces
+        assert merged(before + after) == merged(expected)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_call_that_cannot_be_read_fails_loudly(tokenizers, family):
     fmt = FORMATS[family]
@@ -276,7 +330,15 @@ def test_a_non_strict_tool_without_properties_takes_its_calls(tokenizers, family
     tokenizer = tokenizers[family]
     loose = ToolSpec((FunctionTool("note", None, {"type": "object"}, strict=False),), "required")
     grammar = grammar_for(tokenizer, loose)
-    if family in ("qwen3_coder", "glm47", "longcat", "minimax_m2", "mistral", "kimi_k2"):
+    if family in (
+        "qwen3_coder",
+        "glm47",
+        "longcat",
+        "minimax_m2",
+        "minicpm5",
+        "mistral",
+        "kimi_k2",
+    ):
         assert accepts(tokenizer, grammar, written(tokenizer, family, [("note", {"text": "hi"})]))
     assert accepts(tokenizer, grammar, written(tokenizer, family, [("note", {})]))
 
@@ -383,6 +445,17 @@ def test_a_scripted_call_in_the_family_format_through_both_apis(family_server):
         assert tool_call["function"]["name"] == CALL_NAME
         assert json.loads(tool_call["function"]["arguments"]) == CALL_ARGUMENTS
         assert not choice["message"].get("content")
+
+    # Batched: several requests at once (rows of one batch), each with its call.
+    def one(_: int) -> dict[str, Any]:
+        with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as c:
+            return dict(c.post("/responses", json={**body, "tool_choice": "required"}).json())
+
+    with ThreadPoolExecutor(4) as pool:
+        for result in pool.map(one, range(4)):
+            assert result["status"] == "completed", result
+            [item] = result["output"]
+            assert json.loads(item["arguments"]) == CALL_ARGUMENTS
     assert family in E2E
 
 

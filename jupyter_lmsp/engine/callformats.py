@@ -14,6 +14,8 @@ the model's own template). This module adds the formats of the other parsers mlx
 | `mistral` | `[TOOL_CALLS]f[ARGS]{…}` (no end marker) |
 | `kimi_k2` | `<\\|tool_calls_section_begin\\|><\\|tool_call_begin\\|>functions.f:0<\\|tool_call_argument_begin\\|>{…}<\\|tool_call_end\\|><\\|tool_calls_section_end\\|>` |
 | `pythonic` | `<\\|tool_call_start\\|>[f(k="v", n=1)]<\\|tool_call_end\\|>` |
+| `minicpm5` | `<function name="f"><param name="k">v</param></function>` |
+| `muse_spark` | `<atem:function_calls><atem:invoke name="f"><atem:parameter name="k">"v"</atem:parameter></atem:invoke></atem:function_calls>` |
 | `gemma4` | `<\\|tool_call>call:f{k:<\\|"\\|>v<\\|"\\|>,n:1}<tool_call\\|>` |
 | `function_gemma` | `<start_function_call>call:f{k:<escape>v<escape>,n:1}<end_function_call>` |
 
@@ -32,9 +34,10 @@ marker: a call's text ends at the next start marker or at the end of the output.
 
 Grammars (`family_grammar`, the same choices as `grammars.build_grammar`): the call structure
 is enforced in the family's syntax, with the function names of the callable tools. Where
-arguments are JSON (`mistral`, `kimi_k2`) they are `%json` with the tool's schema, strict or
+arguments are JSON (`mistral`, `kimi_k2`; `muse_spark` writes each parameter's value as JSON) they are `%json` with the tool's schema, strict or
 lenient as for the generic format. Where they are written parameter by parameter (`qwen3_coder`,
-`glm47`, `longcat`, `minimax_m2`, `pythonic`, `gemma4`, `function_gemma`) the grammar allows
+`glm47`, `longcat`, `minimax_m2`, `minicpm5`, `muse_spark`, `pythonic`, `gemma4`,
+`function_gemma`) the grammar allows
 exactly the declared parameters, in `properties` order, the required ones always, the others
 optionally; a parameter of type `string` is raw text in the family's string syntax (an `enum`
 of strings: one of its values), any other is JSON under its own schema (`pythonic`: a JSON
@@ -293,6 +296,25 @@ def _minimax(b: _Builder, tool: FunctionTool) -> str:
     return f'{head} {params} "</invoke>"'
 
 
+def _minicpm(b: _Builder, tool: FunctionTool) -> str:
+    # After the start marker `<function name=`: the quoted name, then the parameters.
+    params = _xml_params(b, tool, lambda n: f'"<param name=\\"" {n} "\\">"', "</param>")
+    return f"{json.dumps(json.dumps(tool.name) + '>')} {params}"
+
+
+def _muse(b: _Builder, tool: FunctionTool) -> str:
+    # Every value as JSON (mlx-lm's parser decodes a value as JSON when it can: a string
+    # written raw that looks like a number would come back a number).
+    schema, props, required = _properties(tool)
+    items = []
+    for key, prop in props.items():
+        value = b.json(_sub_schema(schema, prop), tool.strict)
+        head = json.dumps(f'<atem:parameter name="{key}">')
+        items.append((f'{head} {value} "</atem:parameter>"', key in required))
+    head = json.dumps(f'<atem:invoke name="{tool.name}">')
+    return f'{head} {_sequence(b, items, "")} "</atem:invoke>"'
+
+
 def _mistral(b: _Builder, tool: FunctionTool) -> str:
     schema = _arguments_schema(tool)
     return f"{json.dumps(tool.name)} {b.lit('[ARGS]')} {b.json(schema, tool.strict)}"
@@ -390,6 +412,15 @@ FAMILIES: dict[str, Family] = {
             closing="\n",
         ),
         Family("mistral", "[TOOL_CALLS]", "", _mistral, ("[TOOL_CALLS]", "[ARGS]")),
+        Family("minicpm5", "<function name=", "</function>", _minicpm, sep='"\\n"?'),
+        Family(
+            "muse_spark",
+            "<atem:function_calls>",
+            "</atem:function_calls>",
+            _muse,
+            ("<atem:function_calls>", "</atem:function_calls>"),
+            grouped=True,
+        ),
         Family(
             "kimi_k2",
             "<|tool_calls_section_begin|>",
