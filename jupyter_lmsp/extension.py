@@ -116,6 +116,13 @@ class LMSPExtension(ExtensionApp):
         help="max_output_tokens when a request gives none; 0: what the model's context window "
         "leaves (as OpenAI does).",
     ).tag(config=True)
+    max_reasoning_tokens = Integer(
+        None,
+        allow_none=True,
+        help="The most tokens a thinking model writes inside its thinking block when a request "
+        "gives no 'max_reasoning_tokens': then its end marker is forced and the answer follows. "
+        "None: no limit.",
+    ).tag(config=True)
     max_choices = Integer(
         4,
         help="Choices a chat completion may ask for ('n'); more get 400. Each choice takes a "
@@ -394,6 +401,7 @@ class LMSPExtension(ExtensionApp):
             sealer=Sealer(queries.sealing_key(self.db)),
             version=__version__,
             max_output_tokens_default=self.max_output_tokens_default,
+            max_reasoning_tokens=self.max_reasoning_tokens,
             max_choices=max(1, self.max_choices),
             keepalive_interval=self.keepalive_interval,
             max_body_bytes=self.max_body_bytes,

@@ -33,6 +33,9 @@ Per choice, never per row (rows move as jobs join and leave):
 - its presence and frequency penalties (`penalties.Penalties`), a logits processor before the
   grammar, counting the tokens the choice generated (resumed ones included); a row with
   penalties does not speculate;
+- its thinking budget (`reasoning.ThinkingBudget`), a logits processor between the two that
+  forces the thinking block's end marker once the choice has thought `max_reasoning_tokens`
+  tokens (resumed ones included); a row with a budget does not speculate either;
 - its log-probabilities (`logprobs`), computed after the step from the row's distribution,
   only for jobs that asked for them.
 
@@ -77,6 +80,7 @@ if TYPE_CHECKING:
     from jupyter_lmsp.engine.constraints import Constraint
     from jupyter_lmsp.engine.logprobs import TokenBytes
     from jupyter_lmsp.engine.spec_batch import SpeculativeGenerationBatch
+    from jupyter_lmsp.engine.thinking import Thinking
 
 log = logging.getLogger(__name__)
 
@@ -436,6 +440,8 @@ class _Choice:
     ended: bool = False
     # Its presence and frequency penalties (`penalties.Penalties`), None when both are 0.
     penalties: LogitsProcessor | None = None
+    # Its thinking budget (`reasoning.ThinkingBudget`), None without one.
+    budget: LogitsProcessor | None = None
     # Of the tokens generated here (not the resumed ones), how many speculative decoding
     # proposed and verified.
     drafted: int = 0
@@ -538,10 +544,12 @@ class BatchScheduler:
         tokenizer: TokenizerWrapper,
         prompt_ids: list[int],
         grammar: str | None = None,
+        thinking: Thinking | None = None,
     ) -> tuple[int, list[Update]]:
         """Admit `job`; returns its cached prompt tokens and updates that end choices at once.
 
-        `grammar` (llguidance's) constrains every choice. A choice resumed after its end (EOS,
+        `grammar` (llguidance's) constrains every choice. `thinking` (a thinking model's
+        markers for this prompt) lets `job.max_reasoning_tokens` close each choice's block. A choice resumed after its end (EOS,
         a stop sequence, max_tokens reached, or a finish reason given) only flushes the text
         still held back and ends; the others join the model's batch. Raises
         `constraints.ConstraintError` if the grammar does not compile for this model or the
@@ -550,6 +558,7 @@ class BatchScheduler:
         from mlx_lm.models.cache import make_prompt_cache
 
         from jupyter_lmsp.engine.penalties import make_penalties
+        from jupyter_lmsp.engine.reasoning import make_budget
         from jupyter_lmsp.engine.sampling import choice_seed, make_sampler
 
         points = job.resume_points()
@@ -583,6 +592,8 @@ class BatchScheduler:
                 len(resumed),
                 # Counted from the resumed tokens: they were generated (see `penalties`).
                 penalties=make_penalties(job.presence_penalty, job.frequency_penalty, resumed),
+                # Counted from the resumed tokens too: the block may have begun before.
+                budget=make_budget(thinking, job.max_reasoning_tokens, resumed),
             )
             entry.choices.append(choice)
             chunk = choice.text.take()
@@ -642,9 +653,10 @@ class BatchScheduler:
         entry = choice.job
         if segments is None:
             segments = [(entry.prompt + choice.resumed)[len(cache_tokens) :]]
-        # Penalties shift the logits, then the grammar masks them (a masked token stays -inf).
+        # Penalties shift the logits, then a thinking budget may force its end marker, then
+        # the grammar masks them (a masked token stays -inf; the grammar allows the marker).
         processors: list[LogitsProcessor] = [
-            p for p in (choice.penalties, choice.constraint) if p is not None
+            p for p in (choice.penalties, choice.budget, choice.constraint) if p is not None
         ]
         choice.uid = entry.batch.decoder.insert(
             segments,

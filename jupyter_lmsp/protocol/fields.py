@@ -221,6 +221,26 @@ Seed = Annotated[
     ),
 ]
 TokenLimit = Annotated[int, Field(ge=1)]
+# Reasoning (issue 37): the effort, as the model's chat template's switch (a model that cannot
+# think takes only "none" and "minimal"), and LMSP's thinking budget.
+ReasoningEffort = Annotated[
+    Literal["none", "minimal", "low", "medium", "high", "xhigh"],
+    Field(
+        description="A thinking model thinks unless `none` or `minimal` (its chat template's "
+        "`enable_thinking`); a template with `reasoning_effort` (gpt-oss) gets the level. A "
+        "model that cannot think takes only `none` and `minimal` (else 400 "
+        "`unsupported_parameter`)."
+    ),
+]
+ReasoningBudget = Annotated[
+    int,
+    Field(
+        ge=0,
+        description="LMSP: the most tokens a thinking model writes inside its thinking block "
+        "(its markers not counted); then the block's end marker is forced and the answer "
+        "follows. Default: the service's `max_reasoning_tokens` (none: no limit).",
+    ),
+]
 # Sequence numbers in queries and headers: -1 (before the first event) up to what SQLite's
 # 64-bit integers hold, so a huge value is a 400, not an overflow.
 SequenceNumber = Annotated[int, Field(ge=-1, le=2**63 - 1)]

@@ -40,6 +40,10 @@ class TaskParams(BaseModel):
     logprobs: bool = False
     top_logprobs: int = 0
     n: int = 1
+    # Reasoning (issue 37): the effort as asked for (None: the template's default) and the
+    # thinking budget (None: none).
+    reasoning_effort: str | None = None
+    max_reasoning_tokens: int | None = None
     # `FormatSpec.to_json()` / `ToolsSpec.to_json()`.
     format: dict[str, Any] | None = None
     tools: dict[str, Any] | None = None

@@ -44,6 +44,8 @@ class ServiceContext:
     service_id: str
     version: str
     max_output_tokens_default: int = 0
+    # The thinking budget of a request that asks for none (None: no limit).
+    max_reasoning_tokens: int | None = None
     # The most choices (`n`) a chat completion may ask for.
     max_choices: int = 4
     keepalive_interval: float = 15.0
