@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from jpserver import MODEL, call, server_config, wait_state
+from jpserver import MODEL, ServerPool, call, server_config, token_delay, wait_state
 from tornado.httpclient import HTTPClientError
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -25,9 +25,33 @@ LONG_PROMPT = [{"role": "user", "content": "Tell me a long story about the sea."
 LONG = 4000
 
 
+@pytest.fixture(scope="module")
+def server_pool(tmp_path_factory, test_model_dir):
+    """One server for the module's tests (another for those with a `token_delay`): they need
+    no fresh database, only to know which tasks they made themselves (`newest_task`)."""
+    with ServerPool(tmp_path_factory, test_model_dir) as pool:
+        yield pool
+
+
 @pytest.fixture
-def jp_server_config(lmsp_data, request):
-    return server_config(lmsp_data, request)
+def jp_fetch(server_pool, request):
+    server = server_pool.get(token_delay(request), lambda data: server_config(data, request))
+    client = server.client()
+    yield client.fetch
+    client.close()
+
+
+async def newest_task(jp_fetch):
+    """The id of the newest task on the server, None if there is none."""
+    _, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 1})
+    return page["data"][0]["id"] if page["data"] else None
+
+
+async def tasks_since(jp_fetch, newest):
+    """The ids of the tasks made after the one `newest_task` answered, newest first."""
+    _, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 100})
+    ids = [t["id"] for t in page["data"]]
+    return ids[: ids.index(newest)] if newest in ids else ids
 
 
 async def chat(jp_fetch, body, **kw):
@@ -330,11 +354,11 @@ BAD_REQUESTS = [
 
 async def test_bad_requests(jp_fetch):
     # One server for all the cases: none of them reaches the model.
+    newest = await newest_task(jp_fetch)
     for body, code, param in BAD_REQUESTS:
         status, error, _ = await chat(jp_fetch, body)
         assert_error(status, error, 400, code, param)
-    _, page, _ = await call(jp_fetch, "GET", "tasks")
-    assert page["data"] == []
+    assert await tasks_since(jp_fetch, newest) == []
 
     status, error, _ = await chat(jp_fetch, "{nope")
     assert_error(status, error, 400, "invalid_json")
@@ -345,6 +369,27 @@ async def test_bad_requests(jp_fetch):
     assert error["error"]["type"] == "not_found_error"
     status, error, _ = await call(jp_fetch, "GET", "chat/completions")
     assert_error(status, error, 405)
+
+
+async def test_idempotency_key_replays(jp_fetch):
+    newest = await newest_task(jp_fetch)
+    headers = {"Idempotency-Key": "chat-1"}
+    body = {"messages": MESSAGES, "max_tokens": 5}
+    _, first, h1 = await chat(jp_fetch, body, headers=headers)
+    _, again, h2 = await chat(jp_fetch, body, headers=headers)
+    assert again == first
+    assert "Idempotent-Replayed" not in h1 and h2["Idempotent-Replayed"] == "true"
+    status, error, _ = await chat(jp_fetch, {**body, "max_tokens": 6}, headers=headers)
+    assert_error(status, error, 422, "idempotency_key_mismatch")
+
+    # A streamed one is replayed from the task's stored events: the same chunks.
+    headers = {"Idempotency-Key": "chat-2"}
+    body = {"messages": MESSAGES, "max_tokens": 5, "stream": True}
+    _, text1, _ = await chat(jp_fetch, body, headers=headers, raw=True)
+    _, text2, h2 = await chat(jp_fetch, body, headers=headers, raw=True)
+    assert h2["Idempotent-Replayed"] == "true"
+    assert data_lines(text1) == data_lines(text2)
+    assert len(await tasks_since(jp_fetch, newest)) == 2  # nothing new was started
 
 
 @pytest.mark.token_delay(0.02)
@@ -402,24 +447,3 @@ async def test_client_going_away_cancels_the_task(jp_fetch):
     [task] = page["data"]
     task = await wait_state(jp_fetch, task["id"], {"cancelled", "completed"}, timeout=30)
     assert task["state"] == "cancelled"
-
-
-async def test_idempotency_key_replays(jp_fetch):
-    headers = {"Idempotency-Key": "chat-1"}
-    body = {"messages": MESSAGES, "max_tokens": 5}
-    _, first, h1 = await chat(jp_fetch, body, headers=headers)
-    _, again, h2 = await chat(jp_fetch, body, headers=headers)
-    assert again == first
-    assert "Idempotent-Replayed" not in h1 and h2["Idempotent-Replayed"] == "true"
-    status, error, _ = await chat(jp_fetch, {**body, "max_tokens": 6}, headers=headers)
-    assert_error(status, error, 422, "idempotency_key_mismatch")
-
-    # A streamed one is replayed from the task's stored events: the same chunks.
-    headers = {"Idempotency-Key": "chat-2"}
-    body = {"messages": MESSAGES, "max_tokens": 5, "stream": True}
-    _, text1, _ = await chat(jp_fetch, body, headers=headers, raw=True)
-    _, text2, h2 = await chat(jp_fetch, body, headers=headers, raw=True)
-    assert h2["Idempotent-Replayed"] == "true"
-    assert data_lines(text1) == data_lines(text2)
-    _, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 100})
-    assert len(page["data"]) == 2  # nothing new was started

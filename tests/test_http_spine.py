@@ -8,15 +8,52 @@ import json
 import sqlite3
 
 import pytest
-from jpserver import MODEL, call, server_config, wait_state
+from jpserver import MODEL, ServerPool, call, server_config, token_delay, wait_state
 from tornado.httpclient import HTTPClientError
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
 
 
+@pytest.fixture(scope="module")
+def server_pool(tmp_path_factory, test_model_dir):
+    """One server for the module's tests (another for each `token_delay`): they need no fresh
+    database, only to know which tasks they made themselves."""
+    with ServerPool(tmp_path_factory, test_model_dir) as pool:
+        yield pool
+
+
 @pytest.fixture
-def jp_server_config(lmsp_data, request):
-    return server_config(lmsp_data, request, max_batch_size=1)
+def shared(server_pool, request):
+    return server_pool.get(
+        token_delay(request), lambda data: server_config(data, request, max_batch_size=1)
+    )
+
+
+@pytest.fixture
+def shared_client(shared):
+    client = shared.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def jp_fetch(shared_client):
+    return shared_client.fetch
+
+
+@pytest.fixture
+def http_server_client(shared_client):
+    return shared_client.client
+
+
+@pytest.fixture
+def jp_serverapp(shared):
+    return shared.app
+
+
+@pytest.fixture
+def lmsp_data(shared):
+    return shared.data_dir
 
 
 async def test_background_response_is_committed_before_202(jp_fetch, lmsp_data):
@@ -118,75 +155,6 @@ async def test_live_sse_follows_generation_to_the_end(jp_fetch):
     )
 
 
-@pytest.mark.token_delay(0.02)
-async def test_cancel_queued_and_running(jp_fetch):
-    # Two long tasks: the first runs, the second waits its turn in the queue.
-    ids = []
-    for _ in range(2):
-        _, resp, _ = await call(
-            jp_fetch,
-            "POST",
-            "responses",
-            {"input": "Long one", "background": True, "max_output_tokens": 5000, "temperature": 0},
-        )
-        ids.append(resp["task_id"])
-    await wait_state(jp_fetch, ids[0], {"running"})
-    status, queued, _ = await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
-    assert status == 200 and queued["state"] == "cancelled"
-    status, running, _ = await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
-    assert running["state"] in ("cancelling", "cancelled")
-    final = await wait_state(jp_fetch, ids[0], {"cancelled", "completed"})
-    assert final["state"] == "cancelled"
-    _, page, _ = await call(jp_fetch, "GET", f"tasks/{ids[0]}/events", params={"limit": 1000})
-    assert page["data"][-1]["type"] == "response.cancelled"
-    _, resp, _ = await call(jp_fetch, "GET", f"responses/{final['response_id']}")
-    assert resp["status"] == "cancelled"
-    # Cancelling a finished task changes nothing.
-    status, again, _ = await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
-    assert status == 200 and again["state"] == "cancelled"
-
-
-@pytest.mark.token_delay(0.05)
-async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, jp_serverapp, lmsp_data):
-    """One slot: the task queued behind a running one is claimed as soon as the running one
-    is cancelled, not after the cancel's own commit (the worker takes both in one turn).
-    While it waits, the worker knows a task waits (so it stops a step part-way for the
-    cancel: tests/test_interrupt.py)."""
-    (extension,) = jp_serverapp.extension_manager.extension_apps["jupyter_lmsp"]
-    ids = []
-    for text in ("First", "Second"):
-        _, resp, _ = await call(
-            jp_fetch,
-            "POST",
-            "responses",
-            {"input": text, "background": True, "max_output_tokens": 5000, "temperature": 0},
-        )
-        ids.append(resp["task_id"])
-    await wait_state(jp_fetch, ids[0], {"running"})
-    _, second, _ = await call(jp_fetch, "GET", f"tasks/{ids[1]}")
-    assert second["state"] == "queued"
-    engine = extension.ctx.runner.engine  # started by the first request
-    assert engine.slots_wanted == 1
-    await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
-    await wait_state(jp_fetch, ids[1], {"running"})
-    first = await wait_state(jp_fetch, ids[0], {"cancelled"})
-    assert first["state"] == "cancelled"
-    with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
-        (loading,) = conn.execute(
-            "select id from task_events where task_id = ? and type = 'response.loading'",
-            (ids[1],),
-        ).fetchone()
-        (cancelled,) = conn.execute(
-            "select id from task_events where task_id = ? and type = 'response.cancelled'",
-            (ids[0],),
-        ).fetchone()
-    # The next task's claim was committed first.
-    assert loading < cancelled
-    assert engine.slots_wanted == 0
-    await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
-    assert (await wait_state(jp_fetch, ids[1], {"cancelled"}))["state"] == "cancelled"
-
-
 async def test_task_list_filters_and_pages(jp_fetch):
     created = []
     for i in range(3):
@@ -204,12 +172,17 @@ async def test_task_list_filters_and_pages(jp_fetch):
     _, page2, _ = await call(
         jp_fetch, "GET", "tasks", params={"limit": 2, "after": page1["last_id"]}
     )
+    # Newest first; the tasks of earlier tests on this server come after these three.
     seen = [t["id"] for t in page1["data"] + page2["data"]]
-    assert seen == list(reversed(created))
+    assert seen[:3] == list(reversed(created))
+    # A filter lists these (and any earlier completed responses), nothing else.
     _, done, _ = await call(
-        jp_fetch, "GET", "tasks", params={"state": "completed", "kind": "response"}
+        jp_fetch, "GET", "tasks", params={"state": "completed", "kind": "response", "limit": 100}
     )
-    assert {t["id"] for t in done["data"]} == set(created)
+    assert set(created) <= {t["id"] for t in done["data"]}
+    assert all(t["state"] == "completed" and t["kind"] == "response" for t in done["data"])
+    _, cancelled, _ = await call(jp_fetch, "GET", "tasks", params={"state": "cancelled"})
+    assert not set(created) & {t["id"] for t in cancelled["data"]}
     status, body, _ = await call(jp_fetch, "GET", "tasks", params={"state": "sleeping"})
     assert status == 400 and body["error"]["param"] == "state"
 
@@ -374,3 +347,72 @@ async def test_input_items_pages_and_delete(jp_fetch):
     status, body, _ = await call(jp_fetch, "DELETE", f"responses/{running['id']}")
     assert status == 400 and body["error"]["code"] == "response_not_finished"
     await call(jp_fetch, "POST", f"responses/{running['id']}/cancel")
+
+
+@pytest.mark.token_delay(0.02)
+async def test_cancel_queued_and_running(jp_fetch):
+    # Two long tasks: the first runs, the second waits its turn in the queue.
+    ids = []
+    for _ in range(2):
+        _, resp, _ = await call(
+            jp_fetch,
+            "POST",
+            "responses",
+            {"input": "Long one", "background": True, "max_output_tokens": 5000, "temperature": 0},
+        )
+        ids.append(resp["task_id"])
+    await wait_state(jp_fetch, ids[0], {"running"})
+    status, queued, _ = await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
+    assert status == 200 and queued["state"] == "cancelled"
+    status, running, _ = await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
+    assert running["state"] in ("cancelling", "cancelled")
+    final = await wait_state(jp_fetch, ids[0], {"cancelled", "completed"})
+    assert final["state"] == "cancelled"
+    _, page, _ = await call(jp_fetch, "GET", f"tasks/{ids[0]}/events", params={"limit": 1000})
+    assert page["data"][-1]["type"] == "response.cancelled"
+    _, resp, _ = await call(jp_fetch, "GET", f"responses/{final['response_id']}")
+    assert resp["status"] == "cancelled"
+    # Cancelling a finished task changes nothing.
+    status, again, _ = await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
+    assert status == 200 and again["state"] == "cancelled"
+
+
+@pytest.mark.token_delay(0.05)
+async def test_a_cancel_hands_its_slot_to_the_next_task_at_once(jp_fetch, jp_serverapp, lmsp_data):
+    """One slot: the task queued behind a running one is claimed as soon as the running one
+    is cancelled, not after the cancel's own commit (the worker takes both in one turn).
+    While it waits, the worker knows a task waits (so it stops a step part-way for the
+    cancel: tests/test_interrupt.py)."""
+    (extension,) = jp_serverapp.extension_manager.extension_apps["jupyter_lmsp"]
+    ids = []
+    for text in ("First", "Second"):
+        _, resp, _ = await call(
+            jp_fetch,
+            "POST",
+            "responses",
+            {"input": text, "background": True, "max_output_tokens": 5000, "temperature": 0},
+        )
+        ids.append(resp["task_id"])
+    await wait_state(jp_fetch, ids[0], {"running"})
+    _, second, _ = await call(jp_fetch, "GET", f"tasks/{ids[1]}")
+    assert second["state"] == "queued"
+    engine = extension.ctx.runner.engine  # started by the first request
+    assert engine.slots_wanted == 1
+    await call(jp_fetch, "POST", f"tasks/{ids[0]}/cancel")
+    await wait_state(jp_fetch, ids[1], {"running"})
+    first = await wait_state(jp_fetch, ids[0], {"cancelled"})
+    assert first["state"] == "cancelled"
+    with sqlite3.connect(lmsp_data / "lmsp.sqlite") as conn:
+        (loading,) = conn.execute(
+            "select id from task_events where task_id = ? and type = 'response.loading'",
+            (ids[1],),
+        ).fetchone()
+        (cancelled,) = conn.execute(
+            "select id from task_events where task_id = ? and type = 'response.cancelled'",
+            (ids[0],),
+        ).fetchone()
+    # The next task's claim was committed first.
+    assert loading < cancelled
+    assert engine.slots_wanted == 0
+    await call(jp_fetch, "POST", f"tasks/{ids[1]}/cancel")
+    assert (await wait_state(jp_fetch, ids[1], {"cancelled"}))["state"] == "cancelled"

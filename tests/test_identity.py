@@ -19,8 +19,9 @@ What these tests prove:
 from __future__ import annotations
 
 import pytest
-from jpserver import call, server_config
+from jpserver import ServerPool, call, server_config
 from legacydb import release_0_1_0_database
+from prerequisites import require
 
 from jupyter_lmsp.auth.identity import server_owner
 
@@ -49,12 +50,43 @@ async def create(jp_fetch, headers, **body):
     return resp
 
 
+async def task_ids(jp_fetch, headers):
+    """The ids of the tasks `headers`' caller sees, newest first."""
+    status, page, _ = await call(jp_fetch, "GET", "tasks", params={"limit": 100}, headers=headers)
+    assert status == 200, page
+    return [t["id"] for t in page["data"]]
+
+
 class TestHubUsers:
+    """One server for the class's tests: what a user sees is compared with what the user saw
+    before the test (`task_ids`), not with an empty database."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def server_pool(cls, tmp_path_factory, test_model_dir):
+        with ServerPool(tmp_path_factory, test_model_dir) as pool:
+            yield pool
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hub_db_url(cls):
+        """The database the class's server uses instead of its own SQLite file, if any."""
+        return None
+
     @pytest.fixture
-    def jp_server_config(self, lmsp_data, request):
-        return hub_config(lmsp_data, request)
+    def jp_fetch(self, server_pool, hub_db_url, request):
+        def config(data_dir):
+            config = hub_config(data_dir, request)
+            if hub_db_url is not None:
+                config["LMSPExtension"]["db_url"] = hub_db_url
+            return config
+
+        client = server_pool.get(None, config).client()
+        yield client.fetch
+        client.close()
 
     async def test_two_users_never_see_each_others_tasks(self, jp_fetch):
+        before = await task_ids(jp_fetch, ALICE)
         mine = await create(jp_fetch, ALICE)
         _, task, _ = await call(jp_fetch, "GET", f"tasks/{mine['task_id']}", headers=ALICE)
         assert task["owner"] == "jupyter:alice"
@@ -69,8 +101,7 @@ class TestHubUsers:
             assert status == 404, (path, body)
         status, page, _ = await call(jp_fetch, "GET", "tasks", headers=BOB)
         assert status == 200 and page["data"] == []
-        status, page, _ = await call(jp_fetch, "GET", "tasks", headers=ALICE)
-        assert [t["id"] for t in page["data"]] == [mine["task_id"]]
+        assert await task_ids(jp_fetch, ALICE) == [mine["task_id"], *before]
 
     async def test_scopes_come_from_jupyters_authorizer(self, jp_fetch):
         status, body, _ = await call(jp_fetch, "POST", "responses", {"input": "hi"}, headers=BOB)
@@ -109,6 +140,7 @@ class TestHubUsers:
         assert status == 200, token
         client = {"Authorization": f"Bearer {token['access_token']}"}
 
+        before = await task_ids(jp_fetch, ALICE)
         theirs = await create(jp_fetch, client)
         own = await create(jp_fetch, ALICE)
         # Alice sees her client and its task; the client sees only its own.
@@ -116,8 +148,7 @@ class TestHubUsers:
         assert [c["id"] for c in clients["data"]] == [token["client_id"]]
         status, _, _ = await call(jp_fetch, "GET", f"tasks/{theirs['task_id']}", headers=ALICE)
         assert status == 200
-        _, page, _ = await call(jp_fetch, "GET", "tasks", headers=ALICE)
-        assert {t["id"] for t in page["data"]} == {theirs["task_id"], own["task_id"]}
+        assert set(await task_ids(jp_fetch, ALICE)) == {theirs["task_id"], own["task_id"], *before}
         status, _, _ = await call(jp_fetch, "GET", f"tasks/{own['task_id']}", headers=client)
         assert status == 404
         _, page, _ = await call(jp_fetch, "GET", "tasks", headers=client)
@@ -142,19 +173,28 @@ class TestHubUsers:
 class TestHubUsersOnPostgres(TestHubUsers):
     """The same users on a shared PostgreSQL database (as a JupyterHub's servers share one)."""
 
-    @pytest.fixture
-    def jp_server_config(self, lmsp_data, request, pg_url):
-        config = hub_config(lmsp_data, request)
-        config["LMSPExtension"]["db_url"] = pg_url
-        return config
+    @pytest.fixture(scope="class")
+    @classmethod
+    def hub_db_url(cls, pg_cluster):
+        require(
+            pg_cluster is not None,
+            "PostgreSQL (Debian's postgresql package; `make test` installs it)",
+        )
+        return pg_cluster.new_database()
 
     async def test_two_writing_users_each_see_only_their_own(self, jp_fetch):
+        before = {
+            "alice": await task_ids(jp_fetch, ALICE),
+            "carol": await task_ids(jp_fetch, CAROL),
+        }
         mine = [await create(jp_fetch, ALICE) for _ in range(2)]
         theirs = [await create(jp_fetch, CAROL) for _ in range(2)]
-        for headers, own, other in ((ALICE, mine, theirs), (CAROL, theirs, mine)):
-            status, page, _ = await call(jp_fetch, "GET", "tasks", headers=headers)
-            assert status == 200
-            assert {t["id"] for t in page["data"]} == {r["task_id"] for r in own}
+        for who, headers, own, other in (
+            ("alice", ALICE, mine, theirs),
+            ("carol", CAROL, theirs, mine),
+        ):
+            seen = await task_ids(jp_fetch, headers)
+            assert set(seen) == {r["task_id"] for r in own} | set(before[who])
             for resp in other:
                 for method, path in (
                     ("GET", f"responses/{resp['id']}"),

@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from serverproc import with_test_model
+from jpserver import ServerPool
 from tornado.httpclient import HTTPClientError
 
 from jupyter_lmsp.models.demo import demo_gguf_path
@@ -19,29 +19,50 @@ pytest_plugins = ["pytest_jupyter.jupyter_server"]
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def lmsp_data(tmp_path, test_model_dir, monkeypatch):
-    with_test_model(tmp_path, test_model_dir)
-    # A Hugging Face cache holding a copy of the test model, as `huggingface_hub` lays it out.
-    hub = tmp_path / "hf-hub"
+def hugging_face_cache(data_dir, test_model_dir):
+    """A Hugging Face cache holding a copy of the test model, as `huggingface_hub` lays it
+    out, in `data_dir`."""
+    hub = data_dir / "hf-hub"
     snapshot = hub / "models--lmsp-test--tiny-hf" / "snapshots" / "0123abcd"
     shutil.copytree(test_model_dir, snapshot)
     (hub / "models--lmsp-test--tiny-hf" / "refs").mkdir()
     (hub / "models--lmsp-test--tiny-hf" / "refs" / "main").write_text("0123abcd")
-    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-    return tmp_path
+    return hub
 
 
-@pytest.fixture
-def jp_server_config(lmsp_data):
+def models_config(data_dir):
     return {
         "ServerApp": {"jpserver_extensions": {"jupyter_lmsp": True}},
         "LMSPExtension": {
-            "data_dir": str(lmsp_data),
+            "data_dir": str(data_dir),
             "default_model": "tiny",
             "use_openblas": "no",
         },
     }
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, test_model_dir):
+    """One server for the module's tests: each registers its models under ids of its own and
+    leaves `tiny` as it found it."""
+    with ServerPool(
+        tmp_path_factory,
+        test_model_dir,
+        env=lambda data: {"HF_HUB_CACHE": str(hugging_face_cache(data, test_model_dir))},
+    ) as pool:
+        yield pool.get(None, models_config)
+
+
+@pytest.fixture
+def jp_fetch(shared):
+    client = shared.client()
+    yield client.fetch
+    client.close()
+
+
+@pytest.fixture
+def lmsp_data(shared):
+    return shared.data_dir
 
 
 async def call(jp_fetch, method, path, body=None, **kw):
