@@ -467,3 +467,84 @@ def _stream(http: httpx.Client, body: dict[str, Any]) -> list[dict[str, Any]]:
             if line.startswith("data:"):
                 events.append(json.loads(line[5:]))
     return events
+
+
+# --- kill -9 and resume ----------------------------------------------------------------------
+
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "days": {"type": "integer", "minimum": 0, "maximum": 30},
+        "units": {"type": "string", "enum": ["c", "f"]},
+    },
+    "required": ["days", "units"],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_family_call_resumed_after_kill_ends_as_the_uninterrupted_run(
+    tmp_path: Path, test_model_dir: Path
+) -> None:
+    """The random test model under qwen3_coder's template (mlx-lm infers the format from it),
+    forced to call: killed mid-call and resumed, the call is the uninterrupted run's."""
+    import shutil
+    import time
+
+    from familymodels import chat_template
+    from serverproc import ServerProcess, with_test_model
+    from test_crash_recovery import SLOW, TERMINAL, check_log, create, read_sse, wait_for
+
+    model = tmp_path / "model"
+    shutil.copytree(test_model_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = chat_template("qwen3_coder")
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    request: dict[str, Any] = {
+        "temperature": 0.8,
+        "seed": 7,
+        "on_restart": "resume",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": BOUNDED}],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 300,
+    }
+
+    def done(task: dict[str, Any], _log: Any) -> bool:
+        return task["state"] in ("completed", "failed", "cancelled")
+
+    ref_dir = tmp_path / "ref"
+    ref_dir.mkdir()
+    with ServerProcess(with_test_model(ref_dir, model)).start() as ref, ref.client() as c:
+        _, ref_log = wait_for(c, create(c, **request)["task_id"], done)
+    expected = check_log(ref_log)["response"]
+    assert expected["status"] == "completed", expected
+    [want] = expected["output"]
+    assert want["type"] == "function_call" and want["name"] == "get_weather"
+    assert set(json.loads(want["arguments"])) == {"days", "units"}
+    assert expected["usage"]["output_tokens"] >= 40, expected["usage"]
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with_test_model(data, model)
+    server = ServerProcess(data, **SLOW).start()
+    with server.client() as c:
+        resp = create(c, **request)
+        # Killed about 20 tokens into the call (it streams only at its end: no delta to wait
+        # for), well before its end (the reference's token count).
+        wait_for(c, resp["task_id"], lambda task, log: task["state"] == "running")
+        time.sleep(1.0)
+        seen = c.get(f"/tasks/{resp['task_id']}/events", params={"limit": 1000}).json()["data"]
+    server.kill()
+    assert not any(e["type"] in TERMINAL for e in seen), "it finished before the kill"
+    with ServerProcess(data).start() as server2:
+        rest = read_sse(server2, f"/tasks/{resp['task_id']}/events", seen[-1]["sequence_number"])
+    final = check_log(seen + rest)["response"]
+    assert final["status"] == "completed", final
+    [got] = final["output"]
+    assert (got["type"], got["name"], got["arguments"]) == (
+        want["type"],
+        want["name"],
+        want["arguments"],
+    )
+    assert final["usage"]["output_tokens"] == expected["usage"]["output_tokens"]
