@@ -88,6 +88,13 @@ _CALLS = {
         "functions.{{ f.name }}:{{ loop.index0 }}<|tool_call_argument_begin|>"
         "{{ f.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>"
     ),
+    "kimi_k3": (
+        "<|open|>tools<|sep|>{% for c in tool_calls %}" + _FN + '<|open|>call tool="{{ f.name }}"'
+        ' index="{{ loop.index0 }}"<|sep|>{% for k, v in f.arguments.items() %}'
+        '<|open|>argument key="{{ k }}" type="{% if v is string %}string{% else %}json'
+        '{% endif %}"<|sep|>' + _VALUE + "<|close|>argument<|sep|>{% endfor %}"
+        "<|close|>call<|sep|>{% endfor %}<|close|>tools<|sep|>"
+    ),
     "pythonic": (
         "<|tool_call_start|>[{% for c in tool_calls %}" + _FN + "{% if not loop.first %}, "
         "{% endif %}{{ f.name }}({% for k, v in f.arguments.items() %}{% if not loop.first %}"
@@ -117,6 +124,7 @@ _HELP = {
     "muse_spark": "Call functions in an <atem:function_calls> block.",
     "mistral": "Call functions as [TOOL_CALLS]NAME[ARGS]{...}.",
     "kimi_k2": "Call functions in a <|tool_calls_section_begin|> section.",
+    "kimi_k3": "Call functions in a tools block.",
     "pythonic": "Call functions as <|tool_call_start|>[f(a=1)]<|tool_call_end|>.",
     "gemma4": "Call functions as <|tool_call>call:f{a:1}<tool_call|>.",
     "function_gemma": "Call functions as <start_function_call>call:f{a:1}<end_function_call>.",
@@ -147,6 +155,7 @@ SPECIAL: dict[str, tuple[str, ...]] = {
         "<|tool_call_argument_begin|>",
         "<|tool_call_end|>",
     ),
+    "kimi_k3": ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"),
     "pythonic": ("<|tool_call_start|>", "<|tool_call_end|>"),
     "gemma4": ("<|tool_call>", "<tool_call|>", '<|"|>'),
     "function_gemma": ("<start_function_call>", "<end_function_call>", "<escape>"),

@@ -132,7 +132,15 @@ def grammar_for(tokenizer: Any, tools: ToolSpec) -> str:
 def test_every_mlx_lm_parser_of_the_priority_list_has_a_format():
     for name in ("qwen3_coder", "mistral", "pythonic", "glm47", "kimi_k2", "minimax_m2"):
         assert name in FORMATS
-    for name in ("function_gemma", "gemma4", "longcat", "laguna", "minicpm5", "muse_spark"):
+    for name in (
+        "function_gemma",
+        "gemma4",
+        "longcat",
+        "laguna",
+        "minicpm5",
+        "muse_spark",
+        "kimi_k3",
+    ):
         assert name in FORMATS
 
 

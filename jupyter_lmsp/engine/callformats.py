@@ -13,6 +13,7 @@ the model's own template). This module adds the formats of the other parsers mlx
 | `minimax_m2` | `<minimax:tool_call>\\n<invoke name="f">\\n<parameter name="k">v</parameter>\\n</invoke>\\n</minimax:tool_call>` |
 | `mistral` | `[TOOL_CALLS]f[ARGS]{…}` (no end marker) |
 | `kimi_k2` | `<\\|tool_calls_section_begin\\|><\\|tool_call_begin\\|>functions.f:0<\\|tool_call_argument_begin\\|>{…}<\\|tool_call_end\\|><\\|tool_calls_section_end\\|>` |
+| `kimi_k3` | `<\\|open\\|>tools<\\|sep\\|><\\|open\\|>call tool="f" index="0"<\\|sep\\|><\\|open\\|>argument key="k" type="string"<\\|sep\\|>v<\\|close\\|>argument<\\|sep\\|><\\|close\\|>call<\\|sep\\|><\\|close\\|>tools<\\|sep\\|>` |
 | `pythonic` | `<\\|tool_call_start\\|>[f(k="v", n=1)]<\\|tool_call_end\\|>` |
 | `minicpm5` | `<function name="f"><param name="k">v</param></function>` |
 | `muse_spark` | `<atem:function_calls><atem:invoke name="f"><atem:parameter name="k">"v"</atem:parameter></atem:invoke></atem:function_calls>` |
@@ -36,7 +37,7 @@ Grammars (`family_grammar`, the same choices as `grammars.build_grammar`): the c
 is enforced in the family's syntax, with the function names of the callable tools. Where
 arguments are JSON (`mistral`, `kimi_k2`; `muse_spark` writes each parameter's value as JSON) they are `%json` with the tool's schema, strict or
 lenient as for the generic format. Where they are written parameter by parameter (`qwen3_coder`,
-`glm47`, `longcat`, `minimax_m2`, `minicpm5`, `muse_spark`, `pythonic`, `gemma4`,
+`glm47`, `longcat`, `minimax_m2`, `minicpm5`, `muse_spark`, `kimi_k3`, `pythonic`, `gemma4`,
 `function_gemma`) the grammar allows
 exactly the declared parameters, in `properties` order, the required ones always, the others
 optionally; a parameter of type `string` is raw text in the family's string syntax (an `enum`
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
@@ -92,12 +94,16 @@ class _Builder:
         self.text = False
 
     def lit(self, text: str) -> str:
-        """`text` in the grammar: a special token by id, or a literal."""
+        """`text` in the grammar: its special tokens by id, the rest literals."""
         if not text:
             return ""
         if text in self.ids:
             return f"<[{self.ids[text]}]>"
-        return json.dumps(text)
+        if not self.ids:
+            return json.dumps(text)
+        pattern = "|".join(re.escape(m) for m in sorted(self.ids, key=len, reverse=True))
+        parts = [p for p in re.split(f"({pattern})", text) if p]
+        return " ".join(f"<[{self.ids[p]}]>" if p in self.ids else json.dumps(p) for p in parts)
 
     def rule(self, body: str, lazy: bool = False) -> str:
         self.count += 1
@@ -315,6 +321,28 @@ def _muse(b: _Builder, tool: FunctionTool) -> str:
     return f'{head} {_sequence(b, items, "")} "</atem:invoke>"'
 
 
+def _kimi_k3(b: _Builder, tool: FunctionTool) -> str:
+    # XTML: typed arguments, a string raw up to the closing tag, any other value as JSON.
+    schema, props, required = _properties(tool)
+    items = []
+    for key, prop in props.items():
+        string = _is_string(prop) or _string_enum(prop) is not None
+        kind = "string" if string else "json"
+        head = b.lit(f'<|open|>argument key="{key}" type="{kind}"<|sep|>')
+        enum = _string_enum(prop)
+        if enum is not None:
+            value = "(" + " | ".join(json.dumps(v) for v in enum) + ") " + b.lit("<|close|>")
+        elif string:
+            value = b.text_until("<|close|>")
+        else:
+            value = f"{b.json(_sub_schema(schema, prop), tool.strict)} {b.lit('<|close|>')}"
+        items.append((f"{head} {value} {b.lit('argument<|sep|>')}", key in required))
+    head = b.lit(f'<|open|>call tool="{tool.name}" index="')
+    index_end = b.lit('"<|sep|>')
+    close = b.lit("<|close|>call<|sep|>")
+    return f"{head} /[0-9]{{1,4}}/ {index_end} {_sequence(b, items, '')} {close}"
+
+
 def _mistral(b: _Builder, tool: FunctionTool) -> str:
     schema = _arguments_schema(tool)
     return f"{json.dumps(tool.name)} {b.lit('[ARGS]')} {b.json(schema, tool.strict)}"
@@ -436,6 +464,14 @@ FAMILIES: dict[str, Family] = {
             grouped=True,
         ),
         Family(
+            "kimi_k3",
+            "<|open|>tools<|sep|>",
+            "<|close|>tools<|sep|>",
+            _kimi_k3,
+            ("<|open|>", "<|close|>", "<|sep|>"),
+            grouped=True,
+        ),
+        Family(
             "pythonic",
             "<|tool_call_start|>",
             "<|tool_call_end|>",
@@ -538,7 +574,7 @@ def family_grammar(
         b.lines.append(f"answer: %json {json.dumps(schema)}")
         b.lines.append(f"start: answer | {start_marker} {first}{trailing}")
     elif tools.choice == "auto":
-        if family.start in b.ids:
+        if any(marker in family.start for marker in b.ids):
             b.lines.append(f"start: TEXT | TEXT {start_marker} {first}{trailing}")
         else:
             b.lines.append(f"call_head[lazy]: TEXT {start_marker}")
@@ -641,6 +677,9 @@ class FormatParser:
         found = parsed if isinstance(parsed, list) else [parsed]
         if not found:
             raise ToolCallError(f"tool call {index} holds no call: {body[:200]!r}")
+        if self.family.name == "kimi_k3" and body.count("<|open|>call") != len(found):
+            # mlx-lm's kimi_k3 parser skips a call it cannot read: never drop one.
+            raise ToolCallError(f"a tool call from {index} on cannot be read: {body[:200]!r}")
         for call in found:
             index = len(self.calls)
             if not isinstance(call, dict):
