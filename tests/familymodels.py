@@ -83,6 +83,11 @@ _CALLS = {
         "{% for c in tool_calls %}" + _FN + "[TOOL_CALLS]{{ f.name }}[ARGS]"
         "{{ f.arguments | tojson }}{% endfor %}"
     ),
+    "mistral_json": (
+        "[TOOL_CALLS] [{% for c in tool_calls %}" + _FN + "{% if not loop.first %}, {% endif %}"
+        '{{ "{" }}"name": "{{ f.name }}", "arguments": {{ f.arguments | tojson }}{{ "}" }}'
+        "{% endfor %}]"
+    ),
     "kimi_k2": (
         "<|tool_calls_section_begin|>{% for c in tool_calls %}" + _FN + "<|tool_call_begin|>"
         "functions.{{ f.name }}:{{ loop.index0 }}<|tool_call_argument_begin|>"
@@ -123,6 +128,7 @@ _HELP = {
     "minicpm5": 'Call a function as <function name="NAME"><param name="K">V</param></function>.',
     "muse_spark": "Call functions in an <atem:function_calls> block.",
     "mistral": "Call functions as [TOOL_CALLS]NAME[ARGS]{...}.",
+    "mistral_json": "Call functions as [TOOL_CALLS] [{...}].",
     "kimi_k2": "Call functions in a <|tool_calls_section_begin|> section.",
     "kimi_k3": "Call functions in a tools block.",
     "pythonic": "Call functions as <|tool_call_start|>[f(a=1)]<|tool_call_end|>.",
@@ -148,6 +154,7 @@ SPECIAL: dict[str, tuple[str, ...]] = {
     "minicpm5": (),
     "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
     "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+    "mistral_json": ("[TOOL_CALLS]",),
     "kimi_k2": (
         "<|tool_calls_section_begin|>",
         "<|tool_calls_section_end|>",

@@ -147,7 +147,8 @@ def test_every_mlx_lm_parser_of_the_priority_list_has_a_format():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_format_is_inferred_as_mlx_lm_infers_it(tokenizers, family):
     tokenizer = tokenizers[family]
-    assert tokenizer.init_kwargs["tool_parser_type"] == family
+    parser = FORMATS[family].parser or family
+    assert tokenizer.init_kwargs["tool_parser_type"] == parser
     fmt = call_format_of(tokenizer, ll_tokenizer(tokenizer), spec())
     assert fmt.name == family
     # The markers that are special tokens are named by id in the grammar.

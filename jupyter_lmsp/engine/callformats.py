@@ -12,6 +12,7 @@ the model's own template). This module adds the formats of the other parsers mlx
 | `longcat` | `glm47`'s, with `longcat_` tags |
 | `minimax_m2` | `<minimax:tool_call>\\n<invoke name="f">\\n<parameter name="k">v</parameter>\\n</invoke>\\n</minimax:tool_call>` |
 | `mistral` | `[TOOL_CALLS]f[ARGS]{…}` (no end marker) |
+| `mistral_json` | `[TOOL_CALLS] [{"name": "f", "arguments": {…}}]` (mlx-lm's `mistral` parser; older templates) |
 | `kimi_k2` | `<\\|tool_calls_section_begin\\|><\\|tool_call_begin\\|>functions.f:0<\\|tool_call_argument_begin\\|>{…}<\\|tool_call_end\\|><\\|tool_calls_section_end\\|>` |
 | `kimi_k3` | `<\\|open\\|>tools<\\|sep\\|><\\|open\\|>call tool="f" index="0"<\\|sep\\|><\\|open\\|>argument key="k" type="string"<\\|sep\\|>v<\\|close\\|>argument<\\|sep\\|><\\|close\\|>call<\\|sep\\|><\\|close\\|>tools<\\|sep\\|>` |
 | `pythonic` | `<\\|tool_call_start\\|>[f(k="v", n=1)]<\\|tool_call_end\\|>` |
@@ -35,7 +36,7 @@ marker: a call's text ends at the next start marker or at the end of the output.
 
 Grammars (`family_grammar`, the same choices as `grammars.build_grammar`): the call structure
 is enforced in the family's syntax, with the function names of the callable tools. Where
-arguments are JSON (`mistral`, `kimi_k2`; `muse_spark` writes each parameter's value as JSON) they are `%json` with the tool's schema, strict or
+arguments are JSON (`mistral`, `mistral_json`, `kimi_k2`; `muse_spark` writes each parameter's value as JSON) they are `%json` with the tool's schema, strict or
 lenient as for the generic format. Where they are written parameter by parameter (`qwen3_coder`,
 `glm47`, `longcat`, `minimax_m2`, `minicpm5`, `muse_spark`, `kimi_k3`, `pythonic`, `gemma4`,
 `function_gemma`) the grammar allows
@@ -343,6 +344,14 @@ def _kimi_k3(b: _Builder, tool: FunctionTool) -> str:
     return f"{head} /[0-9]{{1,4}}/ {index_end} {_sequence(b, items, '')} {close}"
 
 
+def _mistral_json(b: _Builder, tool: FunctionTool) -> str:
+    # The older Mistral templates' (v3 tokenizers) list of call objects, an id optional.
+    schema = _arguments_schema(tool)
+    head = json.dumps('{"name": ' + json.dumps(tool.name) + ', "arguments": ')
+    call_id = '(", \\"id\\": \\"" /[A-Za-z0-9]{9}/ "\\"")?'
+    return f'{head} {b.json(schema, tool.strict)} {call_id} "}}"'
+
+
 def _mistral(b: _Builder, tool: FunctionTool) -> str:
     schema = _arguments_schema(tool)
     return f"{json.dumps(tool.name)} {b.lit('[ARGS]')} {b.json(schema, tool.strict)}"
@@ -440,6 +449,20 @@ FAMILIES: dict[str, Family] = {
             closing="\n",
         ),
         Family("mistral", "[TOOL_CALLS]", "", _mistral, ("[TOOL_CALLS]", "[ARGS]")),
+        # Mistral's older templates (no [ARGS]): `[TOOL_CALLS] [{"name": …, "arguments": …}]`,
+        # read by the same mlx-lm parser (`call_format_of` picks it from the template).
+        Family(
+            "mistral_json",
+            "[TOOL_CALLS]",
+            "",
+            _mistral_json,
+            ("[TOOL_CALLS]",),
+            grouped=True,
+            sep='", "',
+            opening=" [",
+            closing="]",
+            parser="mistral",
+        ),
         Family("minicpm5", "<function name=", "</function>", _minicpm, sep='"\\n"?'),
         Family(
             "muse_spark",
@@ -498,6 +521,18 @@ FAMILIES: dict[str, Family] = {
         ),
     )
 }
+
+
+def family_name(tool_parser_type: str, chat_template: Any) -> str:
+    """The family of a model whose mlx-lm parser is `tool_parser_type`: the parser's name, but
+    "mistral_json" for a Mistral template that writes calls as a JSON list (no `[ARGS]`)."""
+    if (
+        tool_parser_type == "mistral"
+        and isinstance(chat_template, str)
+        and "[ARGS]" not in chat_template
+    ):
+        return "mistral_json"
+    return tool_parser_type
 
 
 def family_format(name: str, marker_ids: tuple[tuple[str, int], ...] = ()) -> CallFormat:
