@@ -557,3 +557,16 @@ def test_a_family_call_resumed_after_kill_ends_as_the_uninterrupted_run(
         want["arguments"],
     )
     assert final["usage"]["output_tokens"] == expected["usage"]["output_tokens"]
+
+
+def test_glm_takes_the_newlines_of_the_older_templates(tokenizers):
+    """GLM-4.5/4.6 templates write a newline after the name and after each tag, GLM-4.7's
+    none: the glm47 grammar takes both, and mlx-lm's parser reads both."""
+    tokenizer = tokenizers["glm47"]
+    text = (
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    )
+    assert accepts(tokenizer, grammar_for(tokenizer, spec("required")), text)
+    _, [call] = parse("glm47", text)
+    assert json.loads(call.arguments) == {"city": "Oslo", "days": 3}

@@ -192,11 +192,12 @@ def _xml_params(
     close: str,
     tail: str = "",
     json_close: str = "",
+    after: str = "",
 ) -> str:
     """The parameters of an XML-ish call: each `head(<name, Lark>)`, the value, `close`,
     `tail`."""
     schema, props, required = _properties(tool)
-    end = b.lit(tail)
+    end = f"{b.lit(tail)} {after}".strip()
     if not props and not tool.strict and schema.get("additionalProperties") is not False:
         name = "/[A-Za-z0-9_.\\-]{1,64}/"
         return f"({head(name)} {b.text_until(close)} {end})*"
@@ -287,10 +288,11 @@ def _glm(prefix: str) -> Callable[[_Builder, FunctionTool], str]:
         value_open, value_close = f"<{prefix}arg_value>", f"</{prefix}arg_value>"
 
         def head(n: str) -> str:
-            return f"{b.lit(key_open)} {n} {b.lit(key_close)} {b.lit(value_open)}"
+            return f'{b.lit(key_open)} {n} {b.lit(key_close)} "\\n"? {b.lit(value_open)}'
 
-        params = _xml_params(b, tool, head, value_close)
-        return f"{json.dumps(tool.name)} {params}"
+        # GLM-4.5/4.6 templates put a newline after the name and each tag, 4.7's none: both.
+        params = _xml_params(b, tool, head, value_close, after='"\\n"?')
+        return f'{json.dumps(tool.name)} "\\n"? {params}'
 
     return call
 
