@@ -330,12 +330,12 @@ def test_unsupported_fields_name_the_most_significant(client):
             text={"verbosity": "low"},
         )
     assert e.value.code == "unsupported_parameter" and e.value.param == "tools[0]"
-    assert "only function tools" in e.value.message
+    assert "only function and custom tools" in e.value.message
     for kwargs, param in (
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"include": ["file_search_call.results"]}, "include[0]"),
         ({"conversation": "conv_123"}, "conversation"),
-        ({"service_tier": "flex"}, "service_tier"),
+        ({"service_tier": "scale"}, "service_tier"),
     ):
         with pytest.raises(openai.BadRequestError) as e:
             client.responses.create(model=MODEL, input="Hello", **kwargs)

@@ -167,7 +167,10 @@ def test_generic_rendering_puts_tools_in_the_system_prompt_and_calls_in_text() -
 def test_native_rendering_hands_tools_to_the_template() -> None:
     fmt = call_format_for("json_tools")
     assert fmt.name == "json_tools"
-    assert call_format_for("pythonic").name == "generic"
+    # Another format mlx-lm knows is its own (tests/test_call_formats.py); an unknown one is
+    # generic.
+    assert call_format_for("pythonic").name == "pythonic"
+    assert call_format_for("no_such_parser").name == "generic"
     assert call_format_for(None).name == "generic"
     messages, extra = render(HISTORY, TOOLS, fmt)
     assert extra["tools"][0]["function"]["name"] == "get_weather"

@@ -18,6 +18,7 @@ from typing import Any
 
 from jupyter_lmsp.engine.grammars import ResponseFormat, ToolSpec
 from jupyter_lmsp.engine.speculative import SpeculationSettings
+from jupyter_lmsp.engine.thinking import Thinking
 
 # Bounds the worker enforces (a job outside them fails with `invalid_request`): the wire's own,
 # defined once in protocol.tools (requests over them are refused before they get here); the
@@ -100,6 +101,11 @@ class GenerateJob:
     # this choice generated, the resumed ones included (`penalties`).
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # Reasoning (`reasoning`): the effort, as the chat template's switch ("none" .. "xhigh";
+    # None: the template's default), and the most tokens a choice writes inside its thinking
+    # block before its end marker is forced (None: no limit).
+    reasoning_effort: str | None = None
+    max_reasoning_tokens: int | None = None
 
     def resume_points(self) -> list[ChoiceResume]:
         """Each choice's resume point (empty token lists for a fresh job)."""
@@ -167,6 +173,9 @@ class JobStarted:
     # When the job has tools (and tool_choice is not "none"): the call format its output uses,
     # for `toolcalls.ToolCallParser` ("generic" or the mlx-lm parser name, e.g. "json_tools").
     tool_format: str | None = None
+    # A thinking model's markers, and whether the prompt opened the block: the server splits
+    # each choice's text into reasoning and answer by them (`engine.thinking`).
+    thinking: Thinking | None = None
     # For the server's metrics: the prompt cache's size after this job's lookup, the bytes of
     # key/value cache its reused tokens took from it, and, for the first job started after its
     # model was verified and loaded, how long that took.
@@ -242,6 +251,8 @@ class ChoiceResult:
     finish_reason: str
     output_tokens: int
     accepted_draft_tokens: int = 0
+    # Of the output tokens, those of the choice's thinking block (markers included).
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -254,6 +265,7 @@ class ChoiceFinished:
     finish_reason: str
     output_tokens: int
     accepted_draft_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass
@@ -273,6 +285,8 @@ class JobFinished:
     output_tokens: int
     choices: list[ChoiceResult] = field(default_factory=list)
     accepted_draft_tokens: int = 0
+    # Of the output tokens, those of the choices' thinking blocks (summed).
+    reasoning_tokens: int = 0
 
 
 @dataclass

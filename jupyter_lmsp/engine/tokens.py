@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .grammars import GENERIC, ToolSpec
+from .reasoning import effort_args
 from .toolcalls import call_format_for, render
 from .worker import JobError, encode_chat
 
@@ -55,20 +56,24 @@ class PromptCounter:
         model_path: str,
         messages: list[dict[str, Any]],
         tools: ToolSpec | None = None,
+        effort: str | None = None,
     ) -> int:
         """The number of tokens of `messages` rendered for the model at `model_path`, with
         `tools` (and any past calls and results) rendered as the worker renders them
-        (`toolcalls.render`, in the model's own call format where it has one)."""
+        (`toolcalls.render`, in the model's own call format where it has one), and the
+        template's switch for a reasoning `effort` (`reasoning.effort_args`: an effort the
+        model cannot take raises its `EffortRefused`)."""
         tokenizer = self._tokenizer(key, Path(model_path))
+        thinking_args = effort_args(tokenizer, effort)
         call_format = GENERIC
         if tools is not None and tools.active:
             # The worker's choice (`worker.call_format_of`); whether the markers are special
             # tokens matters to the grammar only, not to the prompt.
             parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
-            call_format = call_format_for(parser)
+            call_format = call_format_for(parser, tools=tools)
         rendered, template_args = render(messages, tools, call_format)
         try:
-            return len(encode_chat(tokenizer, rendered, **template_args))
+            return len(encode_chat(tokenizer, rendered, **template_args, **thinking_args))
         except JobError as e:
             raise PromptTooHard(e.message) from e
 

@@ -11,8 +11,9 @@ generic format (`grammars.GENERIC`, for a model whose template knows no tools, l
 model's) the tools are described in the system prompt, past calls become the assistant's text
 (`<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`, exactly as the model writes them)
 and results become a user message of `<tool_response>` blocks, so any template renders them.
-With the model's own format ("json_tools", the Hermes/Qwen shape, same text) the template gets
-`tools=` and the messages in the Hugging Face shape and renders them itself.
+With the model's own format ("json_tools", the Hermes/Qwen shape, same text, or another mlx-lm
+format: `callformats`) the template gets `tools=` and the messages in the Hugging Face shape and
+renders them itself.
 
 A custom tool's call (`grammars.CustomTool`) carries raw text rather than JSON arguments: in
 the messages it is `{"id", "name", "input"}`, and in the model's text `<tool_call>\n{"name":
@@ -55,10 +56,24 @@ For each function call, return a JSON object with the function name and argument
 </tool_call>"""
 
 
-def call_format_for(tool_parser_type: str | None, *, special_markers: bool = False) -> CallFormat:
-    """The call format of a model whose tokenizer mlx-lm gave `tool_parser_type`."""
+def call_format_for(
+    tool_parser_type: str | None,
+    *,
+    special_markers: bool = False,
+    marker_ids: tuple[tuple[str, int], ...] = (),
+    tools: ToolSpec | None = None,
+) -> CallFormat:
+    """The call format of a model whose tokenizer mlx-lm gave `tool_parser_type`: the generic
+    shape's (`NATIVE_FORMATS`), another format mlx-lm knows (`callformats.FAMILIES`, with its
+    special markers' ids), else the generic one. With `tools` that hold callable custom tools,
+    a format that has no place for them gives way to the generic one (`callformats.job_format`).
+    """
+    from .callformats import FAMILIES, family_format, job_format
+
     if tool_parser_type in NATIVE_FORMATS:
         return CallFormat(tool_parser_type, special_markers=special_markers)
+    if tool_parser_type in FAMILIES:
+        return job_format(family_format(tool_parser_type, marker_ids), tools)
     return GENERIC
 
 
@@ -155,6 +170,8 @@ def _render_generic(
                 out.append({"role": "user", "content": block, "_results": True})
         else:
             out.append({"role": role, "content": content})
+        if role == "assistant" and message.get("reasoning_content"):
+            out[-1]["reasoning_content"] = message["reasoning_content"]
     for message in out:
         message.pop("_results", None)
     if tools is not None:
@@ -211,6 +228,10 @@ def _render_native(
             out.append(result)
         else:
             out.append({"role": role, "content": content})
+        if role == "assistant" and message.get("reasoning_content"):
+            # A thinking model's template may show its earlier thinking (Qwen3's does, for
+            # the turns after the last user message).
+            out[-1]["reasoning_content"] = message["reasoning_content"]
     extra: dict[str, Any] = {}
     if tools is not None and tools.callable_tools():
         extra["tools"] = [

@@ -51,7 +51,13 @@ from jupyter_lmsp.engine.batching import (
     Update,
 )
 from jupyter_lmsp.engine.device import on_gpu
-from jupyter_lmsp.engine.grammars import GENERIC, CallFormat, GrammarError, build_grammar
+from jupyter_lmsp.engine.grammars import (
+    GENERIC,
+    CallFormat,
+    GrammarError,
+    ToolSpec,
+    build_grammar,
+)
 from jupyter_lmsp.engine.interrupt import Checkpoints, StepAbandoned, install_checkpoints
 from jupyter_lmsp.engine.loader import LoadResult, ModelLoader
 from jupyter_lmsp.engine.messages import (
@@ -76,7 +82,9 @@ from jupyter_lmsp.engine.messages import (
 )
 from jupyter_lmsp.engine.penalties import PENALTY_LIMIT
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
+from jupyter_lmsp.engine.reasoning import after_thinking, effort_args
 from jupyter_lmsp.engine.speculative import SpeculationSettings
+from jupyter_lmsp.engine.thinking import ReasoningCounter, Thinking
 
 if TYPE_CHECKING:
     import mlx.nn as nn
@@ -142,12 +150,34 @@ def encode_chat(
     return ids
 
 
-def call_format_of(tokenizer: TokenizerWrapper, ll_tokenizer: Any) -> CallFormat:
-    """The tool-call format of a model: its own where mlx-lm has a parser for it and it has the
-    generic shape (see `toolcalls.NATIVE_FORMATS`), else the generic one."""
+def reasoning_args(tokenizer: TokenizerWrapper, effort: str | None) -> dict[str, Any]:
+    """The chat template's arguments for a reasoning effort (`reasoning.effort_args`); an
+    effort the model cannot take fails the job with `unsupported_reasoning_effort`."""
+    try:
+        return effort_args(tokenizer, effort)
+    except ValueError as exc:
+        raise JobError("unsupported_reasoning_effort", str(exc)) from exc
+
+
+def call_format_of(
+    tokenizer: TokenizerWrapper, ll_tokenizer: Any, tools: ToolSpec | None = None
+) -> CallFormat:
+    """The tool-call format of a model: its own where mlx-lm has a parser for it (the
+    `tool_parser_type` its tokenizer config names or mlx-lm inferred) and this service a
+    grammar (`toolcalls.NATIVE_FORMATS`, `callformats.FAMILIES`), else the generic one; a job
+    with custom tools in a format that has no place for them gets the generic one."""
+    from jupyter_lmsp.engine.callformats import FAMILIES, family_name
     from jupyter_lmsp.engine.toolcalls import NATIVE_FORMATS, call_format_for
 
     parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
+    if parser in FAMILIES:
+        parser = family_name(parser, getattr(tokenizer, "chat_template", None))
+        ids = []
+        for marker in FAMILIES[parser].markers:
+            found = ll_tokenizer.tokenize_str(marker, parse_special=True)
+            if len(found) == 1 and ll_tokenizer.is_special_token(found[0]):
+                ids.append((marker, int(found[0])))
+        return call_format_for(parser, marker_ids=tuple(ids), tools=tools)
     if parser not in NATIVE_FORMATS:
         return GENERIC
     special = True
@@ -155,6 +185,15 @@ def call_format_of(tokenizer: TokenizerWrapper, ll_tokenizer: Any) -> CallFormat
         ids = ll_tokenizer.tokenize_str(marker, parse_special=True)
         special = special and len(ids) == 1 and ll_tokenizer.is_special_token(ids[0])
     return call_format_for(parser, special_markers=special)
+
+
+def _counter(thinking: Thinking | None, resumed: list[int]) -> ReasoningCounter | None:
+    """A choice's reasoning counter, fed the tokens it resumes from."""
+    if thinking is None:
+        return None
+    counter = ReasoningCounter(thinking)
+    counter.feed(resumed)
+    return counter
 
 
 @dataclass
@@ -168,6 +207,8 @@ class _Outbox:
     want_logprobs: bool = False
     # Of the tokens generated here, those speculative decoding proposed and verified.
     accepted_draft_tokens: int = 0
+    # A thinking model's count of the choice's reasoning tokens (resumed ones included).
+    reasoning: ReasoningCounter | None = None
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -182,6 +223,12 @@ class _Outbox:
         self.logprobs.extend(update.logprobs or [])
         self.output_tokens += len(update.token_ids)
         self.accepted_draft_tokens += update.drafted
+        if self.reasoning is not None:
+            self.reasoning.feed(update.token_ids)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.reasoning.count if self.reasoning is not None else 0
 
     def take(self) -> JobTokens | None:
         if not self.pending:
@@ -565,19 +612,32 @@ class Worker:
         call_format = GENERIC
         calls = job.tools is not None and job.tools.active
         if calls:
-            call_format = call_format_of(tokenizer, ll_tokenizer(key, model, tokenizer))
+            call_format = call_format_of(tokenizer, ll_tokenizer(key, model, tokenizer), job.tools)
         messages, template_args = render(job.messages, job.tools, call_format)
+        template_args.update(reasoning_args(tokenizer, job.reasoning_effort))
         prompt_ids = encode_chat(tokenizer, messages, **template_args)
+        thinking = Thinking.of(tokenizer, prompt_ids)
+        if thinking is not None and job.logprobs:
+            # Their text is split into thinking and answer after decoding: a token's entry
+            # would belong to neither part.
+            raise JobError(
+                "invalid_request",
+                "Log-probabilities are not available for a model that thinks before it "
+                "answers; leave out the logprobs request.",
+            )
         try:
             grammar = build_grammar(job.response_format, job.tools, call_format)
         except GrammarError as exc:
             raise JobError("grammar_invalid", str(exc)) from exc
         except (TypeError, ValueError) as exc:
             raise JobError("grammar_invalid", f"the grammar could not be built: {exc}") from exc
+        if grammar is not None and thinking is not None:
+            # The grammar constrains the answer: the model thinks freely first (`reasoning`).
+            grammar = after_thinking(grammar, thinking)
         reused_before = self._scheduler.prompt_cache.stats().reused_bytes
         try:
             cached_tokens, updates = self._scheduler.add(
-                job, key, model, tokenizer, prompt_ids, grammar
+                job, key, model, tokenizer, prompt_ids, grammar, thinking
             )
         except ConstraintError as exc:
             raise JobError("grammar_invalid", str(exc)) from exc
@@ -586,7 +646,13 @@ class Worker:
             job.job_id,
             len(prompt_ids),
             [
-                _Outbox(job.job_id, i, len(point.token_ids), want_logprobs=job.logprobs)
+                _Outbox(
+                    job.job_id,
+                    i,
+                    len(point.token_ids),
+                    want_logprobs=job.logprobs,
+                    reasoning=_counter(thinking, point.token_ids),
+                )
                 for i, point in enumerate(points)
             ],
         )
@@ -596,6 +662,7 @@ class Worker:
                 len(prompt_ids),
                 cached_tokens=cached_tokens,
                 tool_format=call_format.name if calls else None,
+                thinking=thinking,
                 cache_bytes=self._scheduler.prompt_cache.nbytes,
                 cache_reused_bytes=self._scheduler.prompt_cache.stats().reused_bytes
                 - reused_before,
@@ -626,6 +693,7 @@ class Worker:
                 update.finish_reason,
                 outbox.output_tokens,
                 outbox.accepted_draft_tokens,
+                outbox.reasoning_tokens,
             )
             running.results[update.choice] = result
             if len(running.outboxes) > 1:
@@ -636,6 +704,7 @@ class Worker:
                         update.finish_reason,
                         outbox.output_tokens,
                         outbox.accepted_draft_tokens,
+                        outbox.reasoning_tokens,
                     )
                 )
             if len(running.results) < len(running.outboxes):
@@ -650,6 +719,7 @@ class Worker:
                     sum(choice.output_tokens for choice in choices),
                     choices,
                     sum(choice.accepted_draft_tokens for choice in choices),
+                    sum(choice.reasoning_tokens for choice in choices),
                 )
             )
 
@@ -717,6 +787,10 @@ def _validate(job: GenerateJob) -> None:
         raise JobError("invalid_request", "top_logprobs needs logprobs")
     if job.n < 1:
         raise JobError("invalid_request", f"n must be >= 1, got {job.n}")
+    if job.max_reasoning_tokens is not None and not (
+        isinstance(job.max_reasoning_tokens, int) and job.max_reasoning_tokens >= 0
+    ):
+        raise JobError("invalid_request", "max_reasoning_tokens must be an integer >= 0")
     if job.resume_choices is not None and len(job.resume_choices) != job.n:
         raise JobError("invalid_request", f"resume_choices must have n = {job.n} entries")
 

@@ -20,6 +20,8 @@ from .fields import (
     Metadata,
     Neutral,
     Penalty,
+    ReasoningBudget,
+    ReasoningEffort,
     Seed,
     ServiceTier,
     Temperature,
@@ -239,6 +241,8 @@ class CreateChatCompletionRequest(Body):
     top_logprobs: TopLogprobs | None = Field(None, description="Needs `logprobs: true`.")
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    max_reasoning_tokens: ReasoningBudget | None = None
     # Accepted only with neutral values, most significant first.
     functions: Annotated[Any, Neutral([])] = None
     function_call: Annotated[Any, Neutral("none", "auto")] = None
@@ -255,7 +259,6 @@ class CreateChatCompletionRequest(Body):
     audio: Annotated[Any, Neutral()] = None
     prediction: Annotated[Any, Neutral()] = None
     web_search_options: Annotated[Any, Neutral()] = None
-    reasoning_effort: Annotated[Any, Neutral()] = None
     verbosity: Annotated[Any, Neutral()] = None
     service_tier: ServiceTier = None
     prompt_cache_retention: Annotated[Any, Neutral("in_memory")] = None
@@ -385,8 +388,15 @@ class ToolCall(WireObject):
 
 
 class AssistantMessage(WireObject):
+    model_config = {"json_schema_extra": optional_on_wire("reasoning_content")}
+
     role: Literal["assistant"] = "assistant"
     content: str | None = Field(description="Null when the answer is only tool calls.")
+    reasoning_content: str | None = Field(
+        None,
+        description="A thinking model's thinking, apart from its answer (absent otherwise).",
+        exclude_if=lambda v: v is None,
+    )
     refusal: None = None
     annotations: list[Any] = Field(default_factory=list)
     tool_calls: list[ToolCall] | None = None
@@ -447,9 +457,12 @@ class ChunkToolCall(WireObject):
 class ChunkDelta(WireObject):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ChunkToolCall] | None = None
 
-    model_config = {"json_schema_extra": optional_on_wire("role", "content", "tool_calls")}
+    model_config = {
+        "json_schema_extra": optional_on_wire("role", "content", "reasoning_content", "tool_calls")
+    }
 
 
 class ChunkChoice(WireObject):
@@ -482,14 +495,15 @@ def chat_usage(usage: dict[str, Any] | None) -> ChatUsage:
     prompt = usage.get("input_tokens", 0)
     completion = usage.get("output_tokens", 0)
     cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
-    drafted = (usage.get("output_tokens_details") or {}).get("accepted_draft_tokens", 0)
+    details = usage.get("output_tokens_details") or {}
+    drafted = details.get("accepted_draft_tokens", 0)
     return ChatUsage(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
         prompt_tokens_details=PromptTokensDetails(cached_tokens=cached, audio_tokens=0),
         completion_tokens_details=CompletionTokensDetails(
-            reasoning_tokens=0,
+            reasoning_tokens=details.get("reasoning_tokens", 0),
             audio_tokens=0,
             accepted_prediction_tokens=0,
             rejected_prediction_tokens=0,
@@ -518,6 +532,8 @@ class ChoiceState:
     """One choice of a chat completion, as its task's events built it."""
 
     content: str = ""
+    # A thinking model's thinking (None: it had no thinking block).
+    reasoning: str | None = None
     tool_calls: list[dict[str, str]] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     items: int = 0
@@ -590,6 +606,11 @@ class ChatFold:
                     logprobs if self.logprobs else None,
                 )
             ]
+        if kind == "response.reasoning_text.delta":
+            choice = self._choice_of.get(event.get("item_id", ""), int(event.get("choice", 0)))
+            state = self._state(choice)
+            state.reasoning = (state.reasoning or "") + event.get("delta", "")
+            return [ChunkPiece(choice, ChunkDelta(reasoning_content=event.get("delta", "")))]
         if kind == "response.function_call_arguments.delta":
             item_id = event.get("item_id", "")
             choice = self._choice_of.get(item_id, 0)
@@ -644,6 +665,7 @@ def completion_object(response: dict[str, Any], fold: ChatFold) -> dict[str, Any
                 index=index,
                 message=AssistantMessage(
                     content=None if calls and not state.content else state.content,
+                    reasoning_content=state.reasoning,
                     tool_calls=calls or None,
                 ),
                 logprobs=fold.choice_logprobs(state.logprobs),

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, RootModel
 
 from .fields import WireObject, optional_on_wire
+from .response_object import ReasoningText
 from .responses import (
     OutputItem,
     OutputText,
@@ -31,6 +32,7 @@ from .responses import (
     function_call_item,
     output_message,
     output_text_part,
+    reasoning_item,
 )
 from .states import TERMINAL_EVENT_TYPES
 from .tools import Logprob
@@ -130,12 +132,12 @@ class _PartEvent(_ItemEvent):
 
 class ResponseContentPartAddedEvent(_PartEvent):
     type: Literal["response.content_part.added"]
-    part: OutputText
+    part: Annotated[OutputText | ReasoningText, Field(discriminator="type")]
 
 
 class ResponseContentPartDoneEvent(_PartEvent):
     type: Literal["response.content_part.done"]
-    part: OutputText
+    part: Annotated[OutputText | ReasoningText, Field(discriminator="type")]
 
 
 class ResponseOutputTextDeltaEvent(_PartEvent):
@@ -155,6 +157,18 @@ class ResponseOutputTextDoneEvent(_PartEvent):
     logprobs: list[Logprob] = Field(
         description="The message's log-probabilities, when the response includes them."
     )
+
+
+class ResponseReasoningTextDeltaEvent(_PartEvent):
+    """More of a reasoning item's thinking: one per committed batch."""
+
+    type: Literal["response.reasoning_text.delta"]
+    delta: str
+
+
+class ResponseReasoningTextDoneEvent(_PartEvent):
+    type: Literal["response.reasoning_text.done"]
+    text: str
 
 
 class ResponseFunctionCallArgumentsDeltaEvent(_ItemEvent):
@@ -254,6 +268,8 @@ AnyEvent = Annotated[
     | ResponseOutputTextDoneEvent
     | ResponseContentPartDoneEvent
     | ResponseOutputItemDoneEvent
+    | ResponseReasoningTextDeltaEvent
+    | ResponseReasoningTextDoneEvent
     | ResponseFunctionCallArgumentsDeltaEvent
     | ResponseFunctionCallArgumentsDoneEvent
     | ResponseCustomToolCallInputDeltaEvent
@@ -298,6 +314,8 @@ PART_DONE = "response.content_part.done"
 ITEM_DONE = "response.output_item.done"
 ARGUMENTS_DELTA = "response.function_call_arguments.delta"
 ARGUMENTS_DONE = "response.function_call_arguments.done"
+REASONING_DELTA = "response.reasoning_text.delta"
+REASONING_DONE = "response.reasoning_text.done"
 INPUT_DELTA = "response.custom_tool_call_input.delta"
 INPUT_DONE = "response.custom_tool_call_input.done"
 COMPLETED = "response.completed"
@@ -334,6 +352,66 @@ def item_opened(item_id: str, output_index: int) -> list[EventData]:
             "output_index": output_index,
             "content_index": 0,
             "part": output_text_part(""),
+        },
+    ]
+
+
+def reasoning_opened(item_id: str, output_index: int) -> list[EventData]:
+    return [
+        {
+            "type": ITEM_ADDED,
+            "output_index": output_index,
+            "item": {
+                "id": item_id,
+                "type": "reasoning",
+                "status": "in_progress",
+                "summary": [],
+                "content": [],
+            },
+        },
+        {
+            "type": PART_ADDED,
+            "item_id": item_id,
+            "output_index": output_index,
+            "content_index": 0,
+            "part": {"type": "reasoning_text", "text": ""},
+        },
+    ]
+
+
+def reasoning_delta(item_id: str, output_index: int, delta: str) -> EventData:
+    return {
+        "type": REASONING_DELTA,
+        "item_id": item_id,
+        "output_index": output_index,
+        "content_index": 0,
+        "delta": delta,
+    }
+
+
+def reasoning_closed(
+    item_id: str, output_index: int, text: str, status: str, encrypted: str | None = None
+) -> list[EventData]:
+    """The end of a reasoning item: its text, its part, then the item."""
+    return [
+        {
+            "type": REASONING_DONE,
+            "item_id": item_id,
+            "output_index": output_index,
+            "content_index": 0,
+            "text": text,
+        },
+        {
+            "type": PART_DONE,
+            "item_id": item_id,
+            "output_index": output_index,
+            "content_index": 0,
+            "part": {"type": "reasoning_text", "text": text},
+        },
+        {
+            "type": ITEM_DONE,
+            "output_index": output_index,
+            "item": reasoning_item(item_id, text, status, encrypted),
         },
     ]
 

@@ -214,14 +214,18 @@ class ClientRow(Protocol):
 
 
 def usage_object(
-    input_tokens: int, output_tokens: int, cached_tokens: int = 0, accepted_draft_tokens: int = 0
+    input_tokens: int,
+    output_tokens: int,
+    cached_tokens: int = 0,
+    accepted_draft_tokens: int = 0,
+    reasoning_tokens: int = 0,
 ) -> dict[str, Any]:
     return Usage(
         input_tokens=input_tokens,
         input_tokens_details=InputTokensDetails(cached_tokens=cached_tokens, cache_write_tokens=0),
         output_tokens=output_tokens,
         output_tokens_details=OutputTokensDetails(
-            reasoning_tokens=0, accepted_draft_tokens=accepted_draft_tokens
+            reasoning_tokens=reasoning_tokens, accepted_draft_tokens=accepted_draft_tokens
         ),
         total_tokens=input_tokens + output_tokens,
     ).wire()

@@ -8,6 +8,9 @@ output items, each at its own `output_index`, in the order they begin:
   the request included them). Without tools a choice's message opens when generation starts;
   with tools it opens at the choice's first text that is not whitespace (a choice that only
   calls functions has none);
+- a **reasoning** item per choice of a thinking model (`reasoning`: its thinking block's text
+  in one `reasoning_text` part), opened at the choice's first thinking text and closed when
+  anything else of the choice begins (its message, a call) or it ends;
 - a **function call** per call the model makes (`function_call`: `call_id`, `name`,
   `arguments`; a custom tool's is a `custom_tool_call` with its `input` text); it begins once
   the call's name is known, its arguments stream, and it ends when the call is complete. A
@@ -44,7 +47,7 @@ from typing import Any, Literal
 
 from . import events as ev
 from . import snapshot as stored
-from .responses import custom_tool_call_item, function_call_item, output_message
+from .responses import custom_tool_call_item, function_call_item, output_message, reasoning_item
 from .snapshot import ChoiceSnapshot, Snapshot, SnapshotItem
 
 Event = dict[str, Any]
@@ -61,6 +64,14 @@ class Text:
     choice: int
     text: str
     logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class Reasoning:
+    """More of a choice's thinking (the text of its thinking block, markers left out)."""
+
+    choice: int
+    text: str
 
 
 @dataclass
@@ -98,7 +109,7 @@ class ChoiceEnd:
     finish_reason: str
 
 
-Piece = Text | CallBegin | CallArguments | CallEnd | ChoiceEnd
+Piece = Text | Reasoning | CallBegin | CallArguments | CallEnd | ChoiceEnd
 
 
 @dataclass
@@ -120,7 +131,13 @@ class Batch:
             self.tokens[choice] = (have_ids + ids, have_text + text)
         for piece in other.pieces:
             last = self.pieces[-1] if self.pieces else None
-            if isinstance(piece, Text) and isinstance(last, Text) and last.choice == piece.choice:
+            if (
+                isinstance(piece, Reasoning)
+                and isinstance(last, Reasoning)
+                and last.choice == piece.choice
+            ):
+                self.pieces[-1] = Reasoning(last.choice, last.text + piece.text)
+            elif isinstance(piece, Text) and isinstance(last, Text) and last.choice == piece.choice:
                 # One delta event per commit and message, however many tokens it holds.
                 merged = None
                 if last.logprobs is not None or piece.logprobs is not None:
@@ -290,9 +307,13 @@ class Attempt:
         fresh: dict[str, list[dict[str, Any]]] = {}
         for piece in batch.pieces:
             match piece:
+                case Reasoning(choice=choice, text=text):
+                    events += self._reasoning(choice, text)
                 case Text(choice=choice, text=text, logprobs=logprobs):
+                    events += self._close_reasoning(choice)
                     events += self._text(choice, text, logprobs or [], fresh)
                 case CallBegin(choice=choice, index=index, name=name, custom=custom):
+                    events += self._close_reasoning(choice)
                     events += self._close_message(choice, "completed", lookup, fresh)
                     events += self._open_call(choice, index, name, custom)
                 case CallArguments(choice=choice, index=index, delta=delta):
@@ -313,8 +334,7 @@ class Attempt:
                     self._choice_slot(choice)["finish_reason"] = reason
                     status = "incomplete" if reason == "length" else "completed"
                     for item in self._open_items(choice):
-                        item_status = status if item["type"] == "message" else "incomplete"
-                        events += self._close(item, item_status, lookup, fresh)
+                        events += self._close(item, _ended(item, status), lookup, fresh)
         return events
 
     def close(self, status: str, lookup: LogprobLookup | None = None) -> list[Event]:
@@ -325,8 +345,7 @@ class Attempt:
         events: list[Event] = []
         for item in sorted(self.data["items"], key=lambda i: i["output_index"]):
             if item["status"] == "in_progress":
-                item_status = status if item["type"] == "message" else "incomplete"
-                events += self._close(item, item_status, lookup, {})
+                events += self._close(item, _ended(item, status), lookup, {})
         self.data["open"] = False
         return events
 
@@ -415,6 +434,38 @@ class Attempt:
         )
         return events
 
+    def _reasoning(self, choice: int, text: str) -> list[Event]:
+        if not text:
+            return []
+        events: list[Event] = []
+        item = self._open_of(choice, "reasoning")
+        if item is None:
+            index = self._take_index()
+            item_id = f"rs_{self.base}_{index}"
+            item = {
+                "type": "reasoning",
+                "id": item_id,
+                "output_index": index,
+                "choice": choice,
+                "text": "",
+                "status": "in_progress",
+            }
+            self.data["items"].append(item)
+            events += [self._label(e, item) for e in ev.reasoning_opened(item_id, index)]
+        item["text"] += text
+        events.append(self._label(ev.reasoning_delta(item["id"], item["output_index"], text), item))
+        return events
+
+    def _close_reasoning(self, choice: int) -> list[Event]:
+        item = self._open_of(choice, "reasoning")
+        return self._close(item, "completed", None, {}) if item is not None else []
+
+    def _open_of(self, choice: int, kind: str) -> SnapshotItem | None:
+        for item in self._open_items(choice):
+            if item["type"] == kind:
+                return item
+        return None
+
     def _open_call(self, choice: int, index: int, name: str, custom: bool) -> list[Event]:
         output_index = self._take_index()
         item_id, call_id = call_ids(self.base, output_index, custom)
@@ -453,6 +504,10 @@ class Attempt:
         if item["type"] == "message":
             logprobs = self._logprobs(item, lookup) + fresh.get(item["id"], [])
             built = ev.item_closed(item["id"], item["output_index"], item["text"], status, logprobs)
+        elif item["type"] == "reasoning":
+            built = ev.reasoning_closed(
+                item["id"], item["output_index"], item["text"], status, item.get("sealed")
+            )
         else:
             built = ev.call_closed(
                 item["id"],
@@ -475,8 +530,19 @@ class Attempt:
     ) -> dict[str, Any]:
         if item["type"] == "message":
             return output_message(item["id"], item["text"], status, self._logprobs(item, lookup))
+        if item["type"] == "reasoning":
+            return reasoning_item(item["id"], item["text"], status, item.get("sealed"))
         wire = custom_tool_call_item if item["type"] == CUSTOM_CALL else function_call_item
         return wire(item["id"], item["call_id"], item["name"], item["arguments"], status)
+
+
+def _ended(item: SnapshotItem, status: str) -> str:
+    """The status an open item ends with when its choice or attempt ends with `status`: a
+    message or a thinking block cut short is as its choice is; a call cut short is
+    `incomplete` (its arguments are not whole)."""
+    if item["type"] in ("message", "reasoning"):
+        return status
+    return "incomplete"
 
 
 def logprobs_from_events(events: list[Event], item_id: str) -> list[dict[str, Any]]:

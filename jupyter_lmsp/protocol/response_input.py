@@ -123,6 +123,29 @@ class InputCustomToolCallOutput(Body):
         return "".join(part.text for part in self.output)
 
 
+class ReasoningTextPart(Body):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class InputReasoning(Body):
+    """A reasoning item the model produced earlier, sent back (Codex and the openai-agents SDK
+    do): its thinking joins the assistant turn after it (`reasoning_content`, which a thinking
+    model's template may show it). `encrypted_content` is the text as this service sealed it
+    (`include: ["reasoning.encrypted_content"]`); opened by the service before anything else
+    reads the messages."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningTextPart] = Field(default_factory=list)
+    content: list[ReasoningTextPart] | None = None
+    encrypted_content: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or [])
+
+
 class InputCompaction(Body):
     """A compaction item `POST /responses/compact` returned, sent back as input: its sealed
     summary stands for the turns it replaced (opened by the service; `services.summaries`)."""
@@ -137,6 +160,10 @@ class InputCompaction(Body):
 # param naming it (the service opens it before anything else reads the messages).
 COMPACTION_KEY = "compaction"
 COMPACTION_PARAM_KEY = "compaction_param"
+# The key an assistant message holds the sealed thinking of a reasoning item under, and its
+# param (opened into `reasoning_content` by the service, as a compaction is).
+SEALED_REASONING_KEY = "sealed_reasoning"
+SEALED_REASONING_PARAM_KEY = "sealed_reasoning_param"
 
 INPUT_ITEM_TYPES = (
     "message",
@@ -144,6 +171,7 @@ INPUT_ITEM_TYPES = (
     "function_call_output",
     "custom_tool_call",
     "custom_tool_call_output",
+    "reasoning",
     "compaction",
 )
 
@@ -160,7 +188,7 @@ def _supported_items_only(value: Any) -> Any:
         raise refuse(
             "unsupported_input",
             "'{param}' is '" + str(value.get("type")) + "'; only messages, function and custom "
-            "tool calls, their outputs and compaction items are supported.",
+            "tool calls, their outputs, reasoning and compaction items are supported.",
         )
     return value
 
@@ -171,6 +199,7 @@ InputItemParam = Annotated[
     | Annotated[InputFunctionCallOutput, Tag("function_call_output")]
     | Annotated[InputCustomToolCall, Tag("custom_tool_call")]
     | Annotated[InputCustomToolCallOutput, Tag("custom_tool_call_output")]
+    | Annotated[InputReasoning, Tag("reasoning")]
     | Annotated[InputCompaction, Tag("compaction")],
     Discriminator(
         _input_item_kind,
@@ -198,6 +227,12 @@ def engine_messages(items: list[Any], param: str = "input") -> list[dict[str, An
                     COMPACTION_PARAM_KEY: f"{param}[{index}].encrypted_content",
                 }
             )
+        elif isinstance(item, InputReasoning):
+            # The thinking belongs to the assistant turn that follows it.
+            out.append({"role": "assistant", "content": "", "reasoning_content": item.text()})
+            if item.encrypted_content:
+                out[-1][SEALED_REASONING_KEY] = item.encrypted_content
+                out[-1][SEALED_REASONING_PARAM_KEY] = f"{param}[{index}].encrypted_content"
         elif isinstance(item, InputFunctionCall | InputCustomToolCall):
             call: dict[str, Any] = {"id": item.call_id, "name": item.name}
             if isinstance(item, InputCustomToolCall):
@@ -222,5 +257,17 @@ def engine_messages(items: list[Any], param: str = "input") -> list[dict[str, An
             )
         else:
             role = "system" if item.role == "developer" else item.role
-            out.append({"role": role, "content": item.text()})
+            last = out[-1] if out else None
+            if (
+                role == "assistant"
+                and last is not None
+                and last["role"] == "assistant"
+                and "reasoning_content" in last
+                and not last["content"]
+                and not last.get("tool_calls")
+            ):
+                # The answer after its reasoning item: one assistant turn.
+                last["content"] = item.text()
+            else:
+                out.append({"role": role, "content": item.text()})
     return out

@@ -32,6 +32,38 @@ class OutputMessage(WireObject):
     content: list[OutputText]
 
 
+class ReasoningText(WireObject):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(WireObject):
+    """A reasoning model's thinking, kept apart from its answer (issue 37): the text of its
+    thinking block in one `reasoning_text` part. `summary` is empty (no summariser runs here);
+    `encrypted_content` holds the text sealed by the service when the request included
+    `reasoning.encrypted_content`."""
+
+    model_config = {"json_schema_extra": optional_on_wire("encrypted_content")}
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    status: Literal["in_progress", "completed", "incomplete"]
+    summary: list[Any] = Field(default_factory=list)
+    content: list[ReasoningText]
+    encrypted_content: str | None = Field(None, exclude_if=lambda v: v is None)
+
+
+def reasoning_item(
+    item_id: str, text: str, status: str, encrypted_content: str | None = None
+) -> dict[str, Any]:
+    return ReasoningItem(
+        id=item_id,
+        status=status,
+        content=[ReasoningText(text=text)],
+        encrypted_content=encrypted_content,
+    ).wire()
+
+
 class FunctionCall(WireObject):
     """A call of one of the request's function tools: `arguments` is the JSON text of its
     arguments (an object). The client runs the function and sends a `function_call_output`
@@ -72,7 +104,9 @@ class CustomToolCall(WireObject):
     )
 
 
-OutputItem = Annotated[OutputMessage | FunctionCall | CustomToolCall, Field(discriminator="type")]
+OutputItem = Annotated[
+    OutputMessage | ReasoningItem | FunctionCall | CustomToolCall, Field(discriminator="type")
+]
 
 
 def output_text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -206,7 +240,7 @@ class AllowedToolsEcho(WireObject):
 class ReasoningEcho(WireObject):
     """`reasoning` as asked for (no model here produces reasoning items)."""
 
-    effort: Literal["none", "low", "medium", "high", "xhigh"] | None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None
     summary: Literal["auto", "concise", "detailed"] | None
 
 

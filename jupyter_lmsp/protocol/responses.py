@@ -21,6 +21,8 @@ from .fields import (
     Neutral,
     Penalty,
     Query,
+    ReasoningBudget,
+    ReasoningEffort,
     Seed,
     SequenceNumber,
     ServiceTier,
@@ -49,6 +51,7 @@ from .response_object import (
     function_call_item,
     output_message,
     output_text_part,
+    reasoning_item,
 )
 from .states import RestartPolicy
 from .tools import (
@@ -101,6 +104,7 @@ __all__ = [
     "function_call_item",
     "output_message",
     "output_text_part",
+    "reasoning_item",
 ]
 
 RESPONSE_STATUSES = ("queued", "in_progress", "completed", "incomplete", "failed", "cancelled")
@@ -136,10 +140,10 @@ class TextConfig(Body):
 
 
 class Reasoning(Body):
-    """`reasoning`: no model here reasons apart from its answer, so an effort other than
-    `none` cannot be honoured; a summary asked for is accepted (there is none to give)."""
+    """`reasoning`: the effort, as the model's chat template's switch (issue 37); a summary
+    asked for is accepted (no summariser runs here: there is none to give)."""
 
-    effort: Annotated[Any, Neutral("none")] = None
+    effort: ReasoningEffort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = Field(
         None, description="Accepted; no reasoning summary is produced (no reasoning items)."
     )
@@ -255,8 +259,9 @@ class CreateResponseRequest(Body):
     # Applied by the engine as logits processors (engine.penalties); echoed as used.
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    # Accepted only with neutral values, most significant first.
     reasoning: Reasoning | None = None
+    max_reasoning_tokens: ReasoningBudget | None = None
+    # Accepted only with neutral values, most significant first.
     conversation: Annotated[Any, Neutral()] = None
     prompt: Annotated[Any, Neutral()] = None
     truncation: Annotated[Any, Neutral("disabled")] = None

@@ -24,11 +24,12 @@ _CONFIG = ConfigDict(extra="allow", strict=True)
 
 @with_config(_CONFIG)
 class SnapshotItem(TypedDict, total=False):
-    """One output item of the attempt: a message (`text`, `lp`: it has log-probabilities) or
+    """One output item of the attempt: a message (`text`, `lp`: it has log-probabilities), a
+    reasoning item (`text`, `sealed`), or
     a function or custom tool call (`call_id`, `call`: its number within the choice, `name`,
     `arguments`: a function's arguments, a custom tool's input)."""
 
-    type: Required[Literal["message", "function_call", "custom_tool_call"]]
+    type: Required[Literal["message", "reasoning", "function_call", "custom_tool_call"]]
     id: Required[str]
     output_index: Required[int]
     choice: int
@@ -39,6 +40,8 @@ class SnapshotItem(TypedDict, total=False):
     call: int
     name: str
     arguments: str
+    # A reasoning item's text sealed for the client (`include: reasoning.encrypted_content`).
+    sealed: str
 
 
 @with_config(_CONFIG)

@@ -24,6 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..auth.scopes import Caller
 from ..engine.grammars import ToolSpec
+from ..engine.reasoning import EffortRefused
 from ..engine.tokens import PromptCounter, PromptTooHard, context_window
 from ..protocol.errors import LMSPError
 from ..store import quotas
@@ -95,12 +96,28 @@ class Admission:
         tools: ToolSpec | None = None,
         *,
         strict: bool = False,
+        effort: str | None = None,
+        effort_param: str = "reasoning.effort",
     ) -> int | None:
-        """The prompt's tokens as the worker will render it: None if it cannot be counted
-        here (the worker then counts it), or with `strict` a 400 `prompt_not_countable` that
-        says why."""
+        """The prompt's tokens as the worker will render it (with the template's switch for a
+        reasoning `effort`): None if it cannot be counted here (the worker then counts it), or
+        with `strict` a 400 `prompt_not_countable` that says why. An effort the model cannot
+        take is a 400 `unsupported_parameter` naming those it can (`effort_param`)."""
         try:
-            return await self.run(self.counter.count, _key(model), model.path, messages, tools)
+            return await self.run(
+                self.counter.count, _key(model), model.path, messages, tools, effort
+            )
+        except EffortRefused as e:
+            raise LMSPError(
+                400,
+                # OpenAI's code for an effort a model does not take.
+                "unsupported_parameter",
+                f"The model '{model.id}' does not reason apart from its answer (it has no "
+                f"thinking markers, and its chat template no reasoning_effort): "
+                f"'{effort_param}' can be {' or '.join(repr(a) for a in e.allowed)}, "
+                f"not {e.effort!r}.",
+                param=effort_param,
+            ) from e
         except PromptTooHard as e:
             if strict:
                 raise LMSPError(
@@ -120,12 +137,14 @@ class Admission:
         *,
         tools: ToolSpec | None = None,
         choices: int = 1,
+        effort: str | None = None,
+        effort_param: str = "reasoning.effort",
     ) -> Plan:
         """The output limit and quota budget of a generation: its prompt (with its `tools`
         rendered in, as the worker renders them) counted, and `choices` answers of up to the
         output limit each."""
         window = self.window(model)
-        prompt = await self.count(model, messages, tools)
+        prompt = await self.count(model, messages, tools, effort=effort, effort_param=effort_param)
         # No limit asked for: the owner's default when set, else what the window leaves.
         wanted = requested or self.max_output_tokens_default or None
         if window is None:

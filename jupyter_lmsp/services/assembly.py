@@ -1,10 +1,13 @@
 """From the engine's tokens to a task's output pieces: text, function calls, a choice's end.
 
 The worker sends each choice's generated tokens with the text they completed (and their
-log-probabilities, when asked for). For a task without tools that text is its message's. With
+log-probabilities, when asked for). A thinking model's text first goes through an
+`engine.thinking.ThinkingSplitter`: its thinking block becomes `Reasoning` pieces, the rest is
+the answer below. For a task without tools that text is its message's. With
 tools, it is the model's raw output in its call format, which `engine.toolcalls.
-ToolCallParser` splits, as it streams, into content and calls (name, argument or custom input
-deltas, done);
+ToolCallParser` (or, for another mlx-lm format, `engine.callformats.FormatParser`: the
+`tool_format` the worker reported picks it) splits, as it streams, into content and calls
+(name, argument or custom input deltas, done);
 content before the first call loses its leading whitespace, so a choice that only calls
 functions has no message. A call the parser cannot read raises `ToolCallError`: the runner
 then fails the task with the reason, never dropping the call.
@@ -19,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from ..engine.grammars import CallFormat
+from ..engine.callformats import FormatParser, make_parser
+from ..engine.grammars import ToolSpec
 from ..engine.messages import JobTokens, TokenLogprob
+from ..engine.thinking import Thinking, ThinkingSplitter
 from ..engine.toolcalls import (
     ArgumentsDelta,
     CallDone,
@@ -30,26 +35,64 @@ from ..engine.toolcalls import (
     ToolCallError,
     ToolCallParser,
 )
-from ..protocol.output import Batch, CallArguments, CallBegin, CallEnd, ChoiceEnd, Piece, Text
+from ..protocol.output import (
+    Batch,
+    CallArguments,
+    CallBegin,
+    CallEnd,
+    ChoiceEnd,
+    Piece,
+    Reasoning,
+    Text,
+)
 from ..protocol.tools import logprob_entry
 
 __all__ = ["OutputAssembler", "ToolCallError", "wire_logprobs"]
 
 
 class _Choice:
-    def __init__(self, choice: int, parser: ToolCallParser | None) -> None:
+    def __init__(
+        self,
+        choice: int,
+        parser: ToolCallParser | FormatParser | None,
+        splitter: ThinkingSplitter | None,
+    ) -> None:
         self.choice = choice
         self.parser = parser
-        # With tools: whether the message has begun (its first text that is not whitespace).
+        self.splitter = splitter
+        # With tools or thinking: whether the message has begun (its first text that is not
+        # whitespace).
         self.started = False
 
     def feed(self, text: str, logprobs: list[dict[str, Any]] | None) -> list[Piece]:
-        if self.parser is None:
-            return [Text(self.choice, text, logprobs)] if text or logprobs else []
-        return self._pieces(self.parser.feed(text))
+        if self.splitter is not None:
+            return self._split(self.splitter.feed(text))
+        return self._answer(text, logprobs)
+
+    def _split(self, parts: list[tuple[str, str]]) -> list[Piece]:
+        # (A thinking model's job has no log-probabilities: the worker refuses them.)
+        pieces: list[Piece] = []
+        for kind, part in parts:
+            if kind == "reasoning":
+                pieces.append(Reasoning(self.choice, part))
+            else:
+                pieces += self._answer(part, None)
+        return pieces
+
+    def _answer(self, text: str, logprobs: list[dict[str, Any]] | None) -> list[Piece]:
+        if self.parser is not None:
+            return self._pieces(self.parser.feed(text))
+        if self.splitter is not None and not self.started:
+            # The answer after a thinking block begins at its first text that is not
+            # whitespace (a template's blank line after the end marker is not the answer's).
+            text = text.lstrip()
+            self.started = bool(text)
+        return [Text(self.choice, text, logprobs)] if text or logprobs else []
 
     def end(self, finish_reason: str) -> list[Piece]:
         pieces: list[Piece] = []
+        if self.splitter is not None:
+            pieces += self._split(self.splitter.finish())
         if self.parser is not None and not (finish_reason == "length" and self.parser.in_call):
             # Cut by the token limit inside a call: that call stays open (`incomplete`).
             pieces += self._pieces(self.parser.finish())
@@ -85,19 +128,23 @@ class OutputAssembler:
         names: Collection[str] = (),
         n: int = 1,
         customs: Collection[str] = (),
+        thinking: Thinking | None = None,
+        tools: ToolSpec | None = None,
     ) -> None:
         self.tool_format = tool_format
         self.names = set(names)
         self.customs = set(customs)
+        self.thinking = thinking
+        # The job's tools: the parsers of some formats type parameter values by their schemas.
+        self.tools = tools
         self.choices = [self._new(i) for i in range(max(1, n))]
 
     def _new(self, choice: int) -> _Choice:
         parser = None
         if self.tool_format is not None:
-            parser = ToolCallParser(
-                CallFormat(self.tool_format), self.names or None, customs=self.customs
-            )
-        return _Choice(choice, parser)
+            parser = make_parser(self.tool_format, self.names or None, self.customs, self.tools)
+        splitter = ThinkingSplitter(self.thinking) if self.thinking is not None else None
+        return _Choice(choice, parser, splitter)
 
     def _choice(self, index: int) -> _Choice:
         while len(self.choices) <= index:

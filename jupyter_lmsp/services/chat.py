@@ -85,6 +85,8 @@ def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> ResponseS
             format=request.format_spec(),
             tools=request.tools_spec(),
             chat=True,
+            effort=request.reasoning_effort,
+            max_reasoning_tokens=request.max_reasoning_tokens,
         ),
         service_tier=request.service_tier if request.service_tier in ("priority", "flex") else None,
         echo=_echo(request),
@@ -117,6 +119,8 @@ def _echo(request: CreateChatCompletionRequest) -> dict[str, Any]:
         echo["top_logprobs"] = request.top_logprobs or 0
     if request.stop is not None:
         echo["stop"] = request.stop_sequences()
+    if request.reasoning_effort is not None:
+        echo["reasoning"] = {"effort": request.reasoning_effort, "summary": None}
     return echo
 
 

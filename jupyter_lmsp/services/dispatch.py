@@ -94,6 +94,8 @@ class EngineDispatcher:
                     output.generation.function_names(),
                     output.generation.n,
                     output.generation.custom_names(),
+                    message.thinking,
+                    tools=output.generation.engine_tools(),
                 )
                 self._read(task, functools.partial(_restored, output.resumed))
         # The output's layout from the params parsed at the claim (not read again).
@@ -105,7 +107,12 @@ class EngineDispatcher:
             message.input_tokens,
             runner_id=runner.runner_id,
             n=generation.n if generation is not None else None,
-            eager=not generation.calls if generation is not None else None,
+            # A message opens at once only when nothing can come before it (a call, thinking).
+            eager=(
+                not (generation.calls or message.thinking is not None)
+                if generation is not None
+                else None
+            ),
             then=runner.committed,
         )
 
@@ -143,6 +150,7 @@ class EngineDispatcher:
             message.output_tokens,
             task.cached_tokens if task is not None else 0,
             message.accepted_draft_tokens,
+            message.reasoning_tokens,
         )
         self.runner.finish(
             task_id,

@@ -142,7 +142,12 @@ SPEC_HIDDEN = frozenset({"response.cancelling"})
 INTERIM = frozenset({"response.created", "response.queued", "response.in_progress"})
 
 
-def spec_view(namespaces: dict[str, str] | None = None, *, from_start: bool = True) -> View:
+def spec_view(
+    namespaces: dict[str, str] | None = None,
+    *,
+    from_start: bool = True,
+    seal: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+) -> View:
     """The view of the OpenAI-shaped streams (`POST /responses` with `stream`, `GET
     /responses/{id}?stream=true`): only the Open Responses spec's event types, sequence numbers
     kept (a hidden event leaves a gap, which clients allow), and each call of a namespaced
@@ -169,6 +174,8 @@ def spec_view(namespaces: dict[str, str] | None = None, *, from_start: bool = Tr
             event = _only_added(event, added)
         if namespaces:
             event = _namespaced(event, namespaces)
+        if seal is not None:
+            event = _sealed(event, seal)
         return event
 
     return show
@@ -180,6 +187,20 @@ def _only_added(event: Event, added: set[str]) -> Event:
         return event
     output = [item for item in response["output"] if item.get("id") in added]
     return {**event, "response": {**response, "output": output}}
+
+
+def _sealed(event: Event, seal: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> Event:
+    """`event` with its reasoning items' thinking sealed (`include: ["reasoning.
+    encrypted_content"]`): the done item and the output of a lifecycle event's response."""
+    item = event.get("item")
+    if isinstance(item, dict):
+        if item.get("type") == "reasoning" and event.get("type") == "response.output_item.done":
+            return {**event, "item": seal([item])[0]}
+        return event
+    response = event.get("response")
+    if isinstance(response, dict) and response.get("output"):
+        return {**event, "response": {**response, "output": seal(response["output"])}}
+    return event
 
 
 def _namespaced(event: Event, namespaces: dict[str, str]) -> Event:

@@ -45,6 +45,15 @@ class Generation:
     # Where the request put its tools' fields: Responses `tools[i].parameters`, Chat
     # `tools[i].function.parameters`.
     chat: bool = False
+    # Reasoning (issue 37): the effort ("none" .. "xhigh", None: the template's default) and
+    # the most tokens a choice thinks before its block is closed (None: no limit).
+    effort: str | None = None
+    max_reasoning_tokens: int | None = None
+
+    @property
+    def effort_param(self) -> str:
+        """Where the request put its effort."""
+        return "reasoning_effort" if self.chat else "reasoning.effort"
 
     @property
     def calls(self) -> bool:
@@ -65,6 +74,10 @@ class Generation:
             out["format"] = self.format.to_json()
         if self.tools is not None:
             out["tools"] = self.tools.to_json()
+        if self.effort is not None:
+            out["reasoning_effort"] = self.effort
+        if self.max_reasoning_tokens is not None:
+            out["max_reasoning_tokens"] = self.max_reasoning_tokens
         return out
 
     @classmethod
@@ -76,6 +89,8 @@ class Generation:
             n=params.n,
             format=params.format_spec(),
             tools=params.tools_spec(),
+            effort=params.reasoning_effort,
+            max_reasoning_tokens=params.max_reasoning_tokens,
         )
 
     def engine_format(self) -> ResponseFormat | None:
@@ -202,4 +217,6 @@ def job_for(
         ),
         response_format=generation.engine_format(),
         tools=generation.engine_tools(),
+        reasoning_effort=generation.effort,
+        max_reasoning_tokens=generation.max_reasoning_tokens,
     )

@@ -71,6 +71,9 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
     if request.text is not None and request.text.verbosity is not None:
         echo["verbosity"] = request.text.verbosity
     tier = request.service_tier if request.service_tier in ("priority", "flex") else None
+    if request.include and "reasoning.encrypted_content" in request.include:
+        # Reasoning items go out with their thinking sealed (`services.summaries`).
+        echo["seal_reasoning"] = True
     if request.reasoning is not None:
         summary = request.reasoning.summary or request.reasoning.generate_summary
         echo["reasoning"] = {"effort": request.reasoning.effort, "summary": summary}
@@ -100,6 +103,8 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
             top_logprobs=request.top_logprobs or 0,
             format=fmt,
             tools=tools,
+            effort=request.reasoning.effort if request.reasoning is not None else None,
+            max_reasoning_tokens=request.max_reasoning_tokens,
         ),
         service_tier=tier,
         echo=echo,

@@ -8,6 +8,7 @@ the task to the runner) happens after the commit.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -35,7 +36,7 @@ from .fairqueue import Tier
 from .follow import TaskEventStream, spec_view
 from .idempotency import KeyedRequest
 from .response_spec import ResponseSpec, spec_of, stored_request
-from .summaries import open_compactions
+from .summaries import open_compactions, seal_reasoning
 
 
 async def create_response(
@@ -65,6 +66,11 @@ async def create_response(
     spec = spec_of(request) if isinstance(request, CreateResponseRequest) else request
     # Compaction items' summaries opened: the conversation stored and run holds them as text.
     spec.messages = open_compactions(ctx.sealer, spec.messages)
+    if spec.generation.max_reasoning_tokens is None and ctx.max_reasoning_tokens is not None:
+        # The owner's thinking budget (`LMSPExtension.max_reasoning_tokens`) when none is asked.
+        spec.generation = dataclasses.replace(
+            spec.generation, max_reasoning_tokens=ctx.max_reasoning_tokens
+        )
     await ctx.admission.run(generation.check, spec.generation)
     model, context = await ctx.offload(_model_and_context, ctx, spec, caller)
     conversation = context + spec.messages
@@ -75,6 +81,8 @@ async def create_response(
         spec.input_param,
         tools=spec.generation.engine_tools(),
         choices=spec.generation.n,
+        effort=spec.generation.effort,
+        effort_param=spec.generation.effort_param,
     )
     admit = ctx.admission.quota(caller, plan.budget, spec.output_param)
     committed, body = await ctx.offload(
@@ -87,6 +95,7 @@ async def create_response(
         _Admitted(model, conversation, plan, admit),
     )
     metrics.task_created("response", committed.task.model)
+    body = _outgoing(ctx, spec.echo, body)
     ctx.runner.publish(committed)
     ctx.runner.submit(committed.task.id, caller.id, spec.generation.n, Tier.of(spec.service_tier))
     return body
@@ -209,10 +218,13 @@ def context_before(
 
 def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:
     """A response's output (one choice's items) as the assistant message of a later turn:
-    its text and its function and custom tool calls."""
+    its text, its thinking (`reasoning_content`) and its function and custom tool calls."""
     message: dict[str, Any] = {"role": "assistant", "content": ""}
     for item in output:
-        if item.get("type") == "message":
+        if item.get("type") == "reasoning":
+            thinking = "".join(part.get("text", "") for part in item.get("content") or [])
+            message["reasoning_content"] = message.get("reasoning_content", "") + thinking
+        elif item.get("type") == "message":
             message["content"] += "".join(part.get("text", "") for part in item.get("content", []))
         elif item.get("type") == "function_call":
             message.setdefault("tool_calls", []).append(
@@ -246,7 +258,26 @@ def _find(
 def get_response(
     ctx: ServiceContext, response_id: str, caller: Caller, *, created: bool = False
 ) -> dict[str, Any]:
-    return response_object(*_find(ctx, response_id, caller, created=created))
+    response, task = _find(ctx, response_id, caller, created=created)
+    return _outgoing(ctx, json.loads(response.request), response_object(response, task))
+
+
+def _outgoing(ctx: ServiceContext, request: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """A response object as it leaves: its reasoning items' thinking sealed when the request
+    included `reasoning.encrypted_content` (the stored object keeps the plain text)."""
+    sealer = _sealer_for(ctx, request)
+    if sealer is None or not body.get("output"):
+        return body
+    return {**body, "output": sealer(body["output"])}
+
+
+def _sealer_for(
+    ctx: ServiceContext, request: dict[str, Any]
+) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None:
+    if not request.get("seal_reasoning") or ctx.sealer is None:
+        return None
+    sealer = ctx.sealer
+    return lambda items: seal_reasoning(sealer, items)
 
 
 def replay_state(ctx: ServiceContext, response_id: str, caller: Caller) -> tuple[bool, bool, bool]:
@@ -266,7 +297,8 @@ async def cancel_response(ctx: ServiceContext, response_id: str, caller: Caller)
     committed = await ctx.offload(rules.request_cancel, ctx.db, task.id)
     ctx.runner.cancelled(committed)
     assert committed.response is not None
-    return response_object(committed.response, committed.task)
+    body = response_object(committed.response, committed.task)
+    return _outgoing(ctx, json.loads(committed.response.request), body)
 
 
 def delete_response(ctx: ServiceContext, response_id: str, caller: Caller) -> dict[str, Any]:
@@ -344,6 +376,7 @@ async def response_events(
     """The response's events as the OpenAI-shaped streams show them (`follow.spec_view`);
     `created` for the stream of the request that created it (see `_find`)."""
     response, task = await ctx.offload(_find, ctx, response_id, caller, created=created)
+    request = json.loads(response.request)
     return TaskEventStream(
         ctx.db,
         ctx.bus,
@@ -352,7 +385,9 @@ async def response_events(
         idle=ctx.keepalive_interval,
         caller=caller.id,
         offload=ctx.offload,
-        view=spec_view(json.loads(response.request).get("namespaces"), from_start=after < 0),
+        view=spec_view(
+            request.get("namespaces"), from_start=after < 0, seal=_sealer_for(ctx, request)
+        ),
     )
 
 

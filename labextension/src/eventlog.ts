@@ -17,6 +17,7 @@ export function summarize(event: ITaskEvent): string {
   // `Event` is a union discriminated on `type`: each case sees its own event's fields.
   switch (event.type) {
     case 'response.output_text.delta':
+    case 'response.reasoning_text.delta':
     case 'response.function_call_arguments.delta':
     case 'response.custom_tool_call_input.delta':
       return JSON.stringify(event.delta);

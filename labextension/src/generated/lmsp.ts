@@ -504,6 +504,11 @@ export interface components {
             role: "assistant";
             /** @description Null when the answer is only tool calls. */
             content: string | null;
+            /**
+             * @description A thinking model's thinking, apart from its answer (absent otherwise).
+             * @default null
+             */
+            reasoning_content?: string | null;
             /** @default null */
             refusal: null;
             annotations: unknown[];
@@ -802,6 +807,8 @@ export interface components {
             /** @default null */
             content?: string | null;
             /** @default null */
+            reasoning_content?: string | null;
+            /** @default null */
             tool_calls?: components["schemas"]["ChunkToolCall"][] | null;
         };
         /**
@@ -865,7 +872,7 @@ export interface components {
              * @description The conversation's items (as for `POST /responses`).
              * @default null
              */
-            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
+            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputReasoning"] | components["schemas"]["InputCompaction"])[]) | null;
             /**
              * @description The conversation's instructions (not compacted: send them again).
              * @default null
@@ -1052,6 +1059,10 @@ export interface components {
             frequency_penalty?: number | null;
             /** @default null */
             presence_penalty?: number | null;
+            /** @default null */
+            reasoning_effort?: ("none" | "minimal" | "low" | "medium" | "high" | "xhigh") | null;
+            /** @default null */
+            max_reasoning_tokens?: number | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1098,11 +1109,6 @@ export interface components {
              * @description Accepted only as null (not supported).
              * @default null
              */
-            reasoning_effort?: null;
-            /**
-             * @description Accepted only as null (not supported).
-             * @default null
-             */
             verbosity?: null;
             /**
              * @description The caller's own queued work is served `priority` first, then `auto`/`default`, then `flex` (which also waits for everyone else's other work).
@@ -1137,7 +1143,7 @@ export interface components {
              */
             model?: string | null;
             /** @description A string (one user message) or a list of items: messages with text content, function calls, function call outputs and compaction items. */
-            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputCompaction"])[];
+            input: string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputReasoning"] | components["schemas"]["InputCompaction"])[];
             /**
              * @description A system message before `input`.
              * @default null
@@ -1241,6 +1247,8 @@ export interface components {
             frequency_penalty?: number | null;
             /** @default null */
             reasoning?: components["schemas"]["Reasoning"] | null;
+            /** @default null */
+            max_reasoning_tokens?: number | null;
             /**
              * @description Accepted only as null (not supported).
              * @default null
@@ -1423,7 +1431,7 @@ export interface components {
          *     `task.completed`, `.failed`, `.cancelled`). Lifecycle events carry the whole response as
          *     `response`; text arrives as `response.output_text.delta`.
          */
-        Event: components["schemas"]["ResponseCreatedEvent"] | components["schemas"]["ResponseQueuedEvent"] | components["schemas"]["ResponseLoadingEvent"] | components["schemas"]["ResponseInProgressEvent"] | components["schemas"]["ResponseCancellingEvent"] | components["schemas"]["ResponseCompletedEvent"] | components["schemas"]["ResponseIncompleteEvent"] | components["schemas"]["ResponseFailedEvent"] | components["schemas"]["ResponseCancelledEvent"] | components["schemas"]["ResponseOutputItemAddedEvent"] | components["schemas"]["ResponseContentPartAddedEvent"] | components["schemas"]["ResponseOutputTextDeltaEvent"] | components["schemas"]["ResponseOutputTextDoneEvent"] | components["schemas"]["ResponseContentPartDoneEvent"] | components["schemas"]["ResponseOutputItemDoneEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDoneEvent"] | components["schemas"]["ResponseCustomToolCallInputDeltaEvent"] | components["schemas"]["ResponseCustomToolCallInputDoneEvent"] | components["schemas"]["TaskCreatedEvent"] | components["schemas"]["TaskQueuedEvent"] | components["schemas"]["TaskLoadingEvent"] | components["schemas"]["TaskRunningEvent"] | components["schemas"]["TaskProgressEvent"] | components["schemas"]["TaskCancellingEvent"] | components["schemas"]["TaskCompletedEvent"] | components["schemas"]["TaskFailedEvent"] | components["schemas"]["TaskCancelledEvent"];
+        Event: components["schemas"]["ResponseCreatedEvent"] | components["schemas"]["ResponseQueuedEvent"] | components["schemas"]["ResponseLoadingEvent"] | components["schemas"]["ResponseInProgressEvent"] | components["schemas"]["ResponseCancellingEvent"] | components["schemas"]["ResponseCompletedEvent"] | components["schemas"]["ResponseIncompleteEvent"] | components["schemas"]["ResponseFailedEvent"] | components["schemas"]["ResponseCancelledEvent"] | components["schemas"]["ResponseOutputItemAddedEvent"] | components["schemas"]["ResponseContentPartAddedEvent"] | components["schemas"]["ResponseOutputTextDeltaEvent"] | components["schemas"]["ResponseOutputTextDoneEvent"] | components["schemas"]["ResponseContentPartDoneEvent"] | components["schemas"]["ResponseOutputItemDoneEvent"] | components["schemas"]["ResponseReasoningTextDeltaEvent"] | components["schemas"]["ResponseReasoningTextDoneEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDeltaEvent"] | components["schemas"]["ResponseFunctionCallArgumentsDoneEvent"] | components["schemas"]["ResponseCustomToolCallInputDeltaEvent"] | components["schemas"]["ResponseCustomToolCallInputDoneEvent"] | components["schemas"]["TaskCreatedEvent"] | components["schemas"]["TaskQueuedEvent"] | components["schemas"]["TaskLoadingEvent"] | components["schemas"]["TaskRunningEvent"] | components["schemas"]["TaskProgressEvent"] | components["schemas"]["TaskCancellingEvent"] | components["schemas"]["TaskCompletedEvent"] | components["schemas"]["TaskFailedEvent"] | components["schemas"]["TaskCancelledEvent"];
         /** EventPage */
         EventPage: {
             /**
@@ -1866,6 +1874,27 @@ export interface components {
             /** @default null */
             phase?: ("commentary" | "final_answer") | null;
         };
+        /**
+         * InputReasoning
+         * @description A reasoning item the model produced earlier, sent back (Codex and the openai-agents SDK
+         *     do): its thinking joins the assistant turn after it (`reasoning_content`, which a thinking
+         *     model's template may show it). `encrypted_content` is the text as this service sealed it
+         *     (`include: ["reasoning.encrypted_content"]`); opened by the service before anything else
+         *     reads the messages.
+         */
+        InputReasoning: {
+            /** @constant */
+            type: "reasoning";
+            /** @default null */
+            id?: string | null;
+            summary?: components["schemas"]["ReasoningTextPart"][];
+            /** @default null */
+            content?: components["schemas"]["ReasoningTextPart"][] | null;
+            /** @default null */
+            encrypted_content?: string | null;
+            /** @default null */
+            status?: ("in_progress" | "completed" | "incomplete") | null;
+        };
         /** InputText */
         InputText: {
             /**
@@ -1918,7 +1947,7 @@ export interface components {
              * @description As for `POST /responses`.
              * @default null
              */
-            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputCompaction"])[]) | null;
+            input?: (string | (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputReasoning"] | components["schemas"]["InputCompaction"])[]) | null;
             /** @default null */
             instructions?: string | null;
             /** @default null */
@@ -2107,8 +2136,8 @@ export interface components {
         /** OutputText */
         OutputText: {
             /**
-             * @default output_text
-             * @constant
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
              */
             type: "output_text";
             text: string;
@@ -2223,15 +2252,12 @@ export interface components {
         QueuedEventType: "response.created" | "response.queued" | "task.created" | "task.queued";
         /**
          * Reasoning
-         * @description `reasoning`: no model here reasons apart from its answer, so an effort other than
-         *     `none` cannot be honoured; a summary asked for is accepted (there is none to give).
+         * @description `reasoning`: the effort, as the model's chat template's switch (issue 37); a summary
+         *     asked for is accepted (no summariser runs here: there is none to give).
          */
         Reasoning: {
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            effort?: "none" | null;
+            /** @default null */
+            effort?: ("none" | "minimal" | "low" | "medium" | "high" | "xhigh") | null;
             /**
              * @description Accepted; no reasoning summary is produced (no reasoning items).
              * @default null
@@ -2248,8 +2274,44 @@ export interface components {
          * @description `reasoning` as asked for (no model here produces reasoning items).
          */
         ReasoningEcho: {
-            effort: ("none" | "low" | "medium" | "high" | "xhigh") | null;
+            effort: ("none" | "minimal" | "low" | "medium" | "high" | "xhigh") | null;
             summary: ("auto" | "concise" | "detailed") | null;
+        };
+        /**
+         * ReasoningItem
+         * @description A reasoning model's thinking, kept apart from its answer (issue 37): the text of its
+         *     thinking block in one `reasoning_text` part. `summary` is empty (no summariser runs here);
+         *     `encrypted_content` holds the text sealed by the service when the request included
+         *     `reasoning.encrypted_content`.
+         */
+        ReasoningItem: {
+            id: string;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "reasoning";
+            /** @enum {string} */
+            status: "in_progress" | "completed" | "incomplete";
+            summary: unknown[];
+            content: components["schemas"]["ReasoningText"][];
+            /** @default null */
+            encrypted_content?: string | null;
+        };
+        /** ReasoningText */
+        ReasoningText: {
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "reasoning_text";
+            text: string;
+        };
+        /** ReasoningTextPart */
+        ReasoningTextPart: {
+            /** @enum {string} */
+            type: "reasoning_text" | "summary_text";
+            text: string;
         };
         /** RegisterModelRequest */
         RegisterModelRequest: {
@@ -2282,7 +2344,7 @@ export interface components {
             instructions: string | null;
             max_output_tokens: number | null;
             model: string;
-            output: (components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"])[];
+            output: (components["schemas"]["OutputMessage"] | components["schemas"]["ReasoningItem"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"])[];
             parallel_tool_calls: boolean;
             previous_response_id: string | null;
             temperature: number;
@@ -2366,7 +2428,7 @@ export interface components {
              * @enum {string}
              */
             type: "response.content_part.added";
-            part: components["schemas"]["OutputText"];
+            part: components["schemas"]["OutputText"] | components["schemas"]["ReasoningText"];
         };
         /** ResponseContentPartDoneEvent */
         ResponseContentPartDoneEvent: {
@@ -2384,7 +2446,7 @@ export interface components {
              * @enum {string}
              */
             type: "response.content_part.done";
-            part: components["schemas"]["OutputText"];
+            part: components["schemas"]["OutputText"] | components["schemas"]["ReasoningText"];
         };
         /**
          * ResponseCreatedEvent
@@ -2541,7 +2603,7 @@ export interface components {
              * @enum {string}
              */
             type: "response.output_item.added";
-            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"];
+            item: components["schemas"]["OutputMessage"] | components["schemas"]["ReasoningItem"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"];
         };
         /** ResponseOutputItemDoneEvent */
         ResponseOutputItemDoneEvent: {
@@ -2557,7 +2619,7 @@ export interface components {
              * @enum {string}
              */
             type: "response.output_item.done";
-            item: components["schemas"]["OutputMessage"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"];
+            item: components["schemas"]["OutputMessage"] | components["schemas"]["ReasoningItem"] | components["schemas"]["FunctionCall"] | components["schemas"]["CustomToolCall"];
         };
         /**
          * ResponseOutputTextDeltaEvent
@@ -2614,6 +2676,45 @@ export interface components {
              * @enum {string}
              */
             type: "response.queued";
+        };
+        /**
+         * ResponseReasoningTextDeltaEvent
+         * @description More of a reasoning item's thinking: one per committed batch.
+         */
+        ResponseReasoningTextDeltaEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default 0
+             */
+            choice?: number;
+            item_id: string;
+            content_index: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.reasoning_text.delta";
+            delta: string;
+        };
+        /** ResponseReasoningTextDoneEvent */
+        ResponseReasoningTextDoneEvent: {
+            sequence_number: number;
+            output_index: number;
+            /**
+             * @description LMSP: which choice an item event belongs to, for a chat completion with `n` > 1 (absent otherwise).
+             * @default 0
+             */
+            choice?: number;
+            item_id: string;
+            content_index: number;
+            /**
+             * @description discriminator enum property added by openapi-typescript
+             * @enum {string}
+             */
+            type: "response.reasoning_text.done";
+            text: string;
         };
         /**
          * RestartPolicy
@@ -3873,6 +3974,7 @@ export const compactedUserMessageTypeValues: ReadonlyArray<FlattenedDeepRequired
 export const compactionItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactionItem"]["type"]> = ["compaction"];
 export const completedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompletedEventType"]> = ["response.completed", "response.incomplete", "task.completed"];
 export const createChatCompletionRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["tool_choice"]> = ["auto", "none", "required"];
+export const createChatCompletionRequestReasoning_effortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["reasoning_effort"]> = ["none", "minimal", "low", "medium", "high", "xhigh"];
 export const createChatCompletionRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
 export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createResponseRequestIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
@@ -3912,6 +4014,7 @@ export const inputItemRoleValues: ReadonlyArray<FlattenedDeepRequired<components
 export const inputMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["role"]> = ["user", "assistant", "system", "developer"];
 export const inputMessageStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const inputMessagePhaseAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputMessage"]["phase"]> = ["commentary", "final_answer"];
+export const inputReasoningStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputReasoning"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const inputTextPartTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputTextPart"]["type"]> = ["input_text", "output_text", "text"];
 export const inputTokensRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["InputTokensRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const loadingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["LoadingEventType"]> = ["response.loading", "task.loading"];
@@ -3919,16 +4022,22 @@ export const modelStateValues: ReadonlyArray<FlattenedDeepRequired<components>["
 export const namespaceToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["NamespaceToolEcho"]["type"]> = ["namespace"];
 export const outputMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["type"]> = ["message"];
 export const outputMessageStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const outputTextTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputText"]["type"]> = ["output_text"];
 export const pairingRequested_scopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["requested_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const pairingGranted_scopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["granted_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const pairingDecisionRequestScopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingDecisionRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const pairingStartedScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingStarted"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const pairingTokenScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingToken"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
 export const queuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["QueuedEventType"]> = ["response.created", "response.queued", "task.created", "task.queued"];
+export const reasoningEffortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["effort"]> = ["none", "minimal", "low", "medium", "high", "xhigh"];
 export const reasoningSummaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["summary"]> = ["auto", "concise", "detailed"];
 export const reasoningGenerate_summaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["generate_summary"]> = ["auto", "concise", "detailed"];
-export const reasoningEchoEffortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningEcho"]["effort"]> = ["none", "low", "medium", "high", "xhigh"];
+export const reasoningEchoEffortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningEcho"]["effort"]> = ["none", "minimal", "low", "medium", "high", "xhigh"];
 export const reasoningEchoSummaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningEcho"]["summary"]> = ["auto", "concise", "detailed"];
+export const reasoningItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningItem"]["type"]> = ["reasoning"];
+export const reasoningItemStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningItem"]["status"]> = ["in_progress", "completed", "incomplete"];
+export const reasoningTextTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningText"]["type"]> = ["reasoning_text"];
+export const reasoningTextPartTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ReasoningTextPart"]["type"]> = ["reasoning_text", "summary_text"];
 export const responseStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["status"]> = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"];
 export const responseTool_choiceAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["tool_choice"]> = ["auto", "none", "required"];
 export const responseTruncationValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Response"]["truncation"]> = ["auto", "disabled"];
@@ -3952,6 +4061,8 @@ export const responseOutputItemDoneEventTypeValues: ReadonlyArray<FlattenedDeepR
 export const responseOutputTextDeltaEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseOutputTextDeltaEvent"]["type"]> = ["response.output_text.delta"];
 export const responseOutputTextDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseOutputTextDoneEvent"]["type"]> = ["response.output_text.done"];
 export const responseQueuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseQueuedEvent"]["type"]> = ["response.queued"];
+export const responseReasoningTextDeltaEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseReasoningTextDeltaEvent"]["type"]> = ["response.reasoning_text.delta"];
+export const responseReasoningTextDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseReasoningTextDoneEvent"]["type"]> = ["response.reasoning_text.done"];
 export const restartPolicyValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RestartPolicy"]> = ["fail", "retry", "resume"];
 export const runningEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RunningEventType"]> = ["response.in_progress", "task.running"];
 export const startPairingRequestScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StartPairingRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
