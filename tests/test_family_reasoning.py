@@ -1,7 +1,8 @@
 """Issue 37's "must show", first part: a scripted response with thinking and a tool call comes out
 as a `reasoning` item plus a `function_call` (Responses) and `reasoning_content` plus
 `tool_calls` (Chat), streamed and not, for the families whose scripts tests/familymodels.py
-writes (qwen3_coder, mistral, kimi_k2). Not yet covered: the other families of
+writes (qwen3_coder, mistral, kimi_k2); every streamed event validates against the openai SDK.
+Not yet covered: the other families of
 engine/callformats.py, kill -9 and resume."""
 
 from __future__ import annotations
@@ -90,21 +91,19 @@ def test_thinking_then_a_call_through_both_apis(server: Any) -> None:
         assert [i["type"] for i in forced["output"]] == ["reasoning", "function_call"], forced
         assert json.loads(forced["output"][1]["arguments"]) == CALL_ARGUMENTS
 
-        chat = http.post(
-            "/chat/completions",
-            json={
-                "model": MODEL,
-                "messages": [{"role": "user", "content": "Run it."}],
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {k: v for k, v in SHELL.items() if k != "type"},
-                    }
-                ],
-                "temperature": 0,
-                "max_tokens": 64,
-            },
-        )
+        chat_body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Run it."}],
+            "tools": [
+                {
+                    "type": "function",
+                    "function": {k: v for k, v in SHELL.items() if k != "type"},
+                }
+            ],
+            "temperature": 0,
+            "max_tokens": 64,
+        }
+        chat = http.post("/chat/completions", json=chat_body)
         assert chat.status_code == 200, chat.text
         choice = chat.json()["choices"][0]
         assert choice["finish_reason"] == "tool_calls", choice
@@ -112,3 +111,24 @@ def test_thinking_then_a_call_through_both_apis(server: Any) -> None:
         [tool_call] = choice["message"]["tool_calls"]
         assert tool_call["function"]["name"] == CALL_NAME
         assert json.loads(tool_call["function"]["arguments"]) == CALL_ARGUMENTS
+
+        # Streamed chat: reasoning_content deltas, then tool_call deltas.
+        chunks = []
+        with http.stream("POST", "/chat/completions", json={**chat_body, "stream": True}) as c:
+            assert c.status_code == 200, c.read()
+            for line in c.iter_lines():
+                if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    chunks.append(json.loads(line[5:]))
+        deltas = [ch["choices"][0]["delta"] for ch in chunks if ch.get("choices")]
+        said = [i for i, d in enumerate(deltas) if d.get("reasoning_content")]
+        called = [i for i, d in enumerate(deltas) if d.get("tool_calls")]
+        assert said and called and max(said) < min(called), deltas
+        assert "".join(deltas[i]["reasoning_content"] for i in said).strip() == thinking
+
+        # Every streamed Responses event is one the openai SDK knows.
+        from openai.types.responses import ResponseStreamEvent
+        from pydantic import TypeAdapter
+
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        for event in events:
+            adapter.validate_python(event)
