@@ -22,14 +22,19 @@ assistant turn's `reasoning_content` in a block before its answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from jupyter_lmsp.models.testmodel import CHAT_TEMPLATE, EOS_TOKEN, _train_tokenizer
+from jupyter_lmsp.models.testmodel import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    _train_tokenizer,
+    token_ids,
+    write_model_dir,
+)
 
 HIDDEN = 32
 CONST = 0
@@ -118,37 +123,11 @@ def make_chain_model(
     """Write a model at `path` whose greedy output is `texts` (each one token), then EOS.
     `extra_tokens` are added to the vocabulary too (the thinking markers by default, so the
     tokenizer has thinking even when the chain does not write them)."""
-    import mlx.core as mx
-
     if len(set(texts)) != len(texts):
         raise ValueError("a chain's texts must differ")
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     tokenizer_json = _tokenizer_json(texts, extra_tokens)
-    data = json.loads(tokenizer_json)
-    ids: dict[str, int] = dict(data["model"]["vocab"])
-    ids.update({t["content"]: t["id"] for t in data["added_tokens"]})
+    ids = token_ids(tokenizer_json)
     vocab_size = max(ids.values()) + 1
     config = {**CONFIG, "vocab_size": vocab_size, "eos_token_id": ids[EOS_TOKEN]}
-    (path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN,
-        "bos_token": None,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": CONFIG["max_position_embeddings"],
-        "chat_template": template,
-    }
-    (path / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    (path / "config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    weights = {name: mx.array(w) for name, w in _weights(vocab_size, ids, texts).items()}
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    return path
+    weights = _weights(vocab_size, ids, texts)
+    return write_model_dir(path, tokenizer_json, config, weights, chat_template=template)

@@ -42,7 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from jupyter_lmsp.models.testmodel import CHAT_TEMPLATE, EOS_TOKEN, _train_tokenizer
+from jupyter_lmsp.models.testmodel import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    _train_tokenizer,
+    token_ids,
+    write_model_dir,
+)
 
 # The command the scripted call runs, and the call in the generic format (one `exec_command`
 # call, Codex CLI's shell tool: `cmd` is the command line). The newline the grammar allows after
@@ -172,14 +178,8 @@ def make_scripted_model(
     """Write the scripted model's directory at `path` (created if missing) and return it.
     `script`: the first turn's tokens (each one token of the tokenizer; `special` are added as
     special tokens), `chat_template` the template its tokenizer config holds."""
-    import mlx.core as mx
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     tokenizer_json = _tokenizer_json(script, special)
-    data = json.loads(tokenizer_json)
-    ids: dict[str, int] = dict(data["model"]["vocab"])
-    ids.update({t["content"]: t["id"] for t in data["added_tokens"]})
+    ids = token_ids(tokenizer_json)
     vocab_size = max(ids.values()) + 1
     config = {
         **CONFIG,
@@ -187,28 +187,8 @@ def make_scripted_model(
         "eos_token_id": ids[EOS_TOKEN],
         "bos_token_id": None,
     }
-    (path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN,
-        "bos_token": None,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": WINDOW,
-        "chat_template": chat_template,
-    }
-    (path / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    (path / "config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    weights = {name: mx.array(w) for name, w in _weights(vocab_size, ids, script).items()}
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    return path
+    weights = _weights(vocab_size, ids, script)
+    return write_model_dir(path, tokenizer_json, config, weights, chat_template=chat_template)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from jupyter_lmsp.models.testmodel import (
     SPECIAL_TOKENS,
     VOCAB_SIZE,
     _random_weights,
+    write_model_dir,
 )
 
 THINK_START, THINK_END = "<think>", "</think>"
@@ -62,10 +63,6 @@ def _train_tokenizer() -> str:
 
 def make_thinking_model(path: Path, *, opens: bool = True, seed: int = 0) -> Path:
     """Write the thinking test model at `path` (created if missing) and return `path`."""
-    import mlx.core as mx
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
     tokenizer_json = _train_tokenizer()
     vocab = json.loads(tokenizer_json)["model"]["vocab"]
     config = {
@@ -74,29 +71,10 @@ def make_thinking_model(path: Path, *, opens: bool = True, seed: int = 0) -> Pat
         "eos_token_id": vocab[EOS_TOKEN],
         "bos_token_id": None,
     }
-    (path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
-    tokenizer_config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "eos_token": EOS_TOKEN,
-        "pad_token": EOS_TOKEN,
-        "bos_token": None,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config["max_position_embeddings"],
-        "chat_template": chat_template(opens),
-    }
-    (path / "tokenizer_config.json").write_text(
-        json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    return write_model_dir(
+        path,
+        tokenizer_json,
+        config,
+        _random_weights(config, seed),
+        chat_template=chat_template(opens),
     )
-    (path / "special_tokens_map.json").write_text(
-        json.dumps({"eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN}, indent=2) + "\n",
-        encoding="utf-8",
-    )
-    (path / "config.json").write_text(
-        json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
-    )
-    weights = {name: mx.array(w) for name, w in _random_weights(config, seed).items()}
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    return path

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -147,18 +148,30 @@ def _random_weights(config: dict, seed: int) -> dict[str, np.ndarray]:
     return weights
 
 
-def make_test_model(path: Path, seed: int = 0) -> Path:
-    """Write the test model directory at `path` (created if missing) and return `path`."""
+def token_ids(tokenizer_json: str) -> dict[str, int]:
+    """Every token of a `tokenizer.json` by its text: the BPE vocabulary and the added
+    tokens."""
+    data = json.loads(tokenizer_json)
+    ids: dict[str, int] = dict(data["model"]["vocab"])
+    ids.update({t["content"]: t["id"] for t in data.get("added_tokens") or []})
+    return ids
+
+
+def write_model_dir(
+    path: Path,
+    tokenizer_json: str,
+    config: dict[str, Any],
+    weights: dict[str, np.ndarray],
+    *,
+    chat_template: str = CHAT_TEMPLATE,
+) -> Path:
+    """Write an MLX model directory (tokenizer, its config with EOS and chat template, model
+    config, safetensors weights) at `path` (created if missing) and return `path`. The test
+    models here and the hand-set ones of the tests share it."""
     import mlx.core as mx
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-
-    tokenizer_json = _train_tokenizer()
-    vocab = json.loads(tokenizer_json)["model"]["vocab"]
-    eos_id = vocab[EOS_TOKEN]
-    config = {**CONFIG, "vocab_size": len(vocab), "eos_token_id": eos_id, "bos_token_id": None}
-
     (path / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
     # Without tokenizer_config.json mlx-lm loads the tokenizer with no EOS token, so generation
     # would never stop by itself.
@@ -172,7 +185,7 @@ def make_test_model(path: Path, seed: int = 0) -> Path:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": config["max_position_embeddings"],
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (path / "tokenizer_config.json").write_text(
         json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
@@ -184,9 +197,22 @@ def make_test_model(path: Path, seed: int = 0) -> Path:
     (path / "config.json").write_text(
         json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
-    weights = {name: mx.array(w) for name, w in _random_weights(config, seed).items()}
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    arrays = {name: mx.array(w) for name, w in weights.items()}
+    mx.save_safetensors(str(path / "model.safetensors"), arrays, metadata={"format": "mlx"})
     return path
+
+
+def make_test_model(path: Path, seed: int = 0) -> Path:
+    """Write the test model directory at `path` (created if missing) and return `path`."""
+    tokenizer_json = _train_tokenizer()
+    vocab = json.loads(tokenizer_json)["model"]["vocab"]
+    config = {
+        **CONFIG,
+        "vocab_size": len(vocab),
+        "eos_token_id": vocab[EOS_TOKEN],
+        "bos_token_id": None,
+    }
+    return write_model_dir(path, tokenizer_json, config, _random_weights(config, seed))
 
 
 def main(argv: list[str] | None = None) -> None:
