@@ -282,6 +282,16 @@ def _qwen3_coder(b: _Builder, tool: FunctionTool) -> str:
     return f'{head} {params} "</function>"'
 
 
+_GLM_MARKERS = (
+    "<tool_call>",
+    "</tool_call>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+)
+
+
 def _glm(prefix: str) -> Callable[[_Builder, FunctionTool], str]:
     def call(b: _Builder, tool: FunctionTool) -> str:
         key_open, key_close = f"<{prefix}arg_key>", f"</{prefix}arg_key>"
@@ -394,35 +404,17 @@ FAMILIES: dict[str, Family] = {
             opening="\n",
             closing="\n",
         ),
-        Family(
-            "glm47",
-            "<tool_call>",
-            "</tool_call>",
-            _glm(""),
-            (
+        # laguna writes glm47's calls (mlx-lm has a parser of each name).
+        *(
+            Family(
+                name,
                 "<tool_call>",
                 "</tool_call>",
-                "<arg_key>",
-                "</arg_key>",
-                "<arg_value>",
-                "</arg_value>",
-            ),
-            sep='"\\n"?',
-        ),
-        Family(
-            "laguna",
-            "<tool_call>",
-            "</tool_call>",
-            _glm(""),
-            (
-                "<tool_call>",
-                "</tool_call>",
-                "<arg_key>",
-                "</arg_key>",
-                "<arg_value>",
-                "</arg_value>",
-            ),
-            sep='"\\n"?',
+                _glm(""),
+                _GLM_MARKERS,
+                sep='"\\n"?',
+            )
+            for name in ("glm47", "laguna")
         ),
         Family(
             "longcat",
