@@ -79,7 +79,9 @@ def server(tmp_path_factory, test_model_dir) -> Iterator[ServerProcess]:
         tmp_path_factory.mktemp("tiers"),
         test_model_dir,
         max_batch_size=1,
-        engine_token_delay=0.02,
+        # Slow enough that the first response still holds the row (it may end at EOS well
+        # before its limit) while the others are created, on a busy machine too.
+        engine_token_delay=0.1,
     ) as s:
         yield s
 
@@ -119,7 +121,7 @@ def finished(http: httpx.Client, response_id: str) -> dict[str, Any]:
 
 
 def test_one_callers_requests_run_by_tier(http):
-    # The row is busy for a while (200 tokens at 20 ms or more each).
+    # The row is busy for a while (its tokens at 100 ms or more each).
     busy = create(http, 200)
     deadline = time.monotonic() + 60
     while http.get(f"/responses/{busy['id']}").json()["status"] == "queued":
