@@ -125,6 +125,9 @@ class Response(SQLModel, table=True):
     store: bool = True
     created_at: float
     completed_at: float | None = None
+    # The conversation the response's turn joins when it completes (`conversation` on
+    # `POST /responses`); not a row reference: the conversation may be deleted meanwhile.
+    conversation_id: str | None = None
 
 
 class Task(SQLModel, table=True):
@@ -220,6 +223,35 @@ class Runner(SQLModel, table=True):
     started_at: float
     heartbeat_at: float
     lease_expires_at: float
+
+
+class Conversation(SQLModel, table=True):
+    """A conversation (OpenAI's Conversations API): its items are `conversation_items`."""
+
+    __tablename__ = "conversations"
+
+    id: str = Field(primary_key=True)
+    owner: str = Field(index=True)
+    # The conversation's `metadata` (JSON text; `metadata` is SQLModel's own attribute).
+    labels: str = Field(default="{}", sa_column=Column(Text, nullable=False))
+    created_at: float
+    # The position the next item gets: items keep the order they were added in.
+    next_position: int = 0
+
+
+class ConversationItem(SQLModel, table=True):
+    """One item of a conversation (its wire JSON, with its `id`), at its position. An item a
+    response's turn added names that response (`response_id`)."""
+
+    __tablename__ = "conversation_items"
+    __table_args__ = (UniqueConstraint("conversation_id", "position"),)
+
+    id: str = Field(primary_key=True)
+    conversation_id: str = Field(foreign_key="conversations.id", ondelete="CASCADE")
+    position: int
+    item: str = Field(sa_column=Column(Text, nullable=False))
+    response_id: str | None = None
+    created_at: float
 
 
 # On PostgreSQL, every committed event is announced to the servers listening (store.notify).
