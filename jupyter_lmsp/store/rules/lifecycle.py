@@ -30,6 +30,7 @@ from ...protocol.objects import response_object
 from ...protocol.output import Attempt, Batch
 from ...protocol.states import RECOVERY_TABLE, TERMINAL_STATES, TaskState
 from ...protocol.tools import ToolsSpec
+from .. import conversations
 from ..database import Database
 from ..records import table
 from ..tables import Client, IdempotencyKey, Response, Task
@@ -420,4 +421,6 @@ def end(
     events.write(conn, [(task, built)], now)
     if response is not None:
         save_responses(conn, [response])
+        # A completed response's turn joins its conversation in this same transaction.
+        conversations.join_turn(conn, task, response, now)
     return built
