@@ -218,7 +218,7 @@ def test_migrations_applied_to_an_empty_postgresql_database_equal_the_models(pg_
             )
     finally:
         engine.dispose()
-    assert len(deferrable) == 6 and sum(1 for row in deferrable if row[1] and row[2]) == 2
+    assert len(deferrable) == 9 and sum(1 for row in deferrable if row[1] and row[2]) == 2
     # The trigger announcing committed events (store.notify) is made both ways too.
     for url in (migrated, modelled):
         engine = create_engine(url)

@@ -254,5 +254,56 @@ class ConversationItem(SQLModel, table=True):
     created_at: float
 
 
+class WebhookEndpoint(SQLModel, table=True):
+    """A URL the owner registered to be told of its responses' ends (issue 38), with the
+    events it wants (a JSON list) and its Standard Webhooks secret (`whsec_…`), kept to sign
+    with and shown only when the endpoint is created."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: str = Field(primary_key=True)
+    # The Jupyter user (`jupyter:<name>`) it belongs to: it is sent the ends of that user's
+    # responses and of the clients that user paired.
+    owner: str = Field(index=True)
+    url: str = Field(sa_column=Column(Text, nullable=False))
+    events: str = Field(sa_column=Column(Text, nullable=False))
+    secret: str = Field(sa_column=Column(Text, nullable=False))
+    description: str = ""
+    enabled: bool = True
+    created_at: float
+    updated_at: float
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """The outbox: one event to deliver to one endpoint, written in the transaction that
+    writes the task's terminal event (`store.webhooks.enqueue`). Its `event_id` is the
+    `webhook-id` of every attempt; `payload` the exact body sent each time."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("endpoint_id", "event_id"),
+        Index("ix_webhook_deliveries_state_due", "state", "next_attempt_at"),
+    )
+
+    id: str = Field(primary_key=True)
+    endpoint_id: str = Field(foreign_key="webhook_endpoints.id", ondelete="CASCADE", index=True)
+    event_id: str
+    event_type: str
+    response_id: str | None = None
+    payload: str = Field(sa_column=Column(Text, nullable=False))
+    state: str = "pending"  # pending | delivered | dead
+    attempts: int = 0
+    next_attempt_at: float
+    # The server delivering it now, until `lease_until`; its row's deletion (a dead runner's
+    # recovery) frees the claim at once.
+    claimed_by: str | None = Field(default=None, foreign_key="runners.id", ondelete="SET NULL")
+    lease_until: float | None = None
+    last_status: int | None = None
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: float
+    updated_at: float
+    delivered_at: float | None = None
+
+
 # On PostgreSQL, every committed event is announced to the servers listening (store.notify).
 notify.install(TaskEvent.__table__)  # type: ignore[attr-defined]

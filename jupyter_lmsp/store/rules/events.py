@@ -6,6 +6,9 @@ snapshot, error, `next_sequence`, times and runner), on the rule's connection, i
 rule's transaction. A task's row is never written without the events that explain it, nor
 events without the row that counts them, because nothing else in the store writes either.
 
+A response's terminal event also goes to the owner's webhook endpoints: `write` hands it to
+`webhooks.enqueue`, which writes its outbox rows on the same connection (issue 38).
+
 Several tasks at once (`append_outputs`, recovery) take one `executemany` per table: one
 statement for the task rows, one for all their events.
 """
@@ -19,6 +22,8 @@ from typing import Any
 from sqlalchemy import Update, bindparam, insert, update
 from sqlalchemy.engine import Connection
 
+from ...protocol.webhooks import WEBHOOK_EVENT_TYPES
+from .. import webhooks
 from .rows import EVENTS, TASKS
 from .types import Event
 
@@ -68,6 +73,7 @@ def write(
     """
     task_rows: list[dict[str, Any]] = []
     event_rows: list[dict[str, Any]] = []
+    ended: list[tuple[str, str, Event]] = []
     for task, events in changes:
         # Counted in a local and set once: an attribute set on a table model costs ~20 µs.
         sequence = task.next_sequence
@@ -84,6 +90,8 @@ def write(
                 }
             )
             sequence += 1
+            if event["type"] in WEBHOOK_EVENT_TYPES and task.response_id:
+                ended.append((task.owner, task.response_id, event))
         if events:
             task.next_sequence = sequence
         if task.updated_at != now:
@@ -100,3 +108,5 @@ def write(
         conn.execute(_INSERT_TASK if created else _UPDATES[columns], task_rows)
     if event_rows:
         conn.execute(_INSERT_EVENTS, event_rows)
+    if ended:
+        webhooks.enqueue(conn, ended, now)
