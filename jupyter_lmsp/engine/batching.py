@@ -73,6 +73,7 @@ from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStat
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
 
 if TYPE_CHECKING:
+    import llguidance
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -543,12 +544,13 @@ class BatchScheduler:
         model: nn.Module,
         tokenizer: TokenizerWrapper,
         prompt_ids: list[int],
-        grammar: str | None = None,
+        grammar: str | llguidance.LLMatcher | None = None,
         thinking: Thinking | None = None,
     ) -> tuple[int, list[Update]]:
         """Admit `job`; returns its cached prompt tokens and updates that end choices at once.
 
-        `grammar` (llguidance's) constrains every choice. `thinking` (a thinking model's
+        `grammar` (llguidance's, or its matcher already compiled, which the worker builds off
+        its decode loop: `grammar_prep`) constrains every choice. `thinking` (a thinking model's
         markers for this prompt) lets `job.max_reasoning_tokens` close each choice's block. A choice resumed after its end (EOS,
         a stop sequence, max_tokens reached, or a finish reason given) only flushes the text
         still held back and ends; the others join the model's batch. Raises
@@ -568,7 +570,8 @@ class BatchScheduler:
             from jupyter_lmsp.engine.constraints import Constraint, compile_grammar, ll_tokenizer
 
             ll = ll_tokenizer(model_key, model, tokenizer)
-            compiled = compile_grammar(ll, grammar)  # once per job, copied for each choice
+            # Once per job, copied for each choice.
+            compiled = compile_grammar(ll, grammar) if isinstance(grammar, str) else grammar
             constraints = [
                 Constraint(ll, compiled.deep_copy(), point.token_ids) for point in points
             ]

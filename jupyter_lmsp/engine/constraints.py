@@ -92,11 +92,20 @@ def forget_tokenizer(model_key: Hashable) -> None:
     _TOKENIZERS.pop(model_key, None)
 
 
+def parser_limits() -> llguidance.LLParserLimits:
+    """llguidance's limits for every matcher this service builds: its defaults, but errors
+    without the parser's state and grammar in them (a 159 KB grammar once ended up in a
+    task's stored error)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
 def compile_grammar(tokenizer: llguidance.LLTokenizer, grammar: str) -> llguidance.LLMatcher:
     """A fresh matcher for `grammar`; raises `ConstraintError` if it does not compile."""
     import llguidance
 
-    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+    matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
     if matcher.is_error():
         raise ConstraintError(matcher.get_error())
     return matcher

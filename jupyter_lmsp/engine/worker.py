@@ -51,6 +51,7 @@ from jupyter_lmsp.engine.batching import (
     Update,
 )
 from jupyter_lmsp.engine.device import on_gpu
+from jupyter_lmsp.engine.grammar_prep import MatcherBuilder
 from jupyter_lmsp.engine.grammars import (
     GENERIC,
     CallFormat,
@@ -245,6 +246,18 @@ class _Outbox:
 
 
 @dataclass
+class _Prepared:
+    """A job's prompt and grammar, prepared once: `grammar` is llguidance's text until the
+    job's matcher is built beside the decode loop (`grammar_prep`), then that matcher."""
+
+    prompt_ids: list[int]
+    thinking: Thinking | None
+    call_format: CallFormat
+    calls: bool
+    grammar: Any
+
+
+@dataclass
 class _Running:
     """A running job as the worker reports it: one outbox per choice, the choices ended."""
 
@@ -297,6 +310,11 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._shutdown = False
         self._loader = ModelLoader()
+        # Grammars compiled beside the decode loop: the jobs waiting for their matcher, and
+        # what was prepared for them (`_start`).
+        self._matchers = MatcherBuilder()
+        self._compiling: dict[str, GenerateJob] = {}
+        self._prepared: dict[str, _Prepared] = {}
         # Jobs waiting for their model to be verified and loaded, by model key.
         self._waiting: dict[tuple[Any, ...], list[GenerateJob]] = {}
         # For the server's metrics: when each model's load was asked for, how long the loads
@@ -334,9 +352,13 @@ class Worker:
             while self._inbox:
                 self._handle(self._inbox.popleft())
         try:
-            woken = multiprocessing.connection.wait([self._conn, self._loader.wake_fd], timeout)
+            woken = multiprocessing.connection.wait(
+                [self._conn, self._loader.wake_fd, self._matchers.wake_fd], timeout
+            )
             if self._loader.wake_fd in woken:
                 self._take_loads()
+            if self._matchers.wake_fd in woken:
+                self._take_matchers()
             ready = self._conn.poll(0)
             while ready:
                 self._handle(self._conn.recv())
@@ -382,6 +404,12 @@ class Worker:
                         self._loader.cancel(key)
                     self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
                     return
+        compiling = self._compiling.pop(job_id, None)
+        if compiling is not None:
+            self._prepared.pop(job_id, None)
+            self._matchers.forget(job_id)
+            self._send(JobCancelled(job_id, _resumed_tokens(compiling)))
+            return
         # Unknown id: the job already ended and its final message is on its way.
 
     def _abandon_requested(self) -> bool:
@@ -535,7 +563,11 @@ class Worker:
             for job in jobs:
                 self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
         self._waiting.clear()
+        for job in self._compiling.values():
+            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+        self._compiling.clear()
         self._loader.close()
+        self._matchers.close()
 
     def _fits(self) -> bool:
         """Whether the next queued job's choices fit in the batch now (a job with more choices
@@ -606,7 +638,22 @@ class Worker:
     def _start(
         self, job: GenerateJob, key: tuple[Any, ...], model: nn.Module, tokenizer: TokenizerWrapper
     ) -> None:
-        from jupyter_lmsp.engine.constraints import ConstraintError, ll_tokenizer
+        prepared = self._prepared.pop(job.job_id, None)
+        if prepared is None:
+            prepared = self._prepare(job, key, model, tokenizer)
+            if isinstance(prepared.grammar, str):
+                # Compiled beside the decode loop (`grammar_prep`): the job comes back to the
+                # front of the queue with its matcher (`_take_matchers`).
+                self._prepared[job.job_id] = prepared
+                self._compiling[job.job_id] = job
+                self._matchers.request(job.job_id, key, model, tokenizer, prepared.grammar)
+                return
+        self._launch(job, key, model, tokenizer, prepared)
+
+    def _prepare(
+        self, job: GenerateJob, key: tuple[Any, ...], model: nn.Module, tokenizer: TokenizerWrapper
+    ) -> _Prepared:
+        from jupyter_lmsp.engine.constraints import ll_tokenizer
         from jupyter_lmsp.engine.toolcalls import render
 
         call_format = GENERIC
@@ -634,10 +681,39 @@ class Worker:
         if grammar is not None and thinking is not None:
             # The grammar constrains the answer: the model thinks freely first (`reasoning`).
             grammar = after_thinking(grammar, thinking)
+        return _Prepared(prompt_ids, thinking, call_format, calls, grammar)
+
+    def _take_matchers(self) -> None:
+        """Matchers built beside the loop: their jobs go back to the front of the queue
+        (admitted next), or fail with `grammar_invalid`."""
+        for built in self._matchers.finished():
+            job = self._compiling.pop(built.job_id, None)
+            prepared = self._prepared.get(built.job_id)
+            if job is None or prepared is None:
+                continue
+            if built.error is not None:
+                del self._prepared[built.job_id]
+                self._send(JobFailed(job.job_id, "grammar_invalid", built.error))
+                continue
+            prepared.grammar = built.matcher
+            self._queue.appendleft(job)
+
+    def _launch(
+        self,
+        job: GenerateJob,
+        key: tuple[Any, ...],
+        model: nn.Module,
+        tokenizer: TokenizerWrapper,
+        prepared: _Prepared,
+    ) -> None:
+        from jupyter_lmsp.engine.constraints import ConstraintError
+
+        prompt_ids, thinking = prepared.prompt_ids, prepared.thinking
+        call_format, calls = prepared.call_format, prepared.calls
         reused_before = self._scheduler.prompt_cache.stats().reused_bytes
         try:
             cached_tokens, updates = self._scheduler.add(
-                job, key, model, tokenizer, prompt_ids, grammar, thinking
+                job, key, model, tokenizer, prompt_ids, prepared.grammar, thinking
             )
         except ConstraintError as exc:
             raise JobError("grammar_invalid", str(exc)) from exc

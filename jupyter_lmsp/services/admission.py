@@ -23,13 +23,15 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from ..auth.scopes import Caller
-from ..engine.grammars import ToolSpec
+from ..engine.grammar_check import CheckResult
+from ..engine.grammars import ResponseFormat, ToolSpec
 from ..engine.reasoning import EffortRefused
 from ..engine.tokens import PromptCounter, PromptTooHard, context_window
 from ..protocol.errors import LMSPError
 from ..store import quotas
 from ..store.quotas import Connection
 from ..store.tables import Model
+from .grammar_gate import GrammarGate
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -59,12 +61,15 @@ class Admission:
         max_context_tokens: int = 0,
         max_tasks: int = 64,
         max_tokens: int = 131072,
+        grammars: GrammarGate | None = None,
     ) -> None:
         self.max_output_tokens_default = max_output_tokens_default
         self.max_context_tokens = max_context_tokens
         self.max_tasks = max_tasks
         self.max_tokens = max_tokens
         self.counter = PromptCounter()
+        # Grammars compiled with the model's tokenizer under a deadline (issue 43).
+        self.grammars = grammars if grammars is not None else GrammarGate()
         # One thread: counting is CPU work, and queued behind each other requests cannot
         # take more than one core from the server between them.
         self._executor = concurrent.futures.ThreadPoolExecutor(
@@ -88,6 +93,17 @@ class Admission:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, functools.partial(fn, *args, **kwargs)
         )
+
+    async def check_grammar(
+        self,
+        caller: Caller,
+        model: Model,
+        fmt: ResponseFormat | None,
+        tools: ToolSpec | None,
+    ) -> CheckResult:
+        """Where a request's format and tools fail to compile for `model` (part None: they
+        do), in a child process killed at the gate's deadline (`services.grammar_gate`)."""
+        return await self.grammars.check(caller.id, _key(model), str(model.path), fmt, tools)
 
     async def count(
         self,
@@ -208,6 +224,7 @@ class Admission:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.grammars.close()
 
 
 def _too_many(code: str, message: str) -> LMSPError:

@@ -19,10 +19,9 @@ from ..engine.grammars import (
     GrammarIssue,
     ResponseFormat,
     ToolSpec,
-    check_response_format,
-    check_tools,
 )
 from ..engine.messages import ChoiceResume, GenerateJob
+from ..engine.schema_limits import check_limits
 from ..protocol.errors import LMSPError, invalid
 from ..protocol.output import Attempt
 from ..protocol.params import TaskParams
@@ -123,9 +122,11 @@ class Generation:
 
 
 def check(generation: Generation) -> None:
-    """Refuse, with a 400 saying why and where, what the engine could not enforce.
+    """Refuse, with a 400 saying why and where, what the engine could not enforce, or what
+    passes the counted limits of a schema (`engine.schema_limits`: linear in its size).
 
-    Blocking (it compiles the grammars with llguidance): run it off the event loop.
+    The compile itself (llguidance, with the model's tokenizer, under a deadline) is
+    `Admission.check_grammar`'s, once the model is known; its answer is raised by `refuse`.
     """
     if generation.logprobs and generation.calls:
         # The tokens of a call belong to no message: their log-probabilities would have no
@@ -137,24 +138,28 @@ def check(generation: Generation) -> None:
             "'logprobs' (or 'tools').",
             param="top_logprobs" if not generation.chat else "logprobs",
         )
-    fmt = generation.format
-    if fmt is not None:
-        issue = check_response_format(generation.engine_format())  # type: ignore[arg-type]
-        if issue is not None:
-            raise _schema_error(issue, _format_path(fmt, issue))
     tools = generation.engine_tools()
-    if tools is not None:
-        issue = check_tools(tools)
-        if issue is not None and issue.path[-1:] == ("definition",) and generation.tools:
-            # A custom tool's grammar: its place in the request is on the tool.
-            custom = generation.tools.customs[int(issue.path[1]) - len(tools.tools)]
-            raise invalid(
-                f"The grammar of custom tool {custom.name!r} cannot be compiled: {issue.reason}",
-                param=custom.param,
-                code="invalid_grammar",
-            )
-        if issue is not None:
-            raise _schema_error(issue, _tools_path(issue, chat=generation.chat))
+    fmt = generation.engine_format()
+    issue = check_limits(fmt, tools)
+    if issue is not None:
+        refuse(generation, "format" if issue.path[:1] == ("schema",) else "tools", issue)
+
+
+def refuse(generation: Generation, part: str, issue: GrammarIssue) -> None:
+    """Raise the 400 for `issue`, found in the request's response format (`part` "format")
+    or its tools ("tools")."""
+    if part == "format" and generation.format is not None:
+        raise _schema_error(issue, _format_path(generation.format, issue))
+    tools = generation.engine_tools()
+    if issue.path[-1:] == ("definition",) and generation.tools and tools is not None:
+        # A custom tool's grammar: its place in the request is on the tool.
+        custom = generation.tools.customs[int(issue.path[1]) - len(tools.tools)]
+        raise invalid(
+            f"The grammar of custom tool {custom.name!r} cannot be compiled: {issue.reason}",
+            param=custom.param,
+            code="invalid_grammar",
+        )
+    raise _schema_error(issue, _tools_path(issue, chat=generation.chat))
 
 
 def _format_path(fmt: FormatSpec, issue: GrammarIssue) -> str:

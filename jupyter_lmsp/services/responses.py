@@ -73,6 +73,13 @@ async def create_response(
         )
     await ctx.admission.run(generation.check, spec.generation)
     model, context = await ctx.offload(_model_and_context, ctx, spec, caller)
+    # The grammar compiled with the model's tokenizer, in a child killed at a deadline
+    # (`services.grammar_gate`): what would fail at run time is a 400 now.
+    compiled = await ctx.admission.check_grammar(
+        caller, model, spec.generation.engine_format(), spec.generation.engine_tools()
+    )
+    if compiled.part is not None and compiled.issue is not None:
+        generation.refuse(spec.generation, compiled.part, compiled.issue)
     conversation = context + spec.messages
     plan = await ctx.admission.plan(
         model,
