@@ -51,6 +51,7 @@ from .services.admission import Admission
 from .services.bus import EventBus
 from .services.catalog import ModelCatalog
 from .services.context import ServiceContext
+from .services.embeddings import Embedder
 from .services.feed import EventFeed
 from .services.lease import RunnerLease
 from .services.loopwatch import LoopWatch
@@ -418,6 +419,7 @@ class LMSPExtension(ExtensionApp):
             admission=admission,
             owner_from=self.owner_from,
             blas=self.blas,
+            embedder=Embedder(runner),
         )
         self._purge_task: asyncio.Task[None] | None = None
         self._metrics_task: asyncio.Task[None] | None = None

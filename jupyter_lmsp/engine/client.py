@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from jupyter_lmsp.engine.messages import (
     CancelJob,
+    EmbedJob,
     GenerateJob,
     JobCancelled,
     JobComing,
@@ -322,6 +323,17 @@ class EngineClient:
                 raise EngineNotRunning("the engine worker is not running")
             session.in_flight[job.job_id] = None
             session.outbox.put(job)
+
+    def send(self, message: EmbedJob | CancelJob) -> None:
+        """Send a message outside the task path (an `EmbedJob`, or the `CancelJob` of one).
+        Its answer comes through `on_message` like the others; a worker that dies first takes
+        it without a `WorkerExited` naming it (the caller fails what it waits for on any
+        `WorkerExited`). Raises `EngineNotRunning` if there is no live worker."""
+        with self._lock:
+            session = self._session
+            if session is None or session.exited or session.stopping:
+                raise EngineNotRunning("the engine worker is not running")
+            session.outbox.put(message)
 
     def announce(self, job_id: str) -> None:
         """Tell the worker that `job_id` will be submitted shortly (see `JobComing`)."""

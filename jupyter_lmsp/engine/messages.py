@@ -1,8 +1,9 @@
 """The messages between the server process and the inference worker process.
 
 All are plain dataclasses, pickled over a `multiprocessing` pipe. Server → worker: `JobComing`,
-`GenerateJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `StepTokens` (a
-step's `JobTokens`, one per row), `JobTokens`, `ChoiceFinished`, `JobFinished`, `JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is
+`GenerateJob`, `EmbedJob`, `CancelJob`, `Shutdown`. Worker → server: `JobStarted`, `StepTokens` (a
+step's `JobTokens`, one per row), `JobTokens`, `ChoiceFinished`, `JobFinished`, `EmbedResult`,
+`JobFailed`, `JobCancelled`, `WorkerReady`. `WorkerExited` is
 not sent by the worker: the client in the server process produces it when the worker process
 dies unexpectedly.
 
@@ -113,6 +114,37 @@ class GenerateJob:
             return list(self.resume_choices)
         first = ChoiceResume(list(self.resume_token_ids), self.resume_text)
         return [first] + [ChoiceResume([], "") for _ in range(self.n - 1)]
+
+
+@dataclass
+class EmbedJob:
+    """Embed `inputs` with a model (issue 39, `embedding`): each a text (encoded with the
+    model's tokenizer, its special tokens added) or a list of token ids. Vectors are pooled as
+    the model's configuration says, truncated to `dimensions` if given (an embedding model
+    only) and of unit length. Answered by `EmbedResult`, or `JobFailed` (`invalid_request`,
+    `embedding_unsupported`, the model's load failures); a `CancelJob` drops it silently.
+    Its model is verified and loaded as a `GenerateJob`'s is."""
+
+    job_id: str
+    model_path: str
+    inputs: list[str | list[int]]
+    dimensions: int | None = None
+    expected_files: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class EmbedResult:
+    """An `EmbedJob`'s vectors: `count` rows of `size` float32 values (little-endian, row after
+    row) in `vectors`, in the order of its inputs; `input_tokens` over all its inputs."""
+
+    job_id: str
+    vectors: bytes
+    count: int
+    size: int
+    input_tokens: int
+    load_seconds: float | None = None
+    # The rows of each forward pass that computed some of its inputs (with other jobs' rows).
+    passes: list[int] = field(default_factory=list)
 
 
 @dataclass

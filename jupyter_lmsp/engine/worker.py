@@ -51,6 +51,13 @@ from jupyter_lmsp.engine.batching import (
     Update,
 )
 from jupyter_lmsp.engine.device import on_gpu
+from jupyter_lmsp.engine.embedding import (
+    CHUNK_POSITIONS_BUSY,
+    CHUNK_POSITIONS_IDLE,
+    EmbeddingError,
+    EmbeddingQueue,
+    EmbeddingSpec,
+)
 from jupyter_lmsp.engine.grammar_prep import MatcherBuilder
 from jupyter_lmsp.engine.grammars import (
     GENERIC,
@@ -67,6 +74,8 @@ from jupyter_lmsp.engine.messages import (
     CancelJob,
     ChoiceFinished,
     ChoiceResult,
+    EmbedJob,
+    EmbedResult,
     GenerateJob,
     JobCancelled,
     JobComing,
@@ -246,6 +255,15 @@ class _Outbox:
 
 
 @dataclass
+class _Running:
+    """A running job as the worker reports it: one outbox per choice, the choices ended."""
+
+    job_id: str
+    input_tokens: int
+    outboxes: list[_Outbox]
+    results: dict[int, ChoiceResult] = field(default_factory=dict)
+
+@dataclass
 class _Prepared:
     """A job's prompt and grammar, prepared once: `grammar` is llguidance's text until the
     job's matcher is built beside the decode loop (`grammar_prep`), then that matcher."""
@@ -256,15 +274,6 @@ class _Prepared:
     calls: bool
     grammar: Any
 
-
-@dataclass
-class _Running:
-    """A running job as the worker reports it: one outbox per choice, the choices ended."""
-
-    job_id: str
-    input_tokens: int
-    outboxes: list[_Outbox]
-    results: dict[int, ChoiceResult] = field(default_factory=dict)
 
 
 class Worker:
@@ -310,17 +319,20 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._shutdown = False
         self._loader = ModelLoader()
+        # Jobs waiting for their model to be verified and loaded, by model key.
+        self._waiting: dict[tuple[Any, ...], list[GenerateJob | EmbedJob]] = {}
+        # Embedding jobs' inputs, computed a chunk at a time between decode steps (`embedding`).
+        self._embeds = EmbeddingQueue()
+        self._embed_specs: dict[tuple[Any, ...], EmbeddingSpec] = {}
+        # For the server's metrics: when each model's load was asked for, how long the loads
+        # that finished took (reported with the next job started on the model), and the batch
+        # size of each step not yet reported (sent with the next JobTokens).
+        self._load_asked: dict[tuple[Any, ...], float] = {}
         # Grammars compiled beside the decode loop: the jobs waiting for their matcher, and
         # what was prepared for them (`_start`).
         self._matchers = MatcherBuilder()
         self._compiling: dict[str, GenerateJob] = {}
         self._prepared: dict[str, _Prepared] = {}
-        # Jobs waiting for their model to be verified and loaded, by model key.
-        self._waiting: dict[tuple[Any, ...], list[GenerateJob]] = {}
-        # For the server's metrics: when each model's load was asked for, how long the loads
-        # that finished took (reported with the next job started on the model), and the batch
-        # size of each step not yet reported (sent with the next JobTokens).
-        self._load_asked: dict[tuple[Any, ...], float] = {}
         self._load_took: dict[tuple[Any, ...], float] = {}
         self._step_sizes: list[int] = []
         # Messages read at a checkpoint inside a step (`interrupt`), handled after it.
@@ -357,8 +369,6 @@ class Worker:
             )
             if self._loader.wake_fd in woken:
                 self._take_loads()
-            if self._matchers.wake_fd in woken:
-                self._take_matchers()
             ready = self._conn.poll(0)
             while ready:
                 self._handle(self._conn.recv())
@@ -368,10 +378,14 @@ class Worker:
         if self._parent_pid is not None and os.getppid() != self._parent_pid:
             raise _ParentGone
 
+            if self._matchers.wake_fd in woken:
+                self._take_matchers()
     def _handle(self, message: object) -> None:
         if isinstance(message, GenerateJob):
             self._coming.pop(message.job_id, None)
             self._queue.append(message)
+        elif isinstance(message, EmbedJob):
+            self._embed_job(message)
         elif isinstance(message, JobComing):
             self._coming[message.job_id] = time.monotonic()
         elif isinstance(message, CancelJob):
@@ -385,6 +399,8 @@ class Worker:
             log.warning("worker ignores unexpected message %r", message)
 
     def _cancel(self, job_id: str) -> None:
+        if self._embeds.cancel(job_id):
+            return  # dropped silently (`EmbedJob`)
         generated = self._scheduler.cancel(job_id)
         if generated is not None:
             self._end_cancelled(job_id, generated)
@@ -395,21 +411,16 @@ class Worker:
                 self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
                 return
         for key, jobs in list(self._waiting.items()):
-            for job in jobs:
-                if job.job_id == job_id:
-                    jobs.remove(job)
+            for held in jobs:
+                if held.job_id == job_id:
+                    jobs.remove(held)
                     if not jobs:
                         # Nobody waits for this model any more: stop verifying it.
                         del self._waiting[key]
                         self._loader.cancel(key)
-                    self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+                    if isinstance(held, GenerateJob):
+                        self._send(JobCancelled(held.job_id, _resumed_tokens(held)))
                     return
-        compiling = self._compiling.pop(job_id, None)
-        if compiling is not None:
-            self._prepared.pop(job_id, None)
-            self._matchers.forget(job_id)
-            self._send(JobCancelled(job_id, _resumed_tokens(compiling)))
-            return
         # Unknown id: the job already ended and its final message is on its way.
 
     def _abandon_requested(self) -> bool:
@@ -419,6 +430,12 @@ class Worker:
         try:
             while self._conn.poll(0):
                 self._inbox.append(self._conn.recv())
+        compiling = self._compiling.pop(job_id, None)
+        if compiling is not None:
+            self._prepared.pop(job_id, None)
+            self._matchers.forget(job_id)
+            self._send(JobCancelled(job_id, _resumed_tokens(compiling)))
+            return
         except (OSError, EOFError):
             return False  # the next `_pump` finds the parent gone
         cancelled = set()
@@ -471,7 +488,7 @@ class Worker:
 
     # --- models ----------------------------------------------------------------------------
 
-    def _model_key(self, job: GenerateJob) -> tuple[Any, ...]:
+    def _model_key(self, job: GenerateJob | EmbedJob) -> tuple[Any, ...]:
         path = Path(job.model_path).expanduser()
         # Checked here because mlx_lm.load treats a missing path as a Hugging Face repo id and
         # tries to download it. (The message names no path: a paired client may read it.)
@@ -507,7 +524,10 @@ class Worker:
             asked = self._load_asked.pop(result.key, None)
             if asked is not None:
                 self._load_took[result.key] = time.monotonic() - asked
-            self._queue.extendleft(reversed(jobs))
+            self._queue.extendleft(reversed([j for j in jobs if isinstance(j, GenerateJob)]))
+            for job in jobs:
+                if isinstance(job, EmbedJob):
+                    self._embed_ready(job, result.key)
 
     def _cache_model(self, result: LoadResult) -> None:
         assert result.model is not None and result.tokenizer is not None
@@ -521,6 +541,68 @@ class Worker:
 
             forget_tokenizer(old_key)
 
+    # --- embeddings ------------------------------------------------------------------------
+
+    def _embed_job(self, job: EmbedJob) -> None:
+        """An embedding job: queued at once if its model is loaded, else after its load."""
+        try:
+            key = self._model_key(job)
+        except JobError as exc:
+            self._send(JobFailed(job.job_id, exc.code, exc.message))
+            return
+        if key in self._models:
+            self._models.move_to_end(key)
+            self._embed_ready(job, key)
+            return
+        self._waiting.setdefault(key, []).append(job)
+        self._load_asked.setdefault(key, time.monotonic())
+        self._loader.request(key, Path(key[0]), job.expected_files)
+
+    def _embed_ready(self, job: EmbedJob, key: tuple[Any, ...]) -> None:
+        from jupyter_lmsp.engine.embedding import prepare
+
+        model, tokenizer = self._models[key]
+        try:
+            request = prepare(
+                job.job_id, key, job.inputs, job.dimensions, model, tokenizer, self._embed_specs
+            )
+        except EmbeddingError as exc:
+            self._send(JobFailed(job.job_id, exc.code, exc.message))
+            return
+        except Exception as exc:
+            log.exception("embedding job %s could not be read", job.job_id)
+            self._send(JobFailed(job.job_id, "invalid_request", f"{type(exc).__name__}: {exc}"))
+            return
+        self._embeds.add(request)
+
+    def _embed_step(self) -> None:
+        """One chunk of the embedding queue; the jobs it finished are answered."""
+        budget = CHUNK_POSITIONS_BUSY if self._scheduler.active else CHUNK_POSITIONS_IDLE
+        try:
+            finished = self._embeds.step(budget)
+        except EmbeddingError as exc:
+            for job_id in self._embeds.drop_all():
+                self._send(JobFailed(job_id, exc.code, exc.message))
+            return
+        except Exception as exc:
+            log.exception("an embedding chunk failed")
+            for job_id in self._embeds.drop_all():
+                self._send(JobFailed(job_id, "embedding_failed", f"{type(exc).__name__}: {exc}"))
+            return
+        for request in finished:
+            vectors = request.result()
+            self._send(
+                EmbedResult(
+                    request.job_id,
+                    vectors.astype("<f4").tobytes(),
+                    vectors.shape[0],
+                    vectors.shape[1],
+                    request.tokens,
+                    load_seconds=self._load_took.pop(request.key, None),
+                    passes=request.passes,
+                )
+            )
+
     # --- jobs ------------------------------------------------------------------------------
 
     def serve(self) -> None:
@@ -533,6 +615,12 @@ class Worker:
         while not self._shutdown:
             was_idle = not self._scheduler.active
             self._admit()
+            if self._embeds.pending:
+                # One chunk of embeddings between two decode steps.
+                self._embed_step()
+                if not self._scheduler.active:
+                    self._pump()
+                    continue
             if not self._scheduler.active:
                 self._pump(IDLE_POLL_SECONDS)
                 continue
@@ -556,18 +644,15 @@ class Worker:
             self._send_step()
         for job_id, generated in self._scheduler.cancel_all():
             self._end_cancelled(job_id, generated)
+        self._embeds.drop_all()
         for job in self._queue:
             self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
         self._queue.clear()
         for jobs in self._waiting.values():
-            for job in jobs:
-                self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+            for held in jobs:
+                self._send(JobCancelled(held.job_id, _resumed_tokens(held)))
         self._waiting.clear()
-        for job in self._compiling.values():
-            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
-        self._compiling.clear()
         self._loader.close()
-        self._matchers.close()
 
     def _fits(self) -> bool:
         """Whether the next queued job's choices fit in the batch now (a job with more choices
@@ -576,7 +661,11 @@ class Worker:
             return False
         load = self._scheduler.load
         return load == 0 or load + max(1, self._queue[0].n) <= self._scheduler.max_batch_size
+        for job in self._compiling.values():
+            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+        self._compiling.clear()
 
+        self._matchers.close()
     def _admit(self) -> None:
         while self._fits():
             job = self._queue.popleft()
@@ -681,6 +770,16 @@ class Worker:
         if grammar is not None and thinking is not None:
             # The grammar constrains the answer: the model thinks freely first (`reasoning`).
             grammar = after_thinking(grammar, thinking)
+        reused_before = self._scheduler.prompt_cache.stats().reused_bytes
+        try:
+            cached_tokens, updates = self._scheduler.add(
+                job, key, model, tokenizer, prompt_ids, prepared.grammar, thinking
+            )
+        except ConstraintError as exc:
+            raise JobError("grammar_invalid", str(exc)) from exc
+        points = job.resume_points()
+        self._running[job.job_id] = _Running(
+            job.job_id,
         return _Prepared(prompt_ids, thinking, call_format, calls, grammar)
 
     def _take_matchers(self) -> None:
@@ -710,16 +809,6 @@ class Worker:
 
         prompt_ids, thinking = prepared.prompt_ids, prepared.thinking
         call_format, calls = prepared.call_format, prepared.calls
-        reused_before = self._scheduler.prompt_cache.stats().reused_bytes
-        try:
-            cached_tokens, updates = self._scheduler.add(
-                job, key, model, tokenizer, prompt_ids, prepared.grammar, thinking
-            )
-        except ConstraintError as exc:
-            raise JobError("grammar_invalid", str(exc)) from exc
-        points = job.resume_points()
-        self._running[job.job_id] = _Running(
-            job.job_id,
             len(prompt_ids),
             [
                 _Outbox(
@@ -832,8 +921,10 @@ def _most_tokens(updates: list[Update]) -> int:
     return max(1, *counts.values()) if counts else 1
 
 
-def _resumed_tokens(job: GenerateJob) -> int:
+def _resumed_tokens(job: GenerateJob | EmbedJob) -> int:
     """The tokens a job had generated before it came (all its choices)."""
+    if isinstance(job, EmbedJob):
+        return 0
     return sum(len(point.token_ids) for point in job.resume_points())
 
 

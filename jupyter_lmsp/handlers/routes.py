@@ -17,6 +17,7 @@ from ..protocol.operations import Endpoint
 from ..services.context import ServiceContext
 from .base import LMSPHandler, operation_of
 from .chat import ChatCompletionsHandler
+from .embeddings import EmbeddingsHandler
 from .fallback import FallbackHandler
 from .metrics import MetricsHandler
 from .openapi import OpenAPIHandler
@@ -72,6 +73,7 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/clients", ClientsHandler),
     ("/clients/{client_id}", ClientHandler),
     ("/chat/completions", ChatCompletionsHandler),
+    ("/embeddings", EmbeddingsHandler),
     ("/openapi.json", OpenAPIHandler),
     ("/metrics", MetricsHandler),
 ]

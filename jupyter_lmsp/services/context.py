@@ -22,6 +22,7 @@ from ..store.database import Database
 from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
+from .embeddings import Embedder
 from .registration import ModelRegistrar
 from .runner import TaskRunner
 from .sealing import Sealer
@@ -65,6 +66,8 @@ class ServiceContext:
     blas: BlasSelection | None = None
     # Seals what stateless clients carry between turns (compaction items).
     sealer: Sealer | None = None
+    # Embeddings waiting for the inference worker (`POST /embeddings`).
+    embedder: Embedder | None = None
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(DB_THREADS, thread_name_prefix="lmsp-db")
     )

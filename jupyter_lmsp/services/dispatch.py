@@ -2,10 +2,11 @@
 
 The worker's messages (`engine.messages`) come on the engine's reader thread; the runner hands
 each to its loop, where `EngineDispatcher` reads them into the task's record
-(`services.running`): a job started (its output assembler, `running`), its tokens (read into
-its pending output, `services.output`; a step's rows come in one `StepTokens`), a choice's or the job's end, a failure, a cancel (or
-the pause it was), the worker's own start and exit. What ends a task is decided here and
-committed through the runner (`TaskRunner.finish`).
+(`services.running`): a job started (its output assembler, `running`), its tokens (a step's
+rows come in one `StepTokens`; each row is kept for the task's next commit,
+`services.output`), a choice's or the job's end, a failure, a cancel (or the pause it was),
+the worker's own start and exit. What ends a task is decided here and committed through the
+runner (`TaskRunner.finish`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..protocol.states import TaskState
 from ..store import queries, rules
 from . import metrics
 from .assembly import OutputAssembler
-from .output import read
+from .output import read, read_unread
 from .running import RunningTask
 
 if TYPE_CHECKING:
@@ -121,11 +122,8 @@ class EngineDispatcher:
         runner = self.runner
         runner.clock.tokens(message.job_id, len(message.token_ids), message.batch_sizes)
         task = runner.slots.get(message.job_id)
-        if task is None:
-            return
-        runner.output.arriving(task)
-        if self._read(task, lambda a: a.tokens(message)):
-            runner.output.added(task, message.text)
+        if task is not None:
+            runner.output.receive(task, message)
 
     def choice_ended(self, task_id: str, choice: int, reason: str) -> None:
         task = self.runner.slots.get(task_id)
@@ -235,13 +233,21 @@ class EngineDispatcher:
 
     def _read(self, task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool:
         """Read the engine's output into the task's pending batch (`output.read`); a task
-        whose output broke now commits what was read before and stops generating."""
-        added = read(task, step)
+        whose output broke now commits what was read before and stops generating. The rows
+        kept for its next commit are read first (what `step` reads comes after them)."""
+        added = read_unread(task)
+        if added is not None:
+            added = read(task, step)
         if added is None:
             self.runner.output.flush([task])
-            self.runner.engine.cancel(task.task_id)
+            self.broke(task)
             return False
         return added
+
+    def broke(self, task: RunningTask) -> None:
+        """The task's output broke (`RunningTask.output.broken` says why): stop generating
+        it (its end fails it)."""
+        self.runner.engine.cancel(task.task_id)
 
     def _flush(self, task_id: str) -> RunningTask | None:
         task = self.runner.slots.get(task_id)

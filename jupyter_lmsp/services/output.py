@@ -3,7 +3,10 @@ pending batches committed together, with the snapshot that covers them (LMSP B7)
 
 This is the one place tokens are coalesced (the worker sends every step's tokens as they
 come): for `interval` seconds, then every running task's pending output is committed in one
-transaction, however many tasks decode at once. A crash loses at most that much uncommitted
+transaction, however many tasks decode at once. The engine's rows are kept as they come
+(`OutputStage.receive`, a list append per row and step) and assembled when they are committed,
+each choice's run of rows merged into one feed of its parsers (issue 42: the assembly per
+commit, not per token); what watchers see is decided at the commit either way. A crash loses at most that much uncommitted
 work, and a resumed task continues from exactly what its watchers saw. A task's first text is
 committed on the loop's next turn instead (with whatever else is pending then: the first
 tokens of a batch's other tasks arrive in the same turn), so nobody waits an interval for it.
@@ -13,10 +16,12 @@ With `interval` <= 0 every message is committed as it comes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
 
+from ..engine.messages import JobTokens
 from ..protocol.output import Batch
 from .assembly import OutputAssembler, ToolCallError
 from .running import RunningTask
@@ -25,6 +30,51 @@ log = logging.getLogger(__name__)
 
 # Called with the batches to commit (by task id) and when the oldest of their tokens came.
 Commit = Callable[[dict[str, Batch], float], None]
+
+
+def merged(rows: list[JobTokens]) -> list[JobTokens]:
+    """The rows of one task as one row per choice (in the order the choices first came): its
+    tokens, text and log-probabilities in order. A choice's parsers make the same pieces of
+    one feed as of its parts (they read text split anywhere, as tokens split it)."""
+    if len(rows) == 1:
+        return rows
+    by_choice: dict[int, JobTokens] = {}
+    for row in rows:
+        have = by_choice.get(row.choice)
+        if have is None:
+            by_choice[row.choice] = JobTokens(
+                row.job_id,
+                list(row.token_ids),
+                row.text,
+                choice=row.choice,
+                logprobs=list(row.logprobs) if row.logprobs is not None else None,
+            )
+            continue
+        have.token_ids += row.token_ids
+        have.text += row.text
+        if row.logprobs is not None:
+            have.logprobs = (have.logprobs or []) + row.logprobs
+    return list(by_choice.values())
+
+
+def _tokens(row: JobTokens, assembler: OutputAssembler) -> Batch:
+    return assembler.tokens(row)
+
+
+def read_unread(task: RunningTask) -> bool | None:
+    """Assemble the rows kept for `task` (`OutputStage.receive`) into its pending batch, as
+    `read` does: True when output was added, None when it broke now."""
+    output = task.output
+    if output is None or not output.unread:
+        return False
+    rows, output.unread = output.unread, []
+    added = False
+    for row in merged(rows):
+        got = read(task, functools.partial(_tokens, row))
+        if got is None:
+            return None
+        added = added or got
+    return added
 
 
 def read(task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool | None:
@@ -45,9 +95,14 @@ def read(task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool | 
 
 
 class OutputStage:
-    def __init__(self, interval: float, commit: Commit) -> None:
+    def __init__(
+        self, interval: float, commit: Commit, broke: Callable[[RunningTask], None]
+    ) -> None:
         self.interval = interval
         self.commit = commit
+        # Called (after the commit) for a task whose output broke as its rows were assembled
+        # for a commit: its generation must stop.
+        self.broke = broke
         self.loop: asyncio.AbstractEventLoop | None = None
         # One timer for all running tasks: their tokens are committed together.
         self._handle: asyncio.Handle | None = None
@@ -59,10 +114,15 @@ class OutputStage:
         self.loop = loop
         self._tasks = tasks
 
-    def arriving(self, task: RunningTask) -> None:
-        """Tokens are about to be read for `task` (marks when its pending output began)."""
-        if task.output is not None and not task.output.pending:
-            task.output.pending_since = time.monotonic()
+    def receive(self, task: RunningTask, row: JobTokens) -> None:
+        """Keep an engine row of `task` for its next commit (assembled then)."""
+        output = task.output
+        if output is None or output.assembler is None or output.broken is not None:
+            return
+        if not output.pending and not output.unread:
+            output.pending_since = time.monotonic()
+        output.unread.append(row)
+        self.added(task, row.text)
 
     def added(self, task: RunningTask, text: str) -> None:
         """Output was added to `task`'s pending batch: commit it when it is due."""
@@ -81,14 +141,21 @@ class OutputStage:
     def flush(self, tasks: Iterable[RunningTask]) -> None:
         """Commit the output held for these tasks, in one transaction."""
         batches: dict[str, Batch] = {}
+        broken: list[RunningTask] = []
         oldest = float("inf")
         for task in tasks:
             output = task.output
-            if output is not None and output.pending:
+            if output is None:
+                continue
+            if output.unread and read_unread(task) is None:
+                broken.append(task)
+            if output.pending:
                 oldest = min(oldest, output.pending_since)
                 batches[task.task_id] = output.take()
         if batches:
             self.commit(batches, oldest)
+        for task in broken:
+            self.broke(task)
 
     def flush_all(self) -> None:
         self._handle = None

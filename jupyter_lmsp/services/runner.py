@@ -88,13 +88,16 @@ class TaskRunner:
         self.loop_thread: threading.Thread | None = None
         self.committer = Committer("lmsp-runner-db")
         self.slots = Slots(max_active)
-        self.output = OutputStage(snapshot_interval, self._commit_outputs)
         self.dispatcher = EngineDispatcher(self)
+        self.output = OutputStage(snapshot_interval, self._commit_outputs, self.dispatcher.broke)
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Queue waits, token latencies, durations and the worker's figures (runner_clock).
         self.clock = RunnerClock()
         # Called with a task id once its cancel is committed (model registrations listen).
         self.cancel_listeners: list[Callable[[str], None]] = []
+        # Asked first about every worker message, on the loop: one that answers True took it
+        # (embeddings, `services.embeddings`); every one still reaches the dispatcher otherwise.
+        self.engine_listeners: list[Callable[[object], bool]] = []
         # Called with the loop when the runner starts (the lease's heartbeat, the feed).
         self.start_listeners: list[Callable[[asyncio.AbstractEventLoop], None]] = []
         # The prompt cache keys of the tasks it claimed from the shared queue, most recent
@@ -337,6 +340,8 @@ class TaskRunner:
 
     def _on_message(self, message: object) -> None:
         try:
+            if any(listener(message) for listener in self.engine_listeners):
+                return
             self.dispatcher(message)
         except Exception:
             log.exception("failed to handle engine message %r", message)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..engine.messages import JobTokens
 from ..protocol.output import Batch
 from .assembly import OutputAssembler
 from .fairqueue import Tier
@@ -29,6 +30,9 @@ class TaskOutput:
     # Made when the worker reports the job started (it names the tool-call format).
     assembler: OutputAssembler | None = None
     ended: set[int] = field(default_factory=set)
+    # The engine's rows not yet assembled (`services.output`: read when they are committed),
+    # then what they made, not yet committed.
+    unread: list[JobTokens] = field(default_factory=list)
     pending: Batch = field(default_factory=Batch)
     # When the oldest of the pending tokens arrived (monotonic), for the snapshot commit lag.
     pending_since: float = field(default_factory=time.monotonic)

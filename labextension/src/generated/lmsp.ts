@@ -431,6 +431,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/embeddings": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Embed texts or token lists (OpenAI's embeddings API)
+         * @description Requires the `responses:write` scope.
+         */
+        post: operations["createEmbeddings"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/openapi.json": {
         parameters: {
             query?: never;
@@ -1131,6 +1151,32 @@ export interface components {
              */
             moderation?: null;
         } & (unknown & unknown & unknown);
+        /** CreateEmbeddingRequest */
+        CreateEmbeddingRequest: {
+            /** @description What to embed: a string, a list of strings, a list of token ids (one input), or a list of token-id lists; at most 2048 inputs, none empty. */
+            input: string | string[] | number[] | number[][];
+            /**
+             * @description The model (the default model when absent).
+             * @default null
+             */
+            model?: string | null;
+            /**
+             * @description `float`: each vector a list of numbers; `base64`: its float32 values (little-endian) in base64.
+             * @default float
+             * @enum {string}
+             */
+            encoding_format?: "float" | "base64";
+            /**
+             * @description Shorten the vectors to this many dimensions (then scaled to unit length again); only for an embedding model, up to its vector size.
+             * @default null
+             */
+            dimensions?: number | null;
+            /**
+             * @description Accepted and ignored, as OpenAI's end-user id.
+             * @default null
+             */
+            user?: string | null;
+        };
         /**
          * CreateResponseRequest
          * @description `POST /responses`. Unknown fields are refused (`unknown_parameter`), and so are fields
@@ -1404,6 +1450,33 @@ export interface components {
             name: string;
             description: string | null;
             format: components["schemas"]["TextInputEcho"] | components["schemas"]["GrammarInputEcho"];
+        };
+        /** Embedding */
+        Embedding: {
+            /**
+             * @default embedding
+             * @constant
+             */
+            object: "embedding";
+            index: number;
+            /** @description The vector (unit length), or its float32 values in base64. */
+            embedding: number[] | string;
+        };
+        /** EmbeddingList */
+        EmbeddingList: {
+            /**
+             * @default list
+             * @constant
+             */
+            object: "list";
+            data: components["schemas"]["Embedding"][];
+            model: string;
+            usage: components["schemas"]["EmbeddingUsage"];
+        };
+        /** EmbeddingUsage */
+        EmbeddingUsage: {
+            prompt_tokens: number;
+            total_tokens: number;
         };
         /**
          * Error
@@ -3906,6 +3979,37 @@ export interface operations {
             500: components["responses"]["ServerError"];
         };
     };
+    createEmbeddings: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateEmbeddingRequest"];
+            };
+        };
+        responses: {
+            /** @description The vectors, one per input, in input order. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EmbeddingList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            500: components["responses"]["ServerError"];
+        };
+    };
     getOpenAPI: {
         parameters: {
             query?: never;
@@ -3976,6 +4080,7 @@ export const completedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<compo
 export const createChatCompletionRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createChatCompletionRequestReasoning_effortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["reasoning_effort"]> = ["none", "minimal", "low", "medium", "high", "xhigh"];
 export const createChatCompletionRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateChatCompletionRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
+export const createEmbeddingRequestEncoding_formatValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateEmbeddingRequest"]["encoding_format"]> = ["float", "base64"];
 export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createResponseRequestIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
 export const createResponseRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
