@@ -255,15 +255,6 @@ class _Outbox:
 
 
 @dataclass
-class _Running:
-    """A running job as the worker reports it: one outbox per choice, the choices ended."""
-
-    job_id: str
-    input_tokens: int
-    outboxes: list[_Outbox]
-    results: dict[int, ChoiceResult] = field(default_factory=dict)
-
-@dataclass
 class _Prepared:
     """A job's prompt and grammar, prepared once: `grammar` is llguidance's text until the
     job's matcher is built beside the decode loop (`grammar_prep`), then that matcher."""
@@ -274,6 +265,15 @@ class _Prepared:
     calls: bool
     grammar: Any
 
+
+@dataclass
+class _Running:
+    """A running job as the worker reports it: one outbox per choice, the choices ended."""
+
+    job_id: str
+    input_tokens: int
+    outboxes: list[_Outbox]
+    results: dict[int, ChoiceResult] = field(default_factory=dict)
 
 
 class Worker:
@@ -319,6 +319,11 @@ class Worker:
         self._running: dict[str, _Running] = {}
         self._shutdown = False
         self._loader = ModelLoader()
+        # Grammars compiled beside the decode loop: the jobs waiting for their matcher, and
+        # what was prepared for them (`_start`).
+        self._matchers = MatcherBuilder()
+        self._compiling: dict[str, GenerateJob] = {}
+        self._prepared: dict[str, _Prepared] = {}
         # Jobs waiting for their model to be verified and loaded, by model key.
         self._waiting: dict[tuple[Any, ...], list[GenerateJob | EmbedJob]] = {}
         # Embedding jobs' inputs, computed a chunk at a time between decode steps (`embedding`).
@@ -328,11 +333,6 @@ class Worker:
         # that finished took (reported with the next job started on the model), and the batch
         # size of each step not yet reported (sent with the next JobTokens).
         self._load_asked: dict[tuple[Any, ...], float] = {}
-        # Grammars compiled beside the decode loop: the jobs waiting for their matcher, and
-        # what was prepared for them (`_start`).
-        self._matchers = MatcherBuilder()
-        self._compiling: dict[str, GenerateJob] = {}
-        self._prepared: dict[str, _Prepared] = {}
         self._load_took: dict[tuple[Any, ...], float] = {}
         self._step_sizes: list[int] = []
         # Messages read at a checkpoint inside a step (`interrupt`), handled after it.
@@ -369,6 +369,8 @@ class Worker:
             )
             if self._loader.wake_fd in woken:
                 self._take_loads()
+            if self._matchers.wake_fd in woken:
+                self._take_matchers()
             ready = self._conn.poll(0)
             while ready:
                 self._handle(self._conn.recv())
@@ -378,8 +380,6 @@ class Worker:
         if self._parent_pid is not None and os.getppid() != self._parent_pid:
             raise _ParentGone
 
-            if self._matchers.wake_fd in woken:
-                self._take_matchers()
     def _handle(self, message: object) -> None:
         if isinstance(message, GenerateJob):
             self._coming.pop(message.job_id, None)
@@ -421,6 +421,12 @@ class Worker:
                     if isinstance(held, GenerateJob):
                         self._send(JobCancelled(held.job_id, _resumed_tokens(held)))
                     return
+        compiling = self._compiling.pop(job_id, None)
+        if compiling is not None:
+            self._prepared.pop(job_id, None)
+            self._matchers.forget(job_id)
+            self._send(JobCancelled(job_id, _resumed_tokens(compiling)))
+            return
         # Unknown id: the job already ended and its final message is on its way.
 
     def _abandon_requested(self) -> bool:
@@ -430,12 +436,6 @@ class Worker:
         try:
             while self._conn.poll(0):
                 self._inbox.append(self._conn.recv())
-        compiling = self._compiling.pop(job_id, None)
-        if compiling is not None:
-            self._prepared.pop(job_id, None)
-            self._matchers.forget(job_id)
-            self._send(JobCancelled(job_id, _resumed_tokens(compiling)))
-            return
         except (OSError, EOFError):
             return False  # the next `_pump` finds the parent gone
         cancelled = set()
@@ -652,7 +652,11 @@ class Worker:
             for held in jobs:
                 self._send(JobCancelled(held.job_id, _resumed_tokens(held)))
         self._waiting.clear()
+        for job in self._compiling.values():
+            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
+        self._compiling.clear()
         self._loader.close()
+        self._matchers.close()
 
     def _fits(self) -> bool:
         """Whether the next queued job's choices fit in the batch now (a job with more choices
@@ -661,11 +665,7 @@ class Worker:
             return False
         load = self._scheduler.load
         return load == 0 or load + max(1, self._queue[0].n) <= self._scheduler.max_batch_size
-        for job in self._compiling.values():
-            self._send(JobCancelled(job.job_id, _resumed_tokens(job)))
-        self._compiling.clear()
 
-        self._matchers.close()
     def _admit(self) -> None:
         while self._fits():
             job = self._queue.popleft()
@@ -770,16 +770,6 @@ class Worker:
         if grammar is not None and thinking is not None:
             # The grammar constrains the answer: the model thinks freely first (`reasoning`).
             grammar = after_thinking(grammar, thinking)
-        reused_before = self._scheduler.prompt_cache.stats().reused_bytes
-        try:
-            cached_tokens, updates = self._scheduler.add(
-                job, key, model, tokenizer, prompt_ids, prepared.grammar, thinking
-            )
-        except ConstraintError as exc:
-            raise JobError("grammar_invalid", str(exc)) from exc
-        points = job.resume_points()
-        self._running[job.job_id] = _Running(
-            job.job_id,
         return _Prepared(prompt_ids, thinking, call_format, calls, grammar)
 
     def _take_matchers(self) -> None:
@@ -809,6 +799,16 @@ class Worker:
 
         prompt_ids, thinking = prepared.prompt_ids, prepared.thinking
         call_format, calls = prepared.call_format, prepared.calls
+        reused_before = self._scheduler.prompt_cache.stats().reused_bytes
+        try:
+            cached_tokens, updates = self._scheduler.add(
+                job, key, model, tokenizer, prompt_ids, prepared.grammar, thinking
+            )
+        except ConstraintError as exc:
+            raise JobError("grammar_invalid", str(exc)) from exc
+        points = job.resume_points()
+        self._running[job.job_id] = _Running(
+            job.job_id,
             len(prompt_ids),
             [
                 _Outbox(

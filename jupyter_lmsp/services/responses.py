@@ -28,7 +28,7 @@ from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.quotas import Connection
 from ..store.tables import Model, Response, Task
-from . import generation, metrics
+from . import embeddings, generation, metrics
 from .admission import Plan
 from .context import ServiceContext
 from .conversation import conversation_of, input_messages_of, prompt_messages
@@ -122,10 +122,9 @@ class _Admitted:
 def _model_and_context(
     ctx: ServiceContext, spec: ResponseSpec, caller: Caller
 ) -> tuple[Model, list[dict[str, Any]]]:
-    return (
-        ctx.catalog.resolve(spec.model),
-        context_before(ctx, spec.previous_response_id, caller),
-    )
+    model = ctx.catalog.resolve(spec.model)
+    embeddings.refuse_chat(model)
+    return (model, context_before(ctx, spec.previous_response_id, caller))
 
 
 def _commit_response(
