@@ -3,10 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 PORT ?= 8888
-DEMO_MODEL := smollm2-135m-instruct
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
-.PHONY: install serve test test-fast lint format clean chromium postgresql labextension lint-ts types \
+.PHONY: install serve lab test test-fast lint format clean chromium postgresql labextension lint-ts types \
 	node-clients
 
 $(VENV)/.installed: pyproject.toml
@@ -20,10 +19,20 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# The server's token is the one kept in the data folder (jupyter_lmsp/auth/servertoken.py: made
+# once, 0600), so clients keep working across restarts; the demo model, once converted, is the
+# default model without a flag (services/catalog.py). `make lab`: the same in JupyterLab.
+SERVE_TOKEN = JUPYTER_TOKEN="$$($(PY) -m jupyter_lmsp.auth.servertoken)"
+ROOT_FLAG = $(if $(filter 0,$(shell id -u)),--allow-root)
+
 serve: install
 	$(PY) -m jupyter_lmsp.models.demo
-	$(VENV)/bin/jupyter server --no-browser --port=$(PORT) $(if $(filter 0,$(shell id -u)),--allow-root) \
-		--LMSPExtension.default_model=$(DEMO_MODEL)
+	@echo "token: $$($(PY) -m jupyter_lmsp.auth.servertoken) (kept in $$($(PY) -m jupyter_lmsp.auth.servertoken --path))"
+	$(SERVE_TOKEN) $(VENV)/bin/jupyter server --no-browser --port=$(PORT) $(ROOT_FLAG)
+
+lab: install
+	$(PY) -m jupyter_lmsp.models.demo
+	$(SERVE_TOKEN) $(VENV)/bin/jupyter lab --no-browser --port=$(PORT) $(ROOT_FLAG)
 
 # Style, the layers (import-linter contracts in pyproject.toml) and the types (mypy).
 lint: install

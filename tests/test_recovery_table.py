@@ -108,11 +108,18 @@ def _assert_recovered(db, tid, found, policy, before_events, before_task):
             # It went back to the queue: the log says so, with the state, in one commit.
             assert added and added[-1]["type"] == "response.queued"
             assert added[-1]["data"]["response"]["status"] == "queued"
+        # A run interrupted and taken up again counts as an attempt; one never started not.
+        assert row["attempts"] == before_task["attempts"] + (found != "queued")
     else:  # running + resume: still running, continuing from its snapshot
         assert (found, policy) == ("running", "resume")
         assert terminal == []
         assert added == []
-        assert row == before_task
+        # The same row, but for its count of attempts (and when that was written).
+        changed = {"attempts", "updated_at"}
+        assert {k: v for k, v in row.items() if k not in changed} == {
+            k: v for k, v in before_task.items() if k not in changed
+        }
+        assert row["attempts"] == before_task["attempts"] + 1 == 1
         snapshot = json.loads(row["snapshot"])
         assert snapshot["token_ids"] == OUTPUT_TOKENS
         assert snapshot["text"] == OUTPUT_TEXT
@@ -263,9 +270,25 @@ def test_second_start_up_changes_nothing(store):
     _mixed(store.db, per_cell=2)
     rules.recover_at_startup(store.restart())
     after_first = dump(store.db)
+    rows_first = {t[0]: task_row(store.db, t[0]) for t in after_first["tasks"]}
     report = rules.recover_at_startup(store.restart())
-    assert dump(store.db) == after_first
+    after_second = dump(store.db)
     assert all(c.events == [] for c in report.committed)
+    # Nothing changes but the resumed tasks' count of attempts: found running again, their run
+    # was interrupted again, and is taken up once more.
+    for task_id, first in rows_first.items():
+        second = task_row(store.db, task_id)
+        resumed = first["state"] == "running"
+        assert second["attempts"] == first["attempts"] + resumed
+        if resumed:
+            first, second = (
+                {k: v for k, v in r.items() if k not in ("attempts", "updated_at")}
+                for r in (first, second)
+            )
+        assert first == second
+    assert {k: v for k, v in after_second.items() if k != "tasks"} == {
+        k: v for k, v in after_first.items() if k != "tasks"
+    }
 
 
 # ---------------------------------------------------------------------------------------------

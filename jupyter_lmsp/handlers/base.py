@@ -485,6 +485,11 @@ class LMSPHandler(APIHandler):
                 await asyncio.sleep(0)
         except StreamClosedError:
             return False
+        except LMSPError as e:
+            # The server stops (SIGTERM) under an open stream: it ends, as when the server is
+            # gone; the client reconnects with Last-Event-ID. Nothing to log, no status to send.
+            if e.code != "server_shutting_down":
+                raise
         finally:
             metrics.sse_closed()
             await frames.aclose()

@@ -52,7 +52,7 @@ class ServiceHandler(LMSPHandler):
             name="jupyter-lmsp",
             version=ctx.version,
             capabilities=CAPABILITIES,
-            default_model=ctx.catalog.default_model,
+            default_model=ctx.catalog.default(),
             limits=Limits(
                 max_body_bytes=ctx.max_body_bytes,
                 max_output_tokens_default=ctx.max_output_tokens_default,

@@ -4,6 +4,10 @@ Rows live in the `models` table (metadata and digests only); the files stay in t
 directories. At start-up, MLX model directories found under the model folder that are not yet
 registered are registered in place (hashed once). Registering from another source is a task
 (`services.registration`).
+
+The default model (a request that names none) is the configured `default_model`; without one,
+the demo model when it is registered, else the model registered first: a service with models
+always has a default, with no flag to pass.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 
 from ..auth.scopes import OWNER, Caller
 from ..models import managed
+from ..models.demo import DEMO_MODEL_ID
 from ..models.digests import DEFAULT_MAX_BYTES, ModelFileError, file_digests, model_digest
 from ..protocol.errors import LMSPError, not_found
 from ..protocol.objects import model_object
@@ -50,11 +55,28 @@ class ModelCatalog:
         self._read_at = float("-inf")
 
     def _get(self, model_id: str) -> Model | None:
+        return self._cached().get(model_id)
+
+    def _cached(self) -> dict[str, Model]:
         now = time.monotonic()
         if now - self._read_at > self.CACHE_SECONDS:
             self._rows = {m.id: m for m in store.list_models(self.db)}
             self._read_at = now
-        return self._rows.get(model_id)
+        return self._rows
+
+    def default(self) -> str | None:
+        """The model a request that names none runs on: the configured `default_model`, else
+        the demo model when registered and usable, else the usable model registered first
+        (None when there is none)."""
+        if self.default_model:
+            return self.default_model
+        usable = [
+            m for m in self._cached().values() if self._state(m) not in ("missing", "corrupt")
+        ]
+        if any(m.id == DEMO_MODEL_ID for m in usable):
+            return DEMO_MODEL_ID
+        usable.sort(key=lambda m: (m.created_at, m.id))
+        return usable[0].id if usable else None
 
     def sync_model_dir(self) -> list[str]:
         """Register, in place, every MLX model directory under the model folder not yet known."""
@@ -124,12 +146,12 @@ class ModelCatalog:
 
     def resolve(self, model_id: str | None) -> Model:
         """The model to run for a request's `model` (the default when None)."""
-        wanted = model_id or self.default_model
+        wanted = model_id or self.default()
         if not wanted:
             raise LMSPError(
                 400,
                 "model_required",
-                "No model given and no default model is configured.",
+                "No model given, no default model is configured and no model is registered.",
                 param="model",
             )
         model = self._get(wanted)

@@ -18,6 +18,7 @@ from typing import ParamSpec, TypeVar
 
 from ..auth.ratelimit import RateLimiter
 from ..engine.blas import BlasSelection
+from ..protocol.errors import LMSPError
 from ..store.database import Database
 from .admission import Admission
 from .bus import EventBus
@@ -26,6 +27,7 @@ from .embeddings import Embedder
 from .registration import ModelRegistrar
 from .runner import TaskRunner
 from .sealing import Sealer
+from .webhook_delivery import WebhookDeliverer
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -68,6 +70,8 @@ class ServiceContext:
     sealer: Sealer | None = None
     # Embeddings waiting for the inference worker (`POST /embeddings`).
     embedder: Embedder | None = None
+    # Sends the webhook outbox (issue 38); woken when the owner asks for a redelivery.
+    webhooks: WebhookDeliverer | None = None
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(DB_THREADS, thread_name_prefix="lmsp-db")
     )
@@ -75,7 +79,18 @@ class ServiceContext:
     async def offload(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn(*args, **kwargs)` on a database thread, awaited from the loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        try:
+            future = loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        except RuntimeError as e:
+            # The executor is shut down: the server is stopping (SIGTERM) while a request came
+            # in or was still on its way; a 503, not a traceback.
+            raise LMSPError(
+                503,
+                "server_shutting_down",
+                "The server is shutting down; retry when it is back.",
+                type="server_error",
+            ) from e
+        return await future
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)

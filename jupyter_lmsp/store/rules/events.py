@@ -36,6 +36,8 @@ TASK_COLUMNS = (
     "updated_at",
     "finished_at",
     "runner_id",
+    # Runs interrupted and taken up again (recovery counts them).
+    "attempts",
 )
 # What appending output changes (the hot path: SQLAlchemy's work grows with the columns set,
 # ~5 µs per task and column, more than SQLite's own for the statement).

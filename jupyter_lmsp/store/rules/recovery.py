@@ -211,6 +211,10 @@ def _apply_table(
             if task.runner_id != adopter:
                 task.runner_id = adopter
                 adopted = True
+            if found_state in (TaskState.LOADING, TaskState.RUNNING):
+                # Its run was interrupted and it is taken up again (retried or resumed).
+                task.attempts += 1
+                adopted = True
         if target == found_state:
             if adopted:
                 changes.append((task, []))
