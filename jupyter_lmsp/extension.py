@@ -53,6 +53,7 @@ from .services.catalog import ModelCatalog
 from .services.context import ServiceContext
 from .services.embeddings import Embedder
 from .services.feed import EventFeed
+from .services.grammar_gate import GrammarGate
 from .services.lease import RunnerLease
 from .services.loopwatch import LoopWatch
 from .services.registration import ModelRegistrar
@@ -133,6 +134,11 @@ class LMSPExtension(ExtensionApp):
         0,
         help="Context window requests are held to (prompt and output together); 0: each "
         "model's own. A smaller one bounds the memory a single request can take.",
+    ).tag(config=True)
+    grammar_compile_seconds = Float(
+        5.0,
+        help="Seconds a request's grammar (JSON schema, tools) may take to compile with its "
+        "model's tokenizer at admission; longer is a 400 naming 'compile_seconds'.",
     ).tag(config=True)
     client_max_tasks = Integer(
         64, help="Unfinished tasks a paired client may have at once; more get 429."
@@ -377,6 +383,7 @@ class LMSPExtension(ExtensionApp):
             max_context_tokens=self.max_context_tokens,
             max_tasks=self.client_max_tasks,
             max_tokens=self.client_max_tokens,
+            grammars=GrammarGate(deadline=self.grammar_compile_seconds),
         )
         registrar = ModelRegistrar(
             self.db,

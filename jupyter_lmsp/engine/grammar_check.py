@@ -17,8 +17,10 @@ the worker loads them). Blocking calls: the services run them on threads of thei
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -137,6 +139,10 @@ class _Tokenizers:
 
 def _serve(conn: Connection) -> None:
     """The child's loop: a `CheckRequest` in, a `CheckResult` (or an error string) out."""
+    # Compiling is admission's work for one request: it yields the CPU to the inference
+    # worker and the server (2 CPUs here), so nobody's stream waits for it.
+    with contextlib.suppress(OSError):
+        os.nice(10)
     tokenizers = _Tokenizers()
     while True:
         try:
