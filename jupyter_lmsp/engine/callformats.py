@@ -58,7 +58,7 @@ import json
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .grammars import (
     CallFormat,
@@ -80,6 +80,9 @@ from .toolcalls import (
     ToolCallParser,
     _partial_suffix,
 )
+
+if TYPE_CHECKING:
+    from .harmony import HarmonyParser
 
 # The formats `toolcalls` handles itself (the generic shape).
 GENERIC_SHAPED = frozenset({"generic", "json_tools"})
@@ -541,8 +544,10 @@ def job_format(call_format: CallFormat, tools: ToolSpec | None) -> CallFormat:
     custom tools and the model's format has no place for them."""
     from .grammars import GENERIC
 
+    # (harmony's output is in channels whatever the format: its custom tools are refused at
+    # admission, `formatcheck`.)
     if (
-        call_format.name not in GENERIC_SHAPED
+        call_format.name not in (*GENERIC_SHAPED, "harmony")
         and tools is not None
         and tools.active
         and tools.callable_customs()
@@ -736,8 +741,14 @@ def make_parser(
     names: Collection[str] | None = None,
     customs: Collection[str] = (),
     tools: ToolSpec | None = None,
-) -> ToolCallParser | FormatParser:
+) -> ToolCallParser | FormatParser | HarmonyParser:
     """The streaming parser for a format named as `JobStarted.tool_format` names it."""
+    if tool_format == "harmony":
+        from .harmony import HarmonyParser
+
+        # A harmony model's output is parsed with or without tools: no tools, no call.
+        allowed = names if names is not None else [t.name for t in tools.tools] if tools else []
+        return HarmonyParser(allowed)
     family = FAMILIES.get(tool_format)
     if family is None:
         return ToolCallParser(CallFormat(tool_format), names, customs=customs)

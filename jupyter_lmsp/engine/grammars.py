@@ -344,6 +344,11 @@ def build_grammar(
     call_format: CallFormat = GENERIC,
 ) -> str | None:
     """The llguidance grammar for a job, or None when its output is unconstrained."""
+    if call_format.name == "harmony":
+        # gpt-oss: every answer is in a channel, calls or not (`harmony`).
+        from .harmony import harmony_grammar
+
+        return harmony_grammar(response_format, tools, call_format)
     calls = tools is not None and tools.active
     if not calls:
         if response_format is None:

@@ -2,7 +2,8 @@
 
 mlx-lm's `TokenizerWrapper` infers a model's thinking markers from its vocabulary (`<think>` /
 `</think>` and the other single-token pairs, or multi-token ones such as Gemma's
-`<|channel>thought` … `<channel|>`); `Thinking.of` takes them from there, and whether the
+`<|channel>thought` … `<channel|>`); `Thinking.of` takes them from there (and, for gpt-oss, whose
+thinking mlx-lm does not infer, its analysis channel: `engine.harmony`), and whether the
 prompt already opened the block (R1 distills' and Qwen3's templates end the generation prompt
 with the start marker): as mlx_lm.server decides, the last start marker of the prompt comes
 after its last end marker.
@@ -21,6 +22,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# gpt-oss's harmony markers (`engine.harmony`): a tokenizer with each as a token is a harmony
+# one, and its analysis channel is its thinking block.
+HARMONY_MARKERS = (
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|constrain|>",
+)
+HARMONY_THINKING = ("<|channel|>analysis<|message|>", "<|end|>")
+
 
 @dataclass(frozen=True)
 class Thinking:
@@ -37,14 +51,22 @@ class Thinking:
     def of(cls, tokenizer: Any, prompt_ids: Sequence[int]) -> Thinking | None:
         """The thinking of a model (mlx-lm's `TokenizerWrapper`) for a prompt; None for a model
         without thinking markers."""
-        if not getattr(tokenizer, "has_thinking", False):
-            return None
-        start_ids = tuple(tokenizer.think_start_tokens or ())
-        end_ids = tuple(tokenizer.think_end_tokens or ())
+        if getattr(tokenizer, "has_thinking", False):
+            start, end = tokenizer.think_start, tokenizer.think_end
+            start_ids = tuple(tokenizer.think_start_tokens or ())
+            end_ids = tuple(tokenizer.think_end_tokens or ())
+        else:
+            from .harmony import is_harmony
+
+            if not is_harmony(tokenizer):
+                return None
+            start, end = HARMONY_THINKING
+            start_ids = tuple(tokenizer.encode(start, add_special_tokens=False))
+            end_ids = tuple(tokenizer.encode(end, add_special_tokens=False))
         if not start_ids or not end_ids:
             return None
         opened = _rfind(prompt_ids, start_ids) > _rfind(prompt_ids, end_ids)
-        return cls(tokenizer.think_start, tokenizer.think_end, start_ids, end_ids, opened)
+        return cls(start, end, start_ids, end_ids, opened)
 
 
 def _rfind(ids: Sequence[int], marker: tuple[int, ...]) -> int:

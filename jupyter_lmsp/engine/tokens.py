@@ -23,7 +23,10 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from .grammars import GENERIC, ToolSpec
+from .callformats import FAMILIES, family_name
+from .formatcheck import check_in_format
+from .grammars import GENERIC, CallFormat, GrammarIssue, ToolSpec
+from .harmony import harmony_format, is_harmony
 from .reasoning import effort_args
 from .toolcalls import call_format_for, render
 from .worker import JobError, encode_chat
@@ -65,17 +68,18 @@ class PromptCounter:
         model cannot take raises its `EffortRefused`)."""
         tokenizer = self._tokenizer(key, Path(model_path))
         thinking_args = effort_args(tokenizer, effort)
-        call_format = GENERIC
-        if tools is not None and tools.active:
-            # The worker's choice (`worker.call_format_of`); whether the markers are special
-            # tokens matters to the grammar only, not to the prompt.
-            parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
-            call_format = call_format_for(parser, tools=tools)
+        call_format = _call_format(tokenizer, tools)
         rendered, template_args = render(messages, tools, call_format)
         try:
             return len(encode_chat(tokenizer, rendered, **template_args, **thinking_args))
         except JobError as e:
             raise PromptTooHard(e.message) from e
+
+    def tools_issue(self, key: str, model_path: str, tools: ToolSpec) -> GrammarIssue | None:
+        """Why `tools` cannot be compiled in the model's own call format (None if they can, or
+        the model has none: `formatcheck.check_in_format`)."""
+        tokenizer = self._tokenizer(key, Path(model_path))
+        return check_in_format(tools, _call_format(tokenizer, tools))
 
     def warm(self, key: str, model_path: str) -> None:
         """Load the model's tokenizer now (at start-up, so no request waits for it)."""
@@ -100,6 +104,20 @@ class PromptCounter:
             while len(self._tokenizers) > self._max:
                 self._tokenizers.popitem(last=False)
         return tokenizer
+
+
+def _call_format(tokenizer: Any, tools: ToolSpec | None) -> CallFormat:
+    """The worker's choice of call format (`worker.call_format_of`), markers as text: whether
+    they are special tokens matters to the grammar's tokens only, not to the prompt or to
+    which schemas compile."""
+    if is_harmony(tokenizer):
+        return harmony_format()
+    if tools is None or not tools.active:
+        return GENERIC
+    parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
+    if parser in FAMILIES:
+        parser = family_name(parser, getattr(tokenizer, "chat_template", None))
+    return call_format_for(parser, tools=tools)
 
 
 def context_window(model_path: str) -> int | None:

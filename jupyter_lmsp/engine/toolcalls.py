@@ -136,7 +136,13 @@ def render(
     """
     show = tools is not None and tools.active
     if call_format.name != GENERIC.name:
-        return _render_native(messages, tools if show else None)
+        rendered, extra = _render_native(messages, tools if show else None)
+        if call_format.name == "harmony":
+            # gpt-oss's template shows earlier thinking from `thinking` (`harmony`).
+            for message in rendered:
+                if message.get("reasoning_content"):
+                    message["thinking"] = message["reasoning_content"]
+        return rendered, extra
     return _render_generic(messages, tools if show else None, call_format), {}
 
 

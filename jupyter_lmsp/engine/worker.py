@@ -66,6 +66,7 @@ from jupyter_lmsp.engine.grammars import (
     ToolSpec,
     build_grammar,
 )
+from jupyter_lmsp.engine.harmony import HARMONY_MARKERS, harmony_format, is_harmony
 from jupyter_lmsp.engine.interrupt import Checkpoints, StepAbandoned, install_checkpoints
 from jupyter_lmsp.engine.loader import LoadResult, ModelLoader
 from jupyter_lmsp.engine.messages import (
@@ -179,6 +180,14 @@ def call_format_of(
     from jupyter_lmsp.engine.callformats import FAMILIES, family_name
     from jupyter_lmsp.engine.toolcalls import NATIVE_FORMATS, call_format_for
 
+    if is_harmony(tokenizer):
+        # gpt-oss (mlx-lm names no parser for it): its markers are its special tokens.
+        ids = []
+        for marker in HARMONY_MARKERS:
+            found = ll_tokenizer.tokenize_str(marker, parse_special=True)
+            if len(found) == 1 and ll_tokenizer.is_special_token(found[0]):
+                ids.append((marker, int(found[0])))
+        return harmony_format(tuple(ids))
     parser = (getattr(tokenizer, "init_kwargs", None) or {}).get("tool_parser_type")
     if parser in FAMILIES:
         parser = family_name(parser, getattr(tokenizer, "chat_template", None))
@@ -746,7 +755,8 @@ class Worker:
         from jupyter_lmsp.engine.toolcalls import render
 
         call_format = GENERIC
-        calls = job.tools is not None and job.tools.active
+        # A harmony model's output is in channels, calls or not: always parsed (`harmony`).
+        calls = (job.tools is not None and job.tools.active) or is_harmony(tokenizer)
         if calls:
             call_format = call_format_of(tokenizer, ll_tokenizer(key, model, tokenizer), job.tools)
         messages, template_args = render(job.messages, job.tools, call_format)

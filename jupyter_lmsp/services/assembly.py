@@ -6,7 +6,8 @@ log-probabilities, when asked for). A thinking model's text first goes through a
 the answer below. For a task without tools that text is its message's. With
 tools, it is the model's raw output in its call format, which `engine.toolcalls.
 ToolCallParser` (or, for another mlx-lm format, `engine.callformats.FormatParser`: the
-`tool_format` the worker reported picks it) splits, as it streams, into content and calls
+`tool_format` the worker reported picks it; for gpt-oss, `engine.harmony.HarmonyParser`, with
+or without tools) splits, as it streams, into content and calls
 (name, argument or custom input deltas, done);
 content before the first call loses its leading whitespace, so a choice that only calls
 functions has no message. A call the parser cannot read raises `ToolCallError`: the runner
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..engine.callformats import FormatParser, make_parser
 from ..engine.grammars import ToolSpec
+from ..engine.harmony import HarmonyEvent, HarmonyParser, ReasoningDelta
 from ..engine.messages import JobTokens, TokenLogprob
 from ..engine.thinking import Thinking, ThinkingSplitter
 from ..engine.toolcalls import (
@@ -54,7 +56,7 @@ class _Choice:
     def __init__(
         self,
         choice: int,
-        parser: ToolCallParser | FormatParser | None,
+        parser: ToolCallParser | FormatParser | HarmonyParser | None,
         splitter: ThinkingSplitter | None,
     ) -> None:
         self.choice = choice
@@ -99,7 +101,7 @@ class _Choice:
         pieces.append(ChoiceEnd(self.choice, finish_reason))
         return pieces
 
-    def _pieces(self, events: list[ParserEvent]) -> list[Piece]:
+    def _pieces(self, events: list[ParserEvent] | list[HarmonyEvent]) -> list[Piece]:
         pieces: list[Piece] = []
         for event in events:
             match event:
@@ -115,6 +117,9 @@ class _Choice:
                     pieces.append(CallArguments(self.choice, index, delta))
                 case CallDone(index=index, arguments=arguments):
                     pieces.append(CallEnd(self.choice, index, arguments))
+                case ReasoningDelta(text=text):
+                    # Thinking later in a harmony output (an analysis message after another).
+                    pieces.append(Reasoning(self.choice, text))
         return pieces
 
 

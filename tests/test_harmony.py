@@ -1,0 +1,339 @@
+"""gpt-oss's harmony format (issue 37, engine/harmony.py): the analysis channel as reasoning,
+commentary to `functions.NAME` as a call, final as the message.
+
+In process, with a harmony tokenizer made here (tests/harmonymodel.py): the parser gives the
+same events under any chunking, for the call forms gpt-oss and its template write, later
+analysis as reasoning, a preamble as text; an unknown recipient or arguments that are not an
+object fail loudly; the grammar lets the model open and close its analysis block freely, then
+takes only the declared call (or a final message in the response format's schema).
+
+End to end through one server with two scripted harmony models: one whose template opens the
+analysis block (thinking, then a call), one that answers in a final message straight away (its
+text JSON). Both APIs, streamed and not, forced by a grammar, structured output; a custom tool
+for a harmony model is a 400 that names it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from harmonymodel import (
+    ANSWER,
+    CALL_SCRIPT,
+    FINAL_SCRIPT,
+    OPENED,
+    THINKING,
+    make_harmony_model,
+)
+from scriptedmodel import CALL_ARGUMENTS, CALL_NAME
+from serverproc import MODEL, ServerProcess
+
+from jupyter_lmsp.engine.grammars import (
+    FunctionTool,
+    ResponseFormat,
+    ToolSpec,
+    build_grammar,
+)
+from jupyter_lmsp.engine.harmony import HarmonyParser, ReasoningDelta, harmony_format
+from jupyter_lmsp.engine.reasoning import after_thinking
+from jupyter_lmsp.engine.thinking import Thinking, ThinkingSplitter
+from jupyter_lmsp.engine.toolcalls import CallDone, ContentDelta, ToolCallError
+
+pytestmark = pytest.mark.timeout(300)
+
+FINAL_MODEL = "oss-final"
+AFTER = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+BEFORE = "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+TEXTS = {
+    # gpt-oss's own form after thinking, its template's form, a preamble then a call, a final
+    # answer with more thinking before it.
+    "after": "<|start|>assistant" + AFTER + '{"city": "Oslo", "days": 3}',
+    "before": BEFORE + '{"city": "Oslo"}<|call|>',
+    "preamble": "<|channel|>commentary<|message|>Let me look.<|end|>" + BEFORE + "{}",
+    "final": "<|channel|>final<|message|>It is <b>sunny</b>.<|return|>",
+    "analysis": "<|channel|>final<|message|>One.<|end|><|start|>assistant<|channel|>analysis"
+    "<|message|>hmm<|end|><|start|>assistant<|channel|>final<|message|>Two.",
+}
+
+
+def events_of(text: str, chunks: list[str] | None = None) -> list[Any]:
+    parser = HarmonyParser({"get_weather"})
+    out = []
+    for chunk in chunks if chunks is not None else [text]:
+        out += parser.feed(chunk)
+    return out + parser.finish()
+
+
+def summary(events: list[Any]) -> tuple[str, str, list[tuple[str, str]]]:
+    text = "".join(e.text for e in events if isinstance(e, ContentDelta))
+    thought = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    return text, thought, [(e.name, e.arguments) for e in events if isinstance(e, CallDone)]
+
+
+@pytest.mark.parametrize("name", sorted(TEXTS))
+def test_the_parser_reads_each_channel_under_any_chunking(name: str) -> None:
+    text = TEXTS[name]
+    whole = summary(events_of(text))
+    expected = {
+        "after": ("", "", [("get_weather", json.dumps({"city": "Oslo", "days": 3}))]),
+        "before": ("", "", [("get_weather", json.dumps({"city": "Oslo"}))]),
+        "preamble": ("Let me look.", "", [("get_weather", "{}")]),
+        "final": ("It is <b>sunny</b>.", "", []),
+        "analysis": ("One.Two.", "hmm", []),
+    }[name]
+    assert whole == expected
+    rng = random.Random(name)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 12)))
+        chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        assert summary(events_of(text, chunks)) == whole, chunks
+
+
+def test_a_call_it_cannot_take_fails_loudly() -> None:
+    with pytest.raises(ToolCallError, match="unknown tool"):
+        events_of("<|channel|>commentary to=browser.search <|constrain|>json<|message|>{}")
+    with pytest.raises(ToolCallError, match="unknown tool"):
+        events_of("<|channel|>commentary to=functions.nope <|constrain|>json<|message|>{}")
+    with pytest.raises(ToolCallError, match="not an object"):
+        events_of(AFTER + "[1, 2]")
+    with pytest.raises(ToolCallError, match="bad arguments"):
+        events_of(AFTER + "{oops")
+    # No tools: no call at all.
+    parser = HarmonyParser(())
+    with pytest.raises(ToolCallError):
+        parser.feed(AFTER + "{}<|call|>")
+
+
+@pytest.fixture(scope="module")
+def harmony_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from mlx_lm.utils import load_tokenizer
+
+    path = make_harmony_model(tmp_path_factory.mktemp("harmony-tok"), FINAL_SCRIPT)
+    config = json.loads((path / "config.json").read_text())
+    return load_tokenizer(path, eos_token_ids=config["eos_token_id"])
+
+
+def _accepts(tokenizer: Any, grammar: str, text: str) -> bool:
+    import llguidance
+    import llguidance.hf
+    import numpy as np
+
+    ll = llguidance.hf.from_tokenizer(
+        tokenizer._tokenizer, eos_token=sorted(tokenizer.eos_token_ids)
+    )
+    matcher = llguidance.LLMatcher(ll, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    eos = sorted(tokenizer.eos_token_ids)[0]
+    for token in [*tokenizer.encode(text, add_special_tokens=False), eos]:
+        mask = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32)
+        if not (int(mask[token // 32]) >> (token % 32)) & 1:
+            return False
+        if token != eos and not matcher.consume_token(token):
+            return False
+    return not matcher.is_error()
+
+
+def test_the_grammar_lets_it_think_then_takes_the_call(harmony_tokenizer: Any) -> None:
+    """The model opens its analysis block itself (gpt-oss's prompt ends with
+    `<|start|>assistant`), thinks freely, then must call in either form; the same text split
+    and parsed gives the thinking and the call."""
+    tokenizer = harmony_tokenizer
+    prompt = tokenizer.encode("<|start|>user<|message|>Hi<|end|><|start|>assistant")
+    thinking = Thinking.of(tokenizer, prompt)
+    assert thinking is not None and not thinking.open
+    ids = {}
+    for marker in ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>"):
+        [ids[marker]] = tokenizer.encode(marker, add_special_tokens=False)
+    fmt = harmony_format(tuple(ids.items()))
+    weather = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    }
+    spec = ToolSpec((FunctionTool("get_weather", None, weather, True),), "required")
+    grammar = after_thinking(build_grammar(None, spec, fmt) or "", thinking)
+    think = "<|channel|>analysis<|message|>Rain, maybe.<|end|>"
+    args = '{"city": "Oslo"}'
+    assert _accepts(tokenizer, grammar, think + "<|start|>assistant" + AFTER + args)
+    assert _accepts(tokenizer, grammar, think + BEFORE + args)
+    assert _accepts(tokenizer, grammar, AFTER + args)  # no thinking
+    assert not _accepts(
+        tokenizer, grammar, think + AFTER.replace("get_weather", "get_wether") + args
+    )
+    assert not _accepts(tokenizer, grammar, think + "<|start|>assistant" + AFTER + '{"town": "x"}')
+    assert not _accepts(
+        tokenizer, grammar, think + "<|start|>assistant<|channel|>final<|message|>hi"
+    )
+
+    # Structured output: a final message in the schema, after free thinking.
+    answer = ResponseFormat(
+        "json_schema", {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    )
+    grammar = after_thinking(build_grammar(answer, None, fmt) or "", thinking)
+    assert _accepts(
+        tokenizer, grammar, think + "<|start|>assistant<|channel|>final<|message|>" + ANSWER
+    )
+    assert not _accepts(tokenizer, grammar, "<|channel|>final<|message|>forty-two")
+
+    # What the model wrote, split and parsed as the server does.
+    text = think + "<|start|>assistant" + AFTER + args
+    splitter = ThinkingSplitter(thinking)
+    parser = HarmonyParser({"get_weather"})
+    reasoning, events = "", []
+    for i in range(0, len(text), 5):
+        for kind, part in splitter.feed(text[i : i + 5]):
+            if kind == "reasoning":
+                reasoning += part
+            else:
+                events += parser.feed(part)
+    for _kind, part in splitter.finish():
+        events += parser.feed(part)
+    events += parser.finish()
+    assert reasoning == "Rain, maybe."
+    assert summary(events) == ("", "", [("get_weather", args)])
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+SHELL = {
+    "type": "function",
+    "name": CALL_NAME,
+    "description": "Run a command",
+    "parameters": {
+        "type": "object",
+        "properties": {"cmd": {"type": "string"}},
+        "required": ["cmd"],
+    },
+}
+CHAT_SHELL = {"type": "function", "function": {k: v for k, v in SHELL.items() if k != "type"}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    data = tmp_path_factory.mktemp("harmony-server")
+    models = data / "models"
+    models.mkdir()
+    root = tmp_path_factory.mktemp("harmony-models")
+    (models / MODEL).symlink_to(make_harmony_model(root / "call", CALL_SCRIPT, OPENED))
+    (models / FINAL_MODEL).symlink_to(make_harmony_model(root / "final", FINAL_SCRIPT))
+    with ServerProcess(data).start() as srv:
+        yield srv
+
+
+def _sse(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    with http.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                out.append(json.loads(line[5:]))
+    return out
+
+
+def test_thinking_then_a_call_through_both_apis(server: ServerProcess) -> None:
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
+        body = {
+            "model": MODEL,
+            "input": "Run it.",
+            "tools": [SHELL],
+            "temperature": 0,
+            "max_output_tokens": 64,
+            "reasoning": {"effort": "high"},
+        }
+        for forced in (False, True):
+            asked = {**body, "tool_choice": "required"} if forced else body
+            r = http.post("/responses", json=asked)
+            assert r.status_code == 200, r.text
+            response = r.json()
+            assert response["status"] == "completed", json.dumps(response)[:3000]
+            assert [i["type"] for i in response["output"]] == ["reasoning", "function_call"]
+            reasoning, call = response["output"]
+            assert "".join(c["text"] for c in reasoning["content"]) == THINKING
+            assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, CALL_ARGUMENTS)
+            assert response["usage"]["output_tokens_details"]["reasoning_tokens"] >= 2
+            assert "<|" not in json.dumps(response["output"])
+
+        events = _sse(http, "/responses", body)
+        kinds = [e["type"] for e in events]
+        added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+        assert added == ["reasoning", "function_call"], kinds
+        assert kinds.index("response.reasoning_text.done") < kinds.index(
+            "response.function_call_arguments.done"
+        )
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        for event in events:
+            adapter.validate_python(event)
+
+        chat_body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Run it."}],
+            "tools": [CHAT_SHELL],
+            "temperature": 0,
+            "max_tokens": 64,
+            "reasoning_effort": "low",
+        }
+        chat = http.post("/chat/completions", json=chat_body)
+        assert chat.status_code == 200, chat.text
+        choice = chat.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["reasoning_content"] == THINKING
+        assert not choice["message"].get("content")
+        [tool_call] = choice["message"]["tool_calls"]
+        assert json.loads(tool_call["function"]["arguments"]) == CALL_ARGUMENTS
+        deltas = [c["choices"][0]["delta"] for c in _sse(http, "/chat/completions", chat_body)]
+        said = [i for i, d in enumerate(deltas) if d.get("reasoning_content")]
+        called = [i for i, d in enumerate(deltas) if d.get("tool_calls")]
+        assert said and called and max(said) < min(called), deltas
+
+
+def test_a_final_answer_and_structured_output(server: ServerProcess) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    fmt = {"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}}
+    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
+        base = {"model": FINAL_MODEL, "input": "Answer.", "temperature": 0, "max_output_tokens": 32}
+        for body in (base, {**base, "text": fmt}, {**base, "tools": [SHELL]}):
+            r = http.post("/responses", json=body)
+            assert r.status_code == 200, r.text
+            response = r.json()
+            assert response["status"] == "completed", response
+            assert [i["type"] for i in response["output"]] == ["message"], response
+            [part] = response["output"][0]["content"]
+            assert part["text"] == ANSWER, response
+        events = _sse(http, "/responses", base)
+        deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        assert "".join(deltas) == ANSWER
+        chat = http.post(
+            "/chat/completions",
+            json={
+                "model": FINAL_MODEL,
+                "messages": [{"role": "user", "content": "Answer."}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": schema, "strict": True},
+                },
+                "max_tokens": 32,
+            },
+        )
+        assert chat.status_code == 200, chat.text
+        message = chat.json()["choices"][0]["message"]
+        assert message["content"] == ANSWER and not message.get("reasoning_content")
+
+        # A custom tool has no place in harmony: refused, naming it.
+        custom = {"type": "custom", "name": "patch", "description": "A patch"}
+        r = http.post("/responses", json={**base, "tools": [custom]})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "tools[0].type" and "harmony" in error["message"], error
