@@ -13,7 +13,7 @@ is the token sequence in which a scripted model (tests/scriptedmodel.py) writes 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -181,12 +181,30 @@ def chat_template(family: str) -> str:
     return macro + "{%- set call_help = " + json.dumps(_HELP[family]) + " -%}" + _HEAD
 
 
+# The families whose quote is a token (gemma4's `<|"|>`, function_gemma's `<escape>`) write a
+# string value between two of them: a scripted model cannot repeat a token, so their scripted
+# call takes an integer (`COUNT_TOOL`).
+COUNT_PARAMETERS = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}},
+    "required": ["n"],
+}
+SHELL_PARAMETERS = {
+    "type": "object",
+    "properties": {"cmd": {"type": "string"}},
+    "required": ["cmd"],
+}
+
+
 @dataclass(frozen=True)
 class Script:
-    """A scripted first turn: the tokens (`tokens`, `special` among them) and their text."""
+    """A scripted first turn: the tokens (`tokens`, `special` among them) and their text; the
+    call's tool parameters and its arguments."""
 
     tokens: tuple[str, ...]
     special: tuple[str, ...]
+    parameters: dict[str, Any] = field(default_factory=lambda: SHELL_PARAMETERS)
+    arguments: dict[str, Any] = field(default_factory=lambda: dict(CALL_ARGUMENTS))
 
     @property
     def text(self) -> str:
@@ -228,7 +246,93 @@ def family_script(family: str) -> Script:
             ),
             SPECIAL["kimi_k2"],
         )
+    if family in ("glm47", "longcat"):
+        tag = "longcat_" if family == "longcat" else ""
+        markers = tuple(
+            f"<{end}{tag}{name}>"
+            for name, end in (
+                ("tool_call", ""),
+                ("arg_key", ""),
+                ("arg_key", "/"),
+                ("arg_value", ""),
+                ("arg_value", "/"),
+                ("tool_call", "/"),
+            )
+        )
+        start, key, key_end, value, value_end, end = markers
+        return Script((start, CALL_NAME, key, "cmd", key_end, value, cmd, value_end, end), markers)
+    if family == "minimax_m2":
+        return Script(
+            (
+                "<minimax:tool_call>",
+                f'\n<invoke name="{CALL_NAME}">\n<parameter name="cmd">',
+                cmd,
+                "</parameter>\n</invoke>\n",
+                "</minimax:tool_call>",
+            ),
+            SPECIAL["minimax_m2"],
+        )
+    if family == "minicpm5":
+        # (No token both begins with `<` and ends with `>`: llguidance would take it for a
+        # special token, which a grammar's text never matches.)
+        return Script(
+            (
+                "<function name=",
+                f'"{CALL_NAME}"><param name="cmd">',
+                cmd,
+                "</param></function",
+                ">",
+            ),
+            (),
+        )
+    if family == "muse_spark":
+        return Script(
+            (
+                "<atem:function_calls>",
+                f'<atem:invoke name="{CALL_NAME}"',
+                '><atem:parameter name="cmd">',
+                json.dumps(cmd),
+                "</atem:parameter></atem:invoke",
+                ">",
+                "</atem:function_calls>",
+            ),
+            SPECIAL["muse_spark"],
+        )
+    if family == "mistral_json":
+        return Script(
+            (
+                "[TOOL_CALLS]",
+                f' [{{"name": "{CALL_NAME}", "arguments": ',
+                json.dumps(CALL_ARGUMENTS),
+                "}]",
+            ),
+            SPECIAL["mistral_json"],
+        )
+    if family == "pythonic":
+        return Script(
+            (
+                "<|tool_call_start|>",
+                f"[{CALL_NAME}(cmd=",
+                json.dumps(cmd),
+                ")]",
+                "<|tool_call_end|>",
+            ),
+            SPECIAL["pythonic"],
+        )
+    if family in ("gemma4", "function_gemma"):
+        start, end = SPECIAL[family][:2]
+        return Script(
+            (start, f"call:{CALL_NAME}{{n:", "7", "}", end),
+            SPECIAL[family],
+            COUNT_PARAMETERS,
+            {"n": 7},
+        )
+    # kimi_k3 repeats its markers (`<|open|>`, `<|sep|>`) within one call: not scriptable here.
     raise KeyError(family)
+
+
+# The families a scripted model can write a call in (tests/test_family_reasoning.py).
+SCRIPTED = tuple(f for f in FAMILIES if f != "kimi_k3")
 
 
 def family_tokenizer(family: str, path: Path) -> Any:
