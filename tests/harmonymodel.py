@@ -81,6 +81,21 @@ def make_harmony_model(path: Path, script: tuple[str, ...], opening: str = "") -
     made = make_scripted_model(
         path, script=script, special=HARMONY_MARKERS, chat_template=chat_template(opening)
     )
+    return _gpt_oss_ends(made)
+
+
+def make_harmony_chain(path: Path, texts: tuple[str, ...], opening: str = "") -> Path:
+    """A chain model (tests/chainmodel.py: up to 31 distinct texts, whatever the prompt) in
+    gpt-oss's shape, its output `texts`."""
+    from chainmodel import make_chain_model
+
+    made = make_chain_model(
+        path, texts, template=chat_template(opening), extra_tokens=HARMONY_MARKERS
+    )
+    return _gpt_oss_ends(made)
+
+
+def _gpt_oss_ends(made: Path) -> Path:
     tokenizer = json.loads((made / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
     # gpt-oss's end-of-sequence tokens, as its generation config lists them.

@@ -5,11 +5,14 @@ within a call): a response with thinking and a tool call comes out as a `reasoni
 the events in order (every streamed Responses event validated with the openai SDK), and forced
 by a grammar in the family's syntax after free thinking. One server serves a model per family.
 
+The same server serves two gpt-oss-shaped models (tests/harmonymodel.py): thinking in the
+analysis channel then a call to `functions.NAME`, and a final answer (in a schema when asked).
+
 Then, on that server: a tool whose schema compiles in the generic grammar but not in the
 family's (a `$ref` from one parameter to another, compiled alone there) is a 400 at admission
 naming the parameter, in both APIs. And a thinking-then-call response killed (kill -9) in its
-thinking and resumed ends as an uninterrupted run: the same reasoning, call and token counts,
-every event once.
+thinking and resumed ends as an uninterrupted run (the same reasoning, call and token counts,
+every event once), for mistral and for harmony.
 """
 
 from __future__ import annotations
@@ -23,6 +26,17 @@ import httpx
 import pytest
 from chainmodel import make_chain_model
 from familymodels import SCRIPTED, chat_template, family_script
+from harmonymodel import (
+    ANSWER,
+    CALL_SCRIPT,
+    FINAL_SCRIPT,
+    OPENED,
+    make_harmony_chain,
+    make_harmony_model,
+)
+from harmonymodel import (
+    THINKING as HARMONY_THINKING,
+)
 from scriptedmodel import CALL_ARGUMENTS, CALL_NAME, make_scripted_model
 from serverproc import ServerProcess
 
@@ -30,6 +44,8 @@ pytestmark = pytest.mark.timeout(600)
 
 # (tests/scriptedmodel.py takes at most 13 distinct tokens: glm47's call is 9 of them.)
 THINKING = ("I should", " run it")
+# The two harmony models the server serves beside the families' (tests/harmonymodel.py).
+HARMONY_MODEL, FINAL_MODEL = "gpt-oss", "gpt-oss-final"
 
 
 def _tool(family: str) -> dict[str, Any]:
@@ -55,6 +71,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
             chat_template=chat_template(family),
         )
         (data / "models" / family).symlink_to(model_dir)
+    harmony = make_harmony_model(root / "gpt-oss", CALL_SCRIPT, OPENED)
+    (data / "models" / HARMONY_MODEL).symlink_to(harmony)
+    (data / "models" / FINAL_MODEL).symlink_to(make_harmony_model(root / "final", FINAL_SCRIPT))
     with ServerProcess(data, default_model=SCRIPTED[0]).start() as srv:
         yield srv
 
@@ -180,61 +199,190 @@ def test_a_schema_the_family_grammar_cannot_take_is_a_400(server: ServerProcess)
         assert r.status_code == 200, r.text
 
 
+# --- gpt-oss's harmony (engine/harmony.py) -------------------------------------------------
+
+SHELL = _tool("mistral")
+CHAT_SHELL = {"type": "function", "function": {k: v for k, v in SHELL.items() if k != "type"}}
+
+
+def test_harmony_thinking_then_a_call_through_both_apis(server: ServerProcess) -> None:
+    """gpt-oss's shape: the template opens the analysis block; the model thinks, then calls
+    `functions.exec_command` in a commentary message (tests/harmonymodel.py)."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
+        body = {
+            "model": HARMONY_MODEL,
+            "input": "Run it.",
+            "tools": [SHELL],
+            "temperature": 0,
+            "max_output_tokens": 64,
+            "reasoning": {"effort": "high"},
+        }
+        for forced in (False, True):
+            asked = {**body, "tool_choice": "required"} if forced else body
+            r = http.post("/responses", json=asked)
+            assert r.status_code == 200, r.text
+            response = r.json()
+            assert response["status"] == "completed", json.dumps(response)[:3000]
+            assert [i["type"] for i in response["output"]] == ["reasoning", "function_call"]
+            reasoning, call = response["output"]
+            assert "".join(c["text"] for c in reasoning["content"]) == HARMONY_THINKING
+            assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, CALL_ARGUMENTS)
+            assert response["usage"]["output_tokens_details"]["reasoning_tokens"] >= 2
+            assert "<|" not in json.dumps(response["output"])
+
+        events = _sse(http, "/responses", body)
+        kinds = [e["type"] for e in events]
+        added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+        assert added == ["reasoning", "function_call"], kinds
+        assert kinds.index("response.reasoning_text.done") < kinds.index(
+            "response.function_call_arguments.done"
+        )
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        for event in events:
+            adapter.validate_python(event)
+
+        chat_body = {
+            "model": HARMONY_MODEL,
+            "messages": [{"role": "user", "content": "Run it."}],
+            "tools": [CHAT_SHELL],
+            "temperature": 0,
+            "max_tokens": 64,
+            "reasoning_effort": "low",
+        }
+        chat = http.post("/chat/completions", json=chat_body)
+        assert chat.status_code == 200, chat.text
+        choice = chat.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        assert choice["message"]["reasoning_content"] == HARMONY_THINKING
+        assert not choice["message"].get("content")
+        [tool_call] = choice["message"]["tool_calls"]
+        assert json.loads(tool_call["function"]["arguments"]) == CALL_ARGUMENTS
+        deltas = [c["choices"][0]["delta"] for c in _sse(http, "/chat/completions", chat_body)]
+        said = [i for i, d in enumerate(deltas) if d.get("reasoning_content")]
+        called = [i for i, d in enumerate(deltas) if d.get("tool_calls")]
+        assert said and called and max(said) < min(called), deltas
+
+
+def test_harmony_final_answer_and_structured_output(server: ServerProcess) -> None:
+    """A harmony model that answers in a final message straight away: the message's text
+    only (no markers, no reasoning), in the schema when one is asked for."""
+    schema = {
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}},
+        "required": ["answer"],
+        "additionalProperties": False,
+    }
+    fmt = {"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}}
+    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
+        base = {"model": FINAL_MODEL, "input": "Answer.", "temperature": 0, "max_output_tokens": 32}
+        for body in (base, {**base, "text": fmt}, {**base, "tools": [SHELL]}):
+            r = http.post("/responses", json=body)
+            assert r.status_code == 200, r.text
+            response = r.json()
+            assert response["status"] == "completed", response
+            assert [i["type"] for i in response["output"]] == ["message"], response
+            [part] = response["output"][0]["content"]
+            assert part["text"] == ANSWER, response
+        events = _sse(http, "/responses", base)
+        deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+        assert "".join(deltas) == ANSWER
+        chat = http.post(
+            "/chat/completions",
+            json={
+                "model": FINAL_MODEL,
+                "messages": [{"role": "user", "content": "Answer."}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": schema, "strict": True},
+                },
+                "max_tokens": 32,
+            },
+        )
+        assert chat.status_code == 200, chat.text
+        message = chat.json()["choices"][0]["message"]
+        assert message["content"] == ANSWER and not message.get("reasoning_content")
+
+        # A custom tool has no place in harmony: refused, naming it.
+        custom = {"type": "custom", "name": "patch", "description": "A patch"}
+        r = http.post("/responses", json={**base, "tools": [custom]})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["param"] == "tools[0].type" and "harmony" in error["message"], error
+
+
 # --- kill -9 and resume ----------------------------------------------------------------------
 
-# A chain model (tests/chainmodel.py: distinct texts, up to 31) thinks in 20 tokens, then calls
-# in mistral's format.
+# Chain models (tests/chainmodel.py: distinct texts, up to 31, whatever the prompt) think in 20
+# tokens, then call: in mistral's format, and in harmony's (its template opens the analysis
+# block, so the thinking needs no start marker).
 WORDS = tuple(f" w{i}" for i in range(20))
-CHAIN = (
-    "<think>",
-    *WORDS,
-    "</think>",
-    "[TOOL_CALLS]",
-    CALL_NAME,
-    "[ARGS]",
-    json.dumps(CALL_ARGUMENTS),
-)
+CHAINS = {
+    "mistral": (
+        "<think>",
+        *WORDS,
+        "</think>",
+        "[TOOL_CALLS]",
+        CALL_NAME,
+        "[ARGS]",
+        json.dumps(CALL_ARGUMENTS),
+    ),
+    HARMONY_MODEL: (*WORDS, *CALL_SCRIPT[1:]),
+}
+# The reasoning tokens each counts: the block's markers are counted (harmony's start marker is
+# the prompt's).
+REASONING_TOKENS = {"mistral": len(WORDS) + 2, HARMONY_MODEL: len(WORDS) + 1}
 
 
 @pytest.mark.slow
 def test_thinking_then_a_call_resumed_after_kill(tmp_path: Path) -> None:
+    """Each model's response killed (kill -9) in its thinking, resumed by the next server."""
     from test_crash_recovery import SLOW, TERMINAL, check_log, create, read_sse, wait_for
 
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
-    model = make_chain_model(tmp_path / "model", CHAIN, template=chat_template("mistral"))
-    (data / "models" / "mistral").symlink_to(model)
-    request: dict[str, Any] = {
-        "model": "mistral",
-        "temperature": 0,
-        "on_restart": "resume",
-        "tools": [_tool("mistral")],
-        "max_output_tokens": 64,
-    }
-    server = ServerProcess(data, default_model="mistral", **SLOW).start()
-    with server.client() as c:
-        resp = create(c, **request)
+    mistral = make_chain_model(tmp_path / "m", CHAINS["mistral"], template=chat_template("mistral"))
+    (data / "models" / "mistral").symlink_to(mistral)
+    harmony = make_harmony_chain(tmp_path / "h", CHAINS[HARMONY_MODEL], OPENED)
+    (data / "models" / HARMONY_MODEL).symlink_to(harmony)
 
-        def thinking(task: dict[str, Any], log: list[dict[str, Any]]) -> bool:
-            deltas = [e for e in log if e["type"] == "response.reasoning_text.delta"]
-            return len("".join(e["delta"] for e in deltas)) >= 12
+    def thinking(task: dict[str, Any], log: list[dict[str, Any]]) -> bool:
+        deltas = [e for e in log if e["type"] == "response.reasoning_text.delta"]
+        return len("".join(e["delta"] for e in deltas)) >= 12
 
-        _, seen = wait_for(c, resp["task_id"], thinking)
-    server.kill()
-    assert not any(e["type"] in TERMINAL for e in seen), "it finished before the kill"
-    assert not any(e["type"] == "response.function_call_arguments.done" for e in seen)
-    with ServerProcess(data, default_model="mistral").start() as server2:
-        rest = read_sse(server2, f"/tasks/{resp['task_id']}/events", seen[-1]["sequence_number"])
-    log = seen + rest
-    final = check_log(log)["response"]
-    assert final["status"] == "completed", final
-    assert [i["type"] for i in final["output"]] == ["reasoning", "function_call"], final
-    reasoning, call = final["output"]
-    assert "".join(c["text"] for c in reasoning["content"]) == "".join(WORDS)
-    assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, CALL_ARGUMENTS)
-    # Every delta once: the streamed thinking across the kill is the whole thinking.
-    deltas = [e["delta"] for e in log if e["type"] == "response.reasoning_text.delta"]
-    assert "".join(deltas) == "".join(WORDS)
-    usage = final["usage"]
-    assert usage["output_tokens"] == len(CHAIN), usage
-    assert usage["output_tokens_details"]["reasoning_tokens"] == len(WORDS) + 2, usage
+    server = ServerProcess(data, default_model="mistral", name="0", **SLOW).start()
+    for n, model in enumerate(CHAINS, start=1):
+        request: dict[str, Any] = {
+            "model": model,
+            "temperature": 0,
+            "on_restart": "resume",
+            "tools": [_tool("mistral")],
+            "max_output_tokens": 64,
+        }
+        with server.client() as c:
+            resp = create(c, **request)
+            _, seen = wait_for(c, resp["task_id"], thinking)
+        server.kill()
+        assert not any(e["type"] in TERMINAL for e in seen), "it finished before the kill"
+        assert not any(e["type"] == "response.function_call_arguments.done" for e in seen)
+        server = ServerProcess(data, default_model="mistral", name=str(n), **SLOW).start()
+        rest = read_sse(server, f"/tasks/{resp['task_id']}/events", seen[-1]["sequence_number"])
+        log = seen + rest
+        final = check_log(log)["response"]
+        assert final["status"] == "completed", final
+        assert [i["type"] for i in final["output"]] == ["reasoning", "function_call"], final
+        reasoning, call = final["output"]
+        assert "".join(c["text"] for c in reasoning["content"]).strip() == "".join(WORDS).strip()
+        assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, CALL_ARGUMENTS)
+        # Every delta once: the streamed thinking across the kill is the whole thinking.
+        deltas = [e["delta"] for e in log if e["type"] == "response.reasoning_text.delta"]
+        assert "".join(deltas).strip() == "".join(WORDS).strip()
+        usage = final["usage"]
+        # (harmony's last token, `<|call|>`, is an end-of-sequence token: not counted.)
+        ends = 1 if model == HARMONY_MODEL else 0
+        assert usage["output_tokens"] == len(CHAINS[model]) - ends, usage
+        details = usage["output_tokens_details"]
+        assert details["reasoning_tokens"] == REASONING_TOKENS[model], usage
+    server.stop()

@@ -7,31 +7,22 @@ analysis as reasoning, a preamble as text; an unknown recipient or arguments tha
 object fail loudly; the grammar lets the model open and close its analysis block freely, then
 takes only the declared call (or a final message in the response format's schema).
 
-End to end through one server with two scripted harmony models: one whose template opens the
-analysis block (thinking, then a call), one that answers in a final message straight away (its
-text JSON). Both APIs, streamed and not, forced by a grammar, structured output; a custom tool
-for a harmony model is a 400 that names it.
+End to end (two scripted harmony models on the families' shared server, and kill -9 and
+resume): tests/test_family_reasoning.py.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from harmonymodel import (
     ANSWER,
-    CALL_SCRIPT,
     FINAL_SCRIPT,
-    OPENED,
-    THINKING,
     make_harmony_model,
 )
-from scriptedmodel import CALL_ARGUMENTS, CALL_NAME
-from serverproc import MODEL, ServerProcess
 
 from jupyter_lmsp.engine.grammars import (
     FunctionTool,
@@ -196,144 +187,3 @@ def test_the_grammar_lets_it_think_then_takes_the_call(harmony_tokenizer: Any) -
     events += parser.finish()
     assert reasoning == "Rain, maybe."
     assert summary(events) == ("", "", [("get_weather", args)])
-
-
-# --- end to end ------------------------------------------------------------------------------
-
-SHELL = {
-    "type": "function",
-    "name": CALL_NAME,
-    "description": "Run a command",
-    "parameters": {
-        "type": "object",
-        "properties": {"cmd": {"type": "string"}},
-        "required": ["cmd"],
-    },
-}
-CHAT_SHELL = {"type": "function", "function": {k: v for k, v in SHELL.items() if k != "type"}}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    data = tmp_path_factory.mktemp("harmony-server")
-    models = data / "models"
-    models.mkdir()
-    root = tmp_path_factory.mktemp("harmony-models")
-    (models / MODEL).symlink_to(make_harmony_model(root / "call", CALL_SCRIPT, OPENED))
-    (models / FINAL_MODEL).symlink_to(make_harmony_model(root / "final", FINAL_SCRIPT))
-    with ServerProcess(data).start() as srv:
-        yield srv
-
-
-def _sse(http: httpx.Client, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    out = []
-    with http.stream("POST", path, json={**body, "stream": True}) as r:
-        assert r.status_code == 200, r.read()
-        for line in r.iter_lines():
-            if line.startswith("data:") and line[5:].strip() != "[DONE]":
-                out.append(json.loads(line[5:]))
-    return out
-
-
-def test_thinking_then_a_call_through_both_apis(server: ServerProcess) -> None:
-    from openai.types.responses import ResponseStreamEvent
-    from pydantic import TypeAdapter
-
-    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
-        body = {
-            "model": MODEL,
-            "input": "Run it.",
-            "tools": [SHELL],
-            "temperature": 0,
-            "max_output_tokens": 64,
-            "reasoning": {"effort": "high"},
-        }
-        for forced in (False, True):
-            asked = {**body, "tool_choice": "required"} if forced else body
-            r = http.post("/responses", json=asked)
-            assert r.status_code == 200, r.text
-            response = r.json()
-            assert response["status"] == "completed", json.dumps(response)[:3000]
-            assert [i["type"] for i in response["output"]] == ["reasoning", "function_call"]
-            reasoning, call = response["output"]
-            assert "".join(c["text"] for c in reasoning["content"]) == THINKING
-            assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, CALL_ARGUMENTS)
-            assert response["usage"]["output_tokens_details"]["reasoning_tokens"] >= 2
-            assert "<|" not in json.dumps(response["output"])
-
-        events = _sse(http, "/responses", body)
-        kinds = [e["type"] for e in events]
-        added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
-        assert added == ["reasoning", "function_call"], kinds
-        assert kinds.index("response.reasoning_text.done") < kinds.index(
-            "response.function_call_arguments.done"
-        )
-        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
-        for event in events:
-            adapter.validate_python(event)
-
-        chat_body = {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Run it."}],
-            "tools": [CHAT_SHELL],
-            "temperature": 0,
-            "max_tokens": 64,
-            "reasoning_effort": "low",
-        }
-        chat = http.post("/chat/completions", json=chat_body)
-        assert chat.status_code == 200, chat.text
-        choice = chat.json()["choices"][0]
-        assert choice["finish_reason"] == "tool_calls", choice
-        assert choice["message"]["reasoning_content"] == THINKING
-        assert not choice["message"].get("content")
-        [tool_call] = choice["message"]["tool_calls"]
-        assert json.loads(tool_call["function"]["arguments"]) == CALL_ARGUMENTS
-        deltas = [c["choices"][0]["delta"] for c in _sse(http, "/chat/completions", chat_body)]
-        said = [i for i, d in enumerate(deltas) if d.get("reasoning_content")]
-        called = [i for i, d in enumerate(deltas) if d.get("tool_calls")]
-        assert said and called and max(said) < min(called), deltas
-
-
-def test_a_final_answer_and_structured_output(server: ServerProcess) -> None:
-    schema = {
-        "type": "object",
-        "properties": {"answer": {"type": "integer"}},
-        "required": ["answer"],
-        "additionalProperties": False,
-    }
-    fmt = {"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}}
-    with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
-        base = {"model": FINAL_MODEL, "input": "Answer.", "temperature": 0, "max_output_tokens": 32}
-        for body in (base, {**base, "text": fmt}, {**base, "tools": [SHELL]}):
-            r = http.post("/responses", json=body)
-            assert r.status_code == 200, r.text
-            response = r.json()
-            assert response["status"] == "completed", response
-            assert [i["type"] for i in response["output"]] == ["message"], response
-            [part] = response["output"][0]["content"]
-            assert part["text"] == ANSWER, response
-        events = _sse(http, "/responses", base)
-        deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
-        assert "".join(deltas) == ANSWER
-        chat = http.post(
-            "/chat/completions",
-            json={
-                "model": FINAL_MODEL,
-                "messages": [{"role": "user", "content": "Answer."}],
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "a", "schema": schema, "strict": True},
-                },
-                "max_tokens": 32,
-            },
-        )
-        assert chat.status_code == 200, chat.text
-        message = chat.json()["choices"][0]["message"]
-        assert message["content"] == ANSWER and not message.get("reasoning_content")
-
-        # A custom tool has no place in harmony: refused, naming it.
-        custom = {"type": "custom", "name": "patch", "description": "A patch"}
-        r = http.post("/responses", json={**base, "tools": [custom]})
-        assert r.status_code == 400, r.text
-        error = r.json()["error"]
-        assert error["param"] == "tools[0].type" and "harmony" in error["message"], error
