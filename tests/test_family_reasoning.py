@@ -315,74 +315,99 @@ def test_harmony_final_answer_and_structured_output(server: ServerProcess) -> No
 
 # --- kill -9 and resume ----------------------------------------------------------------------
 
-# Chain models (tests/chainmodel.py: distinct texts, up to 31, whatever the prompt) think in 20
-# tokens, then call: in mistral's format, and in harmony's (its template opens the analysis
-# block, so the thinking needs no start marker).
-WORDS = tuple(f" w{i}" for i in range(20))
+# Chain models (tests/chainmodel.py: distinct texts, up to 31, whatever the prompt) think in 16
+# tokens, then call in their family's format (harmony: its template opens the analysis block,
+# so the thinking needs no start marker). Two at a time: a worker keeps two models loaded.
+WORDS = tuple(f" w{i}" for i in range(16))
+ROUNDS = (("mistral", HARMONY_MODEL), ("glm47", "minimax_m2"))
 CHAINS = {
-    "mistral": (
-        "<think>",
-        *WORDS,
-        "</think>",
-        "[TOOL_CALLS]",
-        CALL_NAME,
-        "[ARGS]",
-        json.dumps(CALL_ARGUMENTS),
-    ),
+    **{
+        family: ("<think>", *WORDS, "</think>", *family_script(family).tokens)
+        for family in (f for pair in ROUNDS for f in pair if f != HARMONY_MODEL)
+    },
     HARMONY_MODEL: (*WORDS, *CALL_SCRIPT[1:]),
 }
-# The reasoning tokens each counts: the block's markers are counted (harmony's start marker is
-# the prompt's).
-REASONING_TOKENS = {"mistral": len(WORDS) + 2, HARMONY_MODEL: len(WORDS) + 1}
 
 
 @pytest.mark.slow
 def test_thinking_then_a_call_resumed_after_kill(tmp_path: Path) -> None:
-    """Each model's response killed (kill -9) in its thinking, resumed by the next server."""
+    """Responses killed (kill -9) in their thinking and resumed by the next server: each ends
+    as an uninterrupted run would."""
     from test_crash_recovery import SLOW, TERMINAL, check_log, create, read_sse, wait_for
 
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
-    mistral = make_chain_model(tmp_path / "m", CHAINS["mistral"], template=chat_template("mistral"))
-    (data / "models" / "mistral").symlink_to(mistral)
-    harmony = make_harmony_chain(tmp_path / "h", CHAINS[HARMONY_MODEL], OPENED)
-    (data / "models" / HARMONY_MODEL).symlink_to(harmony)
+    for model, texts in CHAINS.items():
+        if model == HARMONY_MODEL:
+            made = make_harmony_chain(tmp_path / model, texts, OPENED)
+        else:
+            made = make_chain_model(tmp_path / model, texts, template=chat_template(model))
+        (data / "models" / model).symlink_to(made)
 
     def thinking(task: dict[str, Any], log: list[dict[str, Any]]) -> bool:
         deltas = [e for e in log if e["type"] == "response.reasoning_text.delta"]
         return len("".join(e["delta"] for e in deltas)) >= 12
 
-    server = ServerProcess(data, default_model="mistral", name="0", **SLOW).start()
-    for n, model in enumerate(CHAINS, start=1):
-        request: dict[str, Any] = {
-            "model": model,
-            "temperature": 0,
-            "on_restart": "resume",
-            "tools": [_tool("mistral")],
-            "max_output_tokens": 64,
-        }
+    # Slow enough that both of a round are in their thinking at the kill (the second model's
+    # load and first step must not outlast the first's whole run).
+    slow: dict[str, Any] = {**SLOW, "engine_token_delay": 0.15}
+    server = ServerProcess(data, default_model="mistral", name="0", **slow).start()
+    for n, pair in enumerate(ROUNDS, start=1):
+        tasks, seen = {}, {}
         with server.client() as c:
-            resp = create(c, **request)
-            _, seen = wait_for(c, resp["task_id"], thinking)
+            for model in pair:
+                # Loaded first: a response that waited for its model could start too late.
+                warm = {"model": model, "input": "Hi", "max_output_tokens": 1}
+                assert c.post("/responses", json=warm).status_code == 200
+            for model in pair:
+                family = "mistral" if model == HARMONY_MODEL else model
+                tasks[model] = create(
+                    c,
+                    model=model,
+                    temperature=0,
+                    on_restart="resume",
+                    tools=[_tool(family)],
+                    max_output_tokens=64,
+                )["task_id"]
+            for model, task_id in tasks.items():
+                seen[model] = wait_for(c, task_id, thinking)[1]
         server.kill()
-        assert not any(e["type"] in TERMINAL for e in seen), "it finished before the kill"
-        assert not any(e["type"] == "response.function_call_arguments.done" for e in seen)
-        server = ServerProcess(data, default_model="mistral", name=str(n), **SLOW).start()
-        rest = read_sse(server, f"/tasks/{resp['task_id']}/events", seen[-1]["sequence_number"])
-        log = seen + rest
-        final = check_log(log)["response"]
-        assert final["status"] == "completed", final
-        assert [i["type"] for i in final["output"]] == ["reasoning", "function_call"], final
-        reasoning, call = final["output"]
-        assert "".join(c["text"] for c in reasoning["content"]).strip() == "".join(WORDS).strip()
-        assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, CALL_ARGUMENTS)
-        # Every delta once: the streamed thinking across the kill is the whole thinking.
-        deltas = [e["delta"] for e in log if e["type"] == "response.reasoning_text.delta"]
-        assert "".join(deltas).strip() == "".join(WORDS).strip()
-        usage = final["usage"]
-        # (harmony's last token, `<|call|>`, is an end-of-sequence token: not counted.)
-        ends = 1 if model == HARMONY_MODEL else 0
-        assert usage["output_tokens"] == len(CHAINS[model]) - ends, usage
-        details = usage["output_tokens_details"]
-        assert details["reasoning_tokens"] == REASONING_TOKENS[model], usage
+        # (The last server only finishes what was killed: at full speed.)
+        traits: dict[str, Any] = slow if n < len(ROUNDS) else {}
+        server = ServerProcess(data, default_model="mistral", name=str(n), **traits).start()
+        for model, task_id in tasks.items():
+            _check_resumed(server, model, task_id, seen[model], TERMINAL, check_log, read_sse)
     server.stop()
+
+
+def _check_resumed(
+    server: ServerProcess,
+    model: str,
+    task_id: str,
+    before: list[dict[str, Any]],
+    terminal: set[str],
+    check_log: Any,
+    read_sse: Any,
+) -> None:
+    assert not any(e["type"] in terminal for e in before), f"{model} ended before the kill"
+    rest = read_sse(server, f"/tasks/{task_id}/events", before[-1]["sequence_number"])
+    log = before + rest
+    final = check_log(log)["response"]
+    assert final["status"] == "completed", (model, final)
+    assert [i["type"] for i in final["output"]] == ["reasoning", "function_call"], (model, final)
+    reasoning, call = final["output"]
+    thought = "".join(c["text"] for c in reasoning["content"])
+    assert thought.strip() == "".join(WORDS).strip(), model
+    arguments = CALL_ARGUMENTS if model == HARMONY_MODEL else family_script(model).arguments
+    assert (call["name"], json.loads(call["arguments"])) == (CALL_NAME, arguments), model
+    # Every delta once: the streamed thinking across the kill is the whole thinking.
+    deltas = [e["delta"] for e in log if e["type"] == "response.reasoning_text.delta"]
+    assert "".join(deltas) == thought, model
+    # As many tokens as the chain (harmony's last, `<|call|>`, ends the output: an
+    # end-of-sequence token is not counted), its thinking markers counted as reasoning
+    # (harmony's start marker is the prompt's).
+    usage = final["usage"]
+    harmony = model == HARMONY_MODEL
+    assert usage["output_tokens"] == len(CHAINS[model]) - harmony, (model, usage)
+    reasoning_tokens = len(WORDS) + (1 if harmony else 2)
+    assert usage["output_tokens_details"]["reasoning_tokens"] == reasoning_tokens, model
