@@ -3,7 +3,8 @@ familymodels.py `SCRIPTED`: all of engine/callformats.py but kimi_k3, whose mark
 within a call): a response with thinking and a tool call comes out as a `reasoning` item plus a
 `function_call` (Responses) and `reasoning_content` plus `tool_calls` (Chat), streamed and not,
 the events in order (every streamed Responses event validated with the openai SDK), and forced
-by a grammar in the family's syntax after free thinking. One server serves a model per family.
+by a grammar in the family's syntax after free thinking (batched, for three of them). One
+server serves a model per family.
 
 The same server serves two gpt-oss-shaped models (tests/harmonymodel.py): thinking in the
 analysis channel then a call to `functions.NAME`, and a final answer (in a schema when asked).
@@ -151,6 +152,34 @@ def test_thinking_then_a_call_through_both_apis(server: ServerProcess, family: s
         called = [i for i, d in enumerate(deltas) if d.get("tool_calls")]
         assert said and called and max(said) < min(called), deltas
         assert "".join(deltas[i]["reasoning_content"] for i in said).strip() == thinking
+
+
+@pytest.mark.parametrize("model", ["qwen3_coder", "glm47", HARMONY_MODEL])
+def test_thinking_then_a_forced_call_batched(server: ServerProcess, model: str) -> None:
+    """Several forced requests at once (rows of one batch, each with its grammar after the
+    thinking block): each its reasoning and its call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    family = "mistral" if model == HARMONY_MODEL else model
+    body = {
+        "model": model,
+        "input": "Run it.",
+        "tools": [_tool(family)],
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_output_tokens": 64,
+    }
+
+    def one(_: int) -> dict[str, Any]:
+        with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
+            return dict(http.post("/responses", json=body).json())
+
+    arguments = CALL_ARGUMENTS if model == HARMONY_MODEL else family_script(model).arguments
+    with ThreadPoolExecutor(3) as pool:
+        for response in pool.map(one, range(3)):
+            assert response["status"] == "completed", response
+            assert [i["type"] for i in response["output"]] == ["reasoning", "function_call"]
+            assert json.loads(response["output"][1]["arguments"]) == arguments
 
 
 def test_a_schema_the_family_grammar_cannot_take_is_a_400(server: ServerProcess) -> None:
