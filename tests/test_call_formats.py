@@ -3,8 +3,9 @@ tokenizer with the family's special tokens and a chat template in its shape), th
 inferred as mlx-lm infers it; tools, past calls and results render through the template and the
 calls the template writes parse back; the streaming parser gives the same calls whatever the
 chunking; the family's grammar takes its valid calls and refuses a wrong name or an undeclared
-key of a strict tool; a call that cannot be read fails loudly. Then two families end to end: a
-scripted model writes its call in the family's syntax and both APIs return it as a call."""
+key of a strict tool; a call that cannot be read fails loudly. Then three families end to end on
+one server: a scripted model writes its call in the family's syntax and both APIs return it as
+a call."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import httpx
 import pytest
 from familymodels import FAMILIES, SPECIAL, family_script, family_tokenizer, ll_tokenizer
 from scriptedmodel import CALL_ARGUMENTS, CALL_NAME, make_scripted_model
-from sdkserver import MODEL, sdk_server
+from serverproc import ServerProcess
 
 from jupyter_lmsp.engine.callformats import FAMILIES as FORMATS
 from jupyter_lmsp.engine.callformats import make_parser
@@ -384,27 +385,32 @@ SHELL = {
 }
 
 
-@pytest.fixture(scope="module", params=E2E)
-def family_server(request, tmp_path_factory) -> Iterator[tuple[str, Any]]:
+@pytest.fixture(scope="module")
+def family_server(tmp_path_factory) -> Iterator[Any]:
+    """One server, a scripted model per family of `E2E` (named by its family)."""
     from familymodels import chat_template
 
-    family = request.param
-    script = family_script(family)
-    model_dir = make_scripted_model(
-        tmp_path_factory.mktemp(f"scripted-{family}"),
-        script=script.tokens,
-        special=script.special,
-        chat_template=chat_template(family),
-    )
-    with sdk_server(tmp_path_factory.mktemp(f"server-{family}"), Path(model_dir)) as server:
-        yield family, server
+    data = tmp_path_factory.mktemp("families-server")
+    (data / "models").mkdir()
+    for family in E2E:
+        script = family_script(family)
+        model_dir = make_scripted_model(
+            tmp_path_factory.mktemp(f"scripted-{family}"),
+            script=script.tokens,
+            special=script.special,
+            chat_template=chat_template(family),
+        )
+        (data / "models" / family).symlink_to(model_dir)
+    with ServerProcess(data, default_model=E2E[0]).start() as server:
+        yield server
 
 
-def test_a_scripted_call_in_the_family_format_through_both_apis(family_server):
-    family, server = family_server
+@pytest.mark.parametrize("family", E2E)
+def test_a_scripted_call_in_the_family_format_through_both_apis(family_server, family):
+    server = family_server
     with httpx.Client(base_url=server.api, headers=server.headers, timeout=120) as http:
         body = {
-            "model": MODEL,
+            "model": family,
             "input": "Run it.",
             "tools": [SHELL],
             "temperature": 0,
@@ -435,7 +441,7 @@ def test_a_scripted_call_in_the_family_format_through_both_apis(family_server):
         chat = http.post(
             "/chat/completions",
             json={
-                "model": MODEL,
+                "model": family,
                 "messages": [{"role": "user", "content": "Run it."}],
                 "tools": [
                     {
