@@ -6,11 +6,13 @@ tools in the generic format: it does not know the model yet. A model with a form
 whole do not (and harmony has no place for custom tools, refused here too): the parameter-by-parameter formats compile each parameter's schema alone, so a
 `$ref` from one parameter to another (`#/properties/a`) points nowhere. Left to the worker, such
 a job would fail `grammar_invalid` after it was accepted; `check_in_format` finds it at
-admission, with the place: the parameter (`tools[i].parameters.properties.k`) when one fails
-alone, else the tool's parameters, else the tool list.
+admission (in the grammar checker's child, `grammar_check`, where the model's tokenizer and
+format are known), with the place: the parameter (`tools[i].parameters.properties.k`) when one
+fails alone, else the tool's parameters, else the tool list.
 
-Whether a marker is a single special token (a token reference in the worker's grammar, a
-literal here) changes no schema's compiling, so the check needs no llguidance tokenizer.
+It compiles without a tokenizer (a marker that is a special token is a token reference,
+`<[id]>`, which compiles without one); the checker then builds the whole grammar with the
+model's tokenizer.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ real matcher with the model's own tokenizer, with its first token mask, run here
 `deadline` seconds; past it the child is killed (and started again for the next request), and
 the request is refused with the limit `compile_seconds`. What fails only with the model's
 tokenizer (a lexer over its limits, a row of the grammar too wide) is thus a 400 at request
-time, not a failed task later.
+time, not a failed task later. The real matcher is the one in the model's own tool-call format
+(`worker.call_format_of`: a family of `callformats`, or harmony), where the tools are also
+compiled the way that format compiles them (`formatcheck.check_in_format`: a parameter's
+schema alone), so a schema only the family's grammar refuses is a 400 naming the parameter.
 
 The child keeps llguidance's view of up to `MAX_TOKENIZERS` models' tokenizers (loaded the way
 the worker loads them). Blocking calls: the services run them on threads of their own.
@@ -29,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from .constraints import parser_limits
+from .formatcheck import check_in_format
 from .grammars import (
     GENERIC,
+    CallFormat,
     GrammarIssue,
     ResponseFormat,
     ToolSpec,
@@ -75,8 +80,18 @@ def check_request(request: CheckRequest, tokenizers: _Tokenizers | None = None) 
         issue = check_tools(request.tools)
         if issue is not None:
             return CheckResult("tools", issue)
-    grammar = build_grammar(request.response_format, request.tools, GENERIC)
-    tokenizer = tokenizers.get(request.model_path) if tokenizers is not None else None
+    loaded = tokenizers.get(request.model_path) if tokenizers is not None else None
+    tokenizer, call_format = None, GENERIC
+    if loaded is not None:
+        # The grammar the worker will build: in the model's own call format (issue 37), whose
+        # grammar may refuse what the generic one takes (`formatcheck`).
+        tokenizer, wrapper = loaded
+        call_format = _call_format(wrapper, tokenizer, request.tools)
+        if request.tools is not None:
+            issue = check_in_format(request.tools, call_format)
+            if issue is not None:
+                return CheckResult("tools", issue)
+    grammar = build_grammar(request.response_format, request.tools, call_format)
     if grammar is None or tokenizer is None:
         return CheckResult()
     reason = first_mask_error(tokenizer, grammar)
@@ -84,6 +99,16 @@ def check_request(request: CheckRequest, tokenizers: _Tokenizers | None = None) 
         return CheckResult()
     part = "tools" if request.tools is not None and request.tools.active else "format"
     return CheckResult(part, GrammarIssue(f"with the model's tokenizer: {reason}"))
+
+
+def _call_format(wrapper: Any, tokenizer: Any, tools: ToolSpec | None) -> CallFormat:
+    """The call format the worker serves a job in (`worker.Worker._prepare`)."""
+    from .harmony import is_harmony
+    from .worker import call_format_of
+
+    if (tools is not None and tools.active) or is_harmony(wrapper):
+        return call_format_of(wrapper, tokenizer, tools)
+    return GENERIC
 
 
 def first_mask_error(tokenizer: Any, grammar: str) -> str:
@@ -104,8 +129,9 @@ def first_mask_error(tokenizer: Any, grammar: str) -> str:
 
 
 class _Tokenizers:
-    """llguidance's view of models' tokenizers, by model path, the oldest dropped first; None
-    for a model whose tokenizer cannot be loaded here (the worker reports why)."""
+    """llguidance's view of models' tokenizers with mlx-lm's (a pair), by model path, the
+    oldest dropped first; None for a model whose tokenizer cannot be loaded here (the worker
+    reports why)."""
 
     def __init__(self) -> None:
         self._made: OrderedDict[str, Any] = OrderedDict()
@@ -130,11 +156,13 @@ class _Tokenizers:
         path = Path(model_path)
         config = json.loads((path / "config.json").read_text())
         wrapper = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-        return llguidance.hf.from_tokenizer(
+        made = llguidance.hf.from_tokenizer(
             wrapper._tokenizer,
             n_vocab=config.get("vocab_size"),
             eos_token=sorted(wrapper.eos_token_ids),
         )
+        # mlx-lm's wrapper too: the model's call format is read from it.
+        return made, wrapper
 
 
 def _serve(conn: Connection) -> None:

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .callformats import FAMILIES, family_name
-from .formatcheck import check_in_format
-from .grammars import GENERIC, CallFormat, GrammarIssue, ToolSpec
+from .grammars import GENERIC, CallFormat, ToolSpec
 from .harmony import harmony_format, is_harmony
 from .reasoning import effort_args
 from .toolcalls import call_format_for, render
@@ -75,12 +74,6 @@ class PromptCounter:
         except JobError as e:
             raise PromptTooHard(e.message) from e
 
-    def tools_issue(self, key: str, model_path: str, tools: ToolSpec) -> GrammarIssue | None:
-        """Why `tools` cannot be compiled in the model's own call format (None if they can, or
-        the model has none: `formatcheck.check_in_format`)."""
-        tokenizer = self._tokenizer(key, Path(model_path))
-        return check_in_format(tools, _call_format(tokenizer, tools))
-
     def warm(self, key: str, model_path: str) -> None:
         """Load the model's tokenizer now (at start-up, so no request waits for it)."""
         with contextlib.suppress(PromptTooHard):
@@ -108,8 +101,7 @@ class PromptCounter:
 
 def _call_format(tokenizer: Any, tools: ToolSpec | None) -> CallFormat:
     """The worker's choice of call format (`worker.call_format_of`), markers as text: whether
-    they are special tokens matters to the grammar's tokens only, not to the prompt or to
-    which schemas compile."""
+    they are special tokens matters to the grammar's tokens only, not to the prompt."""
     if is_harmony(tokenizer):
         return harmony_format()
     if tools is None or not tools.active:

@@ -24,7 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from ..auth.scopes import Caller
 from ..engine.grammar_check import CheckResult
-from ..engine.grammars import GrammarIssue, ResponseFormat, ToolSpec
+from ..engine.grammars import ResponseFormat, ToolSpec
 from ..engine.reasoning import EffortRefused
 from ..engine.tokens import PromptCounter, PromptTooHard, context_window
 from ..protocol.errors import LMSPError
@@ -93,16 +93,6 @@ class Admission:
         return await asyncio.get_running_loop().run_in_executor(
             self._executor, functools.partial(fn, *args, **kwargs)
         )
-
-    async def tools_issue(self, model: Model, tools: ToolSpec | None) -> GrammarIssue | None:
-        """Why `tools` cannot be compiled in `model`'s own call format (None if they can, or
-        if its tokenizer cannot be loaded here: the worker then finds it)."""
-        if tools is None or not tools.active:
-            return None
-        try:
-            return await self.run(self.counter.tools_issue, _key(model), model.path, tools)
-        except PromptTooHard:
-            return None
 
     async def check_grammar(
         self,

@@ -80,11 +80,6 @@ async def create_response(
     )
     if compiled.part is not None and compiled.issue is not None:
         generation.refuse(spec.generation, compiled.part, compiled.issue)
-    # The tools again, in the model's own call format (a schema may compile in one, not the
-    # other): a 400 now, not a job failed `grammar_invalid` later.
-    issue = await ctx.admission.tools_issue(model, spec.generation.engine_tools())
-    if issue is not None:
-        generation.refuse(spec.generation, "tools", issue)
     conversation = context + spec.messages
     plan = await ctx.admission.plan(
         model,
