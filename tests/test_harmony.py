@@ -45,6 +45,8 @@ TEXTS = {
     # answer with more thinking before it.
     "after": "<|start|>assistant" + AFTER + '{"city": "Oslo", "days": 3}',
     "before": BEFORE + '{"city": "Oslo"}<|call|>',
+    # The template's form as the first message (the prompt ended with `<|start|>assistant`).
+    "first": BEFORE.removeprefix("<|start|>assistant") + '{"city": "Oslo"}',
     "preamble": "<|channel|>commentary<|message|>Let me look.<|end|>" + BEFORE + "{}",
     "final": "<|channel|>final<|message|>It is <b>sunny</b>.<|return|>",
     "analysis": "<|channel|>final<|message|>One.<|end|><|start|>assistant<|channel|>analysis"
@@ -73,6 +75,7 @@ def test_the_parser_reads_each_channel_under_any_chunking(name: str) -> None:
     expected = {
         "after": ("", "", [("get_weather", json.dumps({"city": "Oslo", "days": 3}))]),
         "before": ("", "", [("get_weather", json.dumps({"city": "Oslo"}))]),
+        "first": ("", "", [("get_weather", json.dumps({"city": "Oslo"}))]),
         "preamble": ("Let me look.", "", [("get_weather", "{}")]),
         "final": ("It is <b>sunny</b>.", "", []),
         "analysis": ("One.Two.", "hmm", []),
@@ -94,6 +97,8 @@ def test_a_call_it_cannot_take_fails_loudly() -> None:
         events_of(AFTER + "[1, 2]")
     with pytest.raises(ToolCallError, match="bad arguments"):
         events_of(AFTER + "{oops")
+    # Text that begins like a header but is none is the answer's, never dropped.
+    assert summary(events_of("<|b|> bold")) == ("<|b|> bold", "", [])
     # No tools: no call at all.
     parser = HarmonyParser(())
     with pytest.raises(ToolCallError):
@@ -153,6 +158,7 @@ def test_the_grammar_lets_it_think_then_takes_the_call(harmony_tokenizer: Any) -
     assert _accepts(tokenizer, grammar, think + "<|start|>assistant" + AFTER + args)
     assert _accepts(tokenizer, grammar, think + BEFORE + args)
     assert _accepts(tokenizer, grammar, AFTER + args)  # no thinking
+    assert _accepts(tokenizer, grammar, BEFORE.removeprefix("<|start|>assistant") + args)
     assert not _accepts(
         tokenizer, grammar, think + AFTER.replace("get_weather", "get_wether") + args
     )

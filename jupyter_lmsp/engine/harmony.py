@@ -81,6 +81,9 @@ START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
 _BODY_ENDS = (END, RETURN, CALL, START)
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _HEADER_LIMIT = 512
+# How a header may begin: a marker, or (the first message, after the prompt's
+# `<|start|>assistant`) its recipient.
+_HEADS = ("<|", "to=")
 
 
 def is_harmony(tokenizer: Any) -> bool:
@@ -148,11 +151,15 @@ class HarmonyParser:
             self._emit_body(self._buffer, events)
             self._buffer = ""
             self._end_body(events)
-        elif _RECIPIENT.search(self._header + self._buffer):
-            raise ToolCallError(
-                f"the output ended in the header of a call: {(self._header + self._buffer)!r}"
-            )
-        self._header, self._buffer = "", ""
+        else:
+            pending = self._header + self._buffer
+            if _RECIPIENT.search(pending):
+                raise ToolCallError(f"the output ended in the header of a call: {pending!r}")
+            if pending.strip() and START not in pending and CHANNEL not in pending:
+                # Not a header after all (text that began like one): the answer's text.
+                self._kind = "text"
+                self._emit_body(pending, events)
+        self._header, self._buffer, self._kind = "", "", ""
         return events
 
     # --- headers ---
@@ -164,7 +171,7 @@ class HarmonyParser:
         at = whole.find(MESSAGE)
         if at < 0:
             lead = whole.lstrip()
-            if lead and not lead.startswith("<|") and not "<|".startswith(lead):
+            if lead and not any(lead.startswith(p) or p.startswith(lead) for p in _HEADS):
                 # Text without a header (a model that skipped it): the answer's text.
                 self._header, self._buffer = None, whole
                 self._kind, self._recipient = "text", ""
