@@ -9,7 +9,10 @@ published after their commit, in commit order.
 
 A job that finds the database locked past the busy timeout (another process held the write
 lock for that long) is run again, after a pause, before any later job: each is one
-transaction that either committed or changed nothing, and the order must hold.
+transaction that either committed or changed nothing, and the order must hold. A job asked
+with `retry_full` (a task's end) is run again the same way while the disk is full: the end of
+a task must land, and it does as soon as there is room (issue 43); other jobs that fail give
+their exception to their `on_error`, on the loop, which decides what it means for the task.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..store.errors import is_locked
+from ..store.errors import is_locked, is_storage_full
 from . import metrics
 
-__all__ = ["Committer", "is_locked"]
+__all__ = ["Committer", "is_locked", "is_storage_full"]
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +58,17 @@ class Committer:
         fn: Callable[..., Any],
         *args: Any,
         then: Callable[[Any], None] | None = None,
+        on_error: Callable[[BaseException], None] | None = None,
+        retry_full: bool = False,
         **kwargs: Any,
     ) -> None:
         """Run `fn(*args, **kwargs)` on the thread, after every job asked for before it; then
-        `then(result)` on the event loop. An exception is logged (the job's own code decides
-        what a failure means for its task; `then` is not called)."""
+        `then(result)` on the event loop. An exception goes to `on_error` on the loop, or is
+        logged without one (`then` is not called). With `retry_full`, a full disk makes the
+        job wait and run again rather than fail."""
         with self._idle:
             self._pending += 1
-        self._jobs.put((fn, args, kwargs, then, None))
+        self._jobs.put((fn, args, kwargs, then, None, on_error, retry_full))
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
         """Run `fn` on the thread, in order with the other jobs; a future of its result (or
@@ -71,7 +77,7 @@ class Committer:
         future: asyncio.Future[Any] = self.loop.create_future()
         with self._idle:
             self._pending += 1
-        self._jobs.put((fn, args, kwargs, None, future))
+        self._jobs.put((fn, args, kwargs, None, future, None, False))
         return future
 
     def drain(self, timeout: float = 10.0) -> bool:
@@ -96,16 +102,19 @@ class Committer:
             job = self._jobs.get()
             if job is _STOP:
                 return
-            fn, args, kwargs, then, future = job
+            fn, args, kwargs, then, future, on_error, retry_full = job
             began = time.monotonic()
             try:
-                result = self._attempt(fn, args, kwargs)
+                result = self._attempt(fn, args, kwargs, retry_full)
                 metrics.transaction(
                     getattr(fn, "__name__", "job").lstrip("_"), time.monotonic() - began
                 )
             except BaseException as exc:
                 if future is not None:
                     self._resolve(future, exc=exc)
+                elif on_error is not None:
+                    log.error("%s: %s failed: %s", self.name, getattr(fn, "__name__", fn), exc)
+                    self._to_loop(on_error, exc)
                 else:
                     log.exception("%s: %s failed", self.name, getattr(fn, "__name__", fn))
             else:
@@ -119,13 +128,13 @@ class Committer:
                     if self._pending == 0:
                         self._idle.notify_all()
 
-    def _attempt(self, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def _attempt(self, fn: Callable[..., Any], args: Any, kwargs: Any, retry_full: bool) -> Any:
         attempt = 0
         while True:
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:
-                if not is_locked(exc):
+                if not (is_locked(exc) or (retry_full and is_storage_full(exc))):
                     raise
                 pause = RETRY_PAUSES[min(attempt, len(RETRY_PAUSES) - 1)]
                 if attempt % 10 == 0:

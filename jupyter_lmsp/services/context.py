@@ -20,6 +20,7 @@ from ..auth.ratelimit import RateLimiter
 from ..engine.blas import BlasSelection
 from ..protocol.errors import LMSPError
 from ..store.database import Database
+from ..store.errors import is_storage_full
 from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
@@ -28,6 +29,21 @@ from .registration import ModelRegistrar
 from .runner import TaskRunner
 from .sealing import Sealer
 from .webhook_delivery import WebhookDeliverer
+
+# Seconds a client is told to wait when the disk is full (freeing space is the owner's act).
+STORAGE_RETRY_AFTER = 30
+
+
+def storage_full() -> LMSPError:
+    """The answer to a request whose transaction failed for lack of disk space (issue 43)."""
+    return LMSPError(
+        507,
+        "storage_full",
+        "The server's disk is full: nothing can be stored until space is freed. Retry later.",
+        type="server_error",
+        headers={"Retry-After": str(STORAGE_RETRY_AFTER)},
+    )
+
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -90,7 +106,12 @@ class ServiceContext:
                 "The server is shutting down; retry when it is back.",
                 type="server_error",
             ) from e
-        return await future
+        try:
+            return await future
+        except Exception as e:
+            if is_storage_full(e):
+                raise storage_full() from e
+            raise
 
     def close(self) -> None:
         self.executor.shutdown(wait=True, cancel_futures=True)

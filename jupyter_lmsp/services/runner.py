@@ -47,7 +47,7 @@ from . import claiming, metrics
 from .bus import EventBus
 from .cache_keys import RecentKeys
 from .catalog import ModelCatalog
-from .committer import Committer
+from .committer import Committer, is_storage_full
 from .dispatch import EngineDispatcher
 from .fairqueue import Tier, tier_of
 from .output import OutputStage
@@ -56,6 +56,9 @@ from .running import TaskOutput
 from .scheduling import Slots
 
 log = logging.getLogger(__name__)
+
+# The error of a task whose end could not be written as it was (issue 43).
+_END_ERROR = {"code": "server_error", "message": "The task's end could not be stored."}
 
 
 class TaskRunner:
@@ -353,7 +356,28 @@ class TaskRunner:
             batches,
             runner_id=self.runner_id,
             then=functools.partial(self._committed_outputs, oldest),
+            on_error=functools.partial(self._outputs_failed, list(batches)),
         )
+
+    def _outputs_failed(self, task_ids: list[str], exc: BaseException) -> None:
+        """Their output could not be stored (a full disk, issue 43): each of those tasks fails
+        rather than going on with output that is not on disk. Its job stops in the worker,
+        and its end (`job_cancelled` / `job_finished`, which read `broken`) is committed as
+        soon as there is room (`finish` retries a full disk)."""
+        full = is_storage_full(exc)
+        error = {
+            "code": "storage_full" if full else "server_error",
+            "message": "The server's disk is full: this response's output could not be stored."
+            if full
+            else "This response's output could not be stored.",
+        }
+        for task_id in task_ids:
+            task = self.slots.get(task_id)
+            if task is None or task.output is None or task.output.broken is not None:
+                continue
+            task.output.broken = error
+            if task.has_slot and self.engine is not None:
+                self.engine.cancel(task_id)
 
     def _committed_outputs(self, oldest: float, committed: list[rules.Committed]) -> None:
         self.clock.committed_snapshot(oldest)
@@ -395,7 +419,20 @@ class TaskRunner:
             cached_tokens=cached_tokens,
             corrupt=corrupt,
             then=self._finished,
+            # A task's end must land: a full disk delays it until there is room.
+            retry_full=True,
+            on_error=functools.partial(self._end_failed, task_id, outcome),
         )
+
+    def _end_failed(self, task_id: str, outcome: rules.Outcome, exc: BaseException) -> None:
+        """Ending the task raised (not a full disk: that is retried): end it failed instead,
+        with a plain error, so it never stays `running`; its slot is freed either way."""
+        if outcome.state is TaskState.FAILED and outcome.error == _END_ERROR:
+            log.error("task %s could not be ended at all; its slot is freed", task_id)
+            self._forget(task_id)
+            self.schedule()
+            return
+        self.finish(task_id, rules.Outcome(TaskState.FAILED, error=_END_ERROR))
 
     def _end(self, task_id: str, outcome: rules.Outcome, **kwargs: Any) -> rules.Committed:
         # (database thread)
