@@ -241,7 +241,7 @@ async def test_fields_real_clients_send_and_the_most_significant_refusal(jp_fetc
     )
     for body, param in (
         ({"service_tier": "flex", "text": {"verbosity": "low"}}, "text.verbosity"),
-        ({"conversation": "conv_1", "truncation": "auto"}, "conversation"),
+        ({"prompt": {"id": "p"}, "moderation": {"model": "m"}}, "prompt"),
         ({"colour": 1, "stream_options": {"include_obfuscation": True}}, None),
     ):
         status, error, _ = await call(jp_fetch, "POST", "responses", {"input": "x", **body})

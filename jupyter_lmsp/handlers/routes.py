@@ -17,6 +17,12 @@ from ..protocol.operations import Endpoint
 from ..services.context import ServiceContext
 from .base import LMSPHandler, operation_of
 from .chat import ChatCompletionsHandler
+from .conversations import (
+    ConversationHandler,
+    ConversationItemHandler,
+    ConversationItemsHandler,
+    ConversationsHandler,
+)
 from .embeddings import EmbeddingsHandler
 from .fallback import FallbackHandler
 from .metrics import MetricsHandler
@@ -61,6 +67,10 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/responses/{response_id}", ResponseHandler),
     ("/responses/{response_id}/cancel", ResponseCancelHandler),
     ("/responses/{response_id}/input_items", ResponseInputItemsHandler),
+    ("/conversations", ConversationsHandler),
+    ("/conversations/{conversation_id}", ConversationHandler),
+    ("/conversations/{conversation_id}/items", ConversationItemsHandler),
+    ("/conversations/{conversation_id}/items/{item_id}", ConversationItemHandler),
     ("/tasks", TasksHandler),
     ("/tasks/{task_id}", TaskHandler),
     ("/tasks/{task_id}/cancel", TaskCancelHandler),

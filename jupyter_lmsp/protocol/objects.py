@@ -282,7 +282,7 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
                 "verbosity": request.get("verbosity") or "medium",
             },
             "top_logprobs": request.get("top_logprobs") or 0,
-            "truncation": "disabled",
+            "truncation": request.get("truncation") or "disabled",
             "reasoning": {
                 "effort": reasoning.get("effort"),
                 "summary": reasoning.get("summary"),
@@ -300,6 +300,12 @@ def response_object(response: ResponseRow, task: TaskRow) -> dict[str, Any]:
             "seed": request.get("seed"),
             "on_restart": task.on_restart,
             "stop": request.get("stop"),
+            "conversation": (
+                {"id": conversation_id}
+                if (conversation_id := getattr(response, "conversation_id", None))
+                else None
+            ),
+            "truncation_details": request.get("truncation_details"),
         }
     ).wire()
 

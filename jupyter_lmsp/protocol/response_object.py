@@ -178,6 +178,22 @@ class IncompleteDetails(WireObject):
     reason: str
 
 
+class ConversationEcho(WireObject):
+    """The conversation a response belongs to (`conversation` on `POST /responses`)."""
+
+    id: str
+
+
+class TruncationDetails(WireObject):
+    """LMSP: what `truncation: "auto"` dropped to fit the prompt in the context window."""
+
+    type: Literal["auto"] = "auto"
+    dropped_messages: int = Field(
+        description="How many of the oldest messages before this input were left out."
+    )
+    input_tokens_before: int = Field(description="The prompt's tokens before truncation.")
+
+
 class FunctionToolEcho(WireObject):
     type: Literal["function"] = "function"
     name: str
@@ -316,6 +332,10 @@ class Response(WireObject):
     seed: int | None
     on_restart: RestartPolicy
     stop: list[str] | None = Field(description="LMSP: the stop sequences asked for.")
+    conversation: ConversationEcho | None = None
+    truncation_details: TruncationDetails | None = Field(
+        None, description='LMSP: what `truncation: "auto"` dropped (null: nothing).'
+    )
 
 
 class ResponseDeleted(WireObject):

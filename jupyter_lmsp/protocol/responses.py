@@ -126,6 +126,19 @@ def _known_include(value: Any) -> Any:
     return value
 
 
+class ConversationRef(Body):
+    """`conversation` as an object: `{"id": "conv_…"}`."""
+
+    id: Annotated[str, Field(min_length=1)]
+
+
+ConversationParam = Annotated[
+    Annotated[Annotated[str, Field(min_length=1)], Tag("string")]
+    | Annotated[ConversationRef, Tag("object")],
+    by_json_type("a conversation id or an object with its 'id'"),
+]
+
+
 class StreamOptions(Body):
     include_obfuscation: Annotated[Any, Neutral(False)] = None
 
@@ -261,10 +274,20 @@ class CreateResponseRequest(Body):
     frequency_penalty: Penalty | None = None
     reasoning: Reasoning | None = None
     max_reasoning_tokens: ReasoningBudget | None = None
+    conversation: ConversationParam | None = Field(
+        None,
+        description='The conversation this response belongs to (its id, or `{"id"}`): its '
+        "items come before `input`, and the input and output items join it when the response "
+        "completes. Not with `previous_response_id`.",
+    )
+    truncation: Literal["auto", "disabled"] | None = Field(
+        None,
+        description="`auto`: when the prompt does not fit the context window, the oldest "
+        "items are dropped (never the instructions or the last turn) and the response says "
+        "so in `truncation_details`; `disabled` (default): a 400 `context_length_exceeded`.",
+    )
     # Accepted only with neutral values, most significant first.
-    conversation: Annotated[Any, Neutral()] = None
     prompt: Annotated[Any, Neutral()] = None
-    truncation: Annotated[Any, Neutral("disabled")] = None
     context_management: Annotated[Any, Neutral([])] = None
     moderation: Annotated[Any, Neutral()] = None
     service_tier: ServiceTier = None
@@ -276,6 +299,13 @@ class CreateResponseRequest(Body):
 
     @model_validator(mode="after")
     def _background_is_stored(self) -> CreateResponseRequest:
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise refuse(
+                "mutually_exclusive_parameters",
+                "Mutually exclusive parameters: Ensure you are only providing one of: "
+                "'previous_response_id' or 'conversation'.",
+                param="conversation",
+            )
         # A background response that is not stored could not be retrieved.
         if self.background and self.store is False:
             raise refuse(
@@ -351,9 +381,23 @@ class CreateResponseRequest(Body):
                     }
                 ),
                 CHOICE_NEEDS_TOOLS,
+                # `conversation` and `previous_response_id` are mutually exclusive.
+                {
+                    "if": {
+                        "required": ["conversation"],
+                        "properties": {"conversation": {"not": {"type": "null"}}},
+                    },
+                    "then": {"properties": {"previous_response_id": {"type": "null"}}},
+                },
             ]
         }
     }
+
+    @property
+    def conversation_id(self) -> str | None:
+        if isinstance(self.conversation, ConversationRef):
+            return self.conversation.id
+        return self.conversation
 
     @property
     def stored(self) -> bool:

@@ -11,6 +11,8 @@ Scope = Literal[
     "responses:write",
     "tasks:read",
     "tasks:write",
+    "conversations:read",
+    "conversations:write",
     "clients:admin",
     "metrics:read",
 ]

@@ -32,6 +32,10 @@ class ResponseSpec:
     background: bool = False
     store: bool = True
     previous_response_id: str | None = None
+    # The conversation the response belongs to (its items come before the input).
+    conversation_id: str | None = None
+    # "auto": drop the oldest messages before the input when the prompt does not fit.
+    truncation: str = "disabled"
     metadata: dict[str, str] | None = None
     on_restart: RestartPolicy = RestartPolicy.FAIL
     generation: Generation = field(default_factory=Generation)
@@ -70,6 +74,8 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
         echo["stop"] = request.stop_sequences()
     if request.text is not None and request.text.verbosity is not None:
         echo["verbosity"] = request.text.verbosity
+    if request.truncation == "auto":
+        echo["truncation"] = "auto"
     tier = request.service_tier if request.service_tier in ("priority", "flex") else None
     if request.include and "reasoning.encrypted_content" in request.include:
         # Reasoning items go out with their thinking sealed (`services.summaries`).
@@ -95,6 +101,8 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
         background=bool(request.background),
         store=request.stored,
         previous_response_id=request.previous_response_id,
+        conversation_id=request.conversation_id,
+        truncation=request.truncation or "disabled",
         metadata=request.metadata,
         on_restart=request.restart_policy,
         generation=Generation(

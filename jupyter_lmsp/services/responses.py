@@ -28,10 +28,10 @@ from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.quotas import Connection
 from ..store.tables import Model, Response, Task
-from . import embeddings, generation, metrics
+from . import conversations, embeddings, generation, metrics, truncation
 from .admission import Plan
 from .context import ServiceContext
-from .conversation import conversation_of, input_messages_of, prompt_messages
+from .conversation import conversation_of, input_messages_of
 from .fairqueue import Tier
 from .follow import TaskEventStream, spec_view
 from .idempotency import KeyedRequest
@@ -80,17 +80,8 @@ async def create_response(
     )
     if compiled.part is not None and compiled.issue is not None:
         generation.refuse(spec.generation, compiled.part, compiled.issue)
-    conversation = context + spec.messages
-    plan = await ctx.admission.plan(
-        model,
-        prompt_messages(spec.instructions, conversation),
-        spec.max_output_tokens,
-        spec.input_param,
-        tools=spec.generation.engine_tools(),
-        choices=spec.generation.n,
-        effort=spec.generation.effort,
-        effort_param=spec.generation.effort_param,
-    )
+    # With `truncation: "auto"`, the oldest messages that do not fit are left out.
+    plan, conversation, spec.messages = await truncation.fit(ctx, model, spec, context)
     admit = ctx.admission.quota(caller, plan.budget, spec.output_param)
     committed, body = await ctx.offload(
         _commit_response,
@@ -124,7 +115,11 @@ def _model_and_context(
 ) -> tuple[Model, list[dict[str, Any]]]:
     model = ctx.catalog.resolve(spec.model)
     embeddings.refuse_chat(model)
-    return (model, context_before(ctx, spec.previous_response_id, caller))
+    return (
+        model,
+        context_before(ctx, spec.previous_response_id, caller)
+        + conversation_context(ctx, spec.conversation_id, caller),
+    )
 
 
 def _commit_response(
@@ -153,6 +148,7 @@ def _commit_response(
         model=admitted.model.id,
         request=json.dumps(stored),
         previous_response_id=spec.previous_response_id,
+        conversation_id=spec.conversation_id,
         store=spec.store,
         created_at=now,
     )
@@ -220,6 +216,16 @@ def context_before(
     output = [item for item in json.loads(response.output) if choice_of.get(item.get("id"), 0) == 0]
     context.append(answer_message(output))
     return context
+
+
+def conversation_context(
+    ctx: ServiceContext, conversation_id: str | None, caller: Caller
+) -> list[dict[str, Any]]:
+    """The items of the conversation a response belongs to, as the messages before its input
+    (compaction items and sealed reasoning opened)."""
+    if conversation_id is None:
+        return []
+    return open_compactions(ctx.sealer, conversations.history(ctx.db, conversation_id, caller))
 
 
 def answer_message(output: list[dict[str, Any]]) -> dict[str, Any]:

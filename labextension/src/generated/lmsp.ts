@@ -193,6 +193,102 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/conversations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Create a conversation, with its first items and metadata
+         * @description Requires the `conversations:write` scope.
+         */
+        post: operations["createConversation"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/conversations/{conversation_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Retrieve a conversation
+         * @description Requires the `conversations:read` scope.
+         */
+        get: operations["getConversation"];
+        put?: never;
+        /**
+         * Replace a conversation's metadata
+         * @description Requires the `conversations:write` scope.
+         */
+        post: operations["updateConversation"];
+        /**
+         * Delete a conversation and its items
+         * @description Requires the `conversations:write` scope.
+         */
+        delete: operations["deleteConversation"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/conversations/{conversation_id}/items": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * A page of a conversation's items
+         * @description Requires the `conversations:read` scope.
+         */
+        get: operations["listConversationItems"];
+        put?: never;
+        /**
+         * Add items after a conversation's last one
+         * @description Requires the `conversations:write` scope.
+         */
+        post: operations["createConversationItems"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/conversations/{conversation_id}/items/{item_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Retrieve one item of a conversation
+         * @description Requires the `conversations:read` scope.
+         */
+        get: operations["getConversationItem"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete one item of a conversation
+         * @description Requires the `conversations:write` scope.
+         */
+        delete: operations["deleteConversationItem"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/tasks": {
         parameters: {
             query?: never;
@@ -492,6 +588,11 @@ export interface paths {
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /** AddItemsRequest */
+        AddItemsRequest: {
+            /** @description Items as `POST /responses` takes them in `input` (at most 20 at a time). */
+            items: (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputReasoning"] | components["schemas"]["InputCompaction"])[];
+        };
         /**
          * AllowedTools
          * @description `tool_choice: {"type": "allowed_tools", ...}`: the model may call only these functions
@@ -863,7 +964,7 @@ export interface components {
              */
             object: "client";
             name: string;
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[];
             created_at: number;
             last_used_at: number | null;
             revoked_at: number | null;
@@ -998,6 +1099,62 @@ export interface components {
              * @default 0
              */
             accepted_draft_tokens: number;
+        };
+        /** ConversationDeleted */
+        ConversationDeleted: {
+            id: string;
+            /**
+             * @default conversation.deleted
+             * @constant
+             */
+            object: "conversation.deleted";
+            /**
+             * @default true
+             * @constant
+             */
+            deleted: true;
+        };
+        /**
+         * ConversationEcho
+         * @description The conversation a response belongs to (`conversation` on `POST /responses`).
+         */
+        ConversationEcho: {
+            id: string;
+        };
+        /** ConversationItemList */
+        ConversationItemList: {
+            /**
+             * @default list
+             * @constant
+             */
+            object: "list";
+            /** @description Items as stored: messages, function and custom tool calls and their outputs, reasoning and compaction items, each with its `id`. */
+            data: {
+                [key: string]: unknown;
+            }[];
+            first_id: string | null;
+            last_id: string | null;
+            has_more: boolean;
+        };
+        /** ConversationObject */
+        ConversationObject: {
+            id: string;
+            /**
+             * @default conversation
+             * @constant
+             */
+            object: "conversation";
+            created_at: number;
+            metadata: {
+                [key: string]: string;
+            };
+        };
+        /**
+         * ConversationRef
+         * @description `conversation` as an object: `{"id": "conv_…"}`.
+         */
+        ConversationRef: {
+            id: string;
         };
         /**
          * CreateChatCompletionRequest
@@ -1151,6 +1308,15 @@ export interface components {
              */
             moderation?: null;
         } & (unknown & unknown & unknown);
+        /** CreateConversationRequest */
+        CreateConversationRequest: {
+            /** @default null */
+            items?: (components["schemas"]["InputMessage"] | components["schemas"]["InputFunctionCall"] | components["schemas"]["InputFunctionCallOutput"] | components["schemas"]["InputCustomToolCall"] | components["schemas"]["InputCustomToolCallOutput"] | components["schemas"]["InputReasoning"] | components["schemas"]["InputCompaction"])[] | null;
+            /** @default null */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+        };
         /** CreateEmbeddingRequest */
         CreateEmbeddingRequest: {
             /** @description What to embed: a string, a list of strings, a list of token ids (one input), or a list of token-id lists; at most 2048 inputs, none empty. */
@@ -1296,20 +1462,20 @@ export interface components {
             /** @default null */
             max_reasoning_tokens?: number | null;
             /**
-             * @description Accepted only as null (not supported).
+             * @description The conversation this response belongs to (its id, or `{"id"}`): its items come before `input`, and the input and output items join it when the response completes. Not with `previous_response_id`.
              * @default null
              */
-            conversation?: null;
+            conversation?: (string | components["schemas"]["ConversationRef"]) | null;
+            /**
+             * @description `auto`: when the prompt does not fit the context window, the oldest items are dropped (never the instructions or the last turn) and the response says so in `truncation_details`; `disabled` (default): a 400 `context_length_exceeded`.
+             * @default null
+             */
+            truncation?: ("auto" | "disabled") | null;
             /**
              * @description Accepted only as null (not supported).
              * @default null
              */
             prompt?: null;
-            /**
-             * @description Accepted only with these values (they change nothing).
-             * @default null
-             */
-            truncation?: "disabled" | null;
             /**
              * @description Accepted only with these values (they change nothing).
              * @default null
@@ -1347,7 +1513,7 @@ export interface components {
              * @default null
              */
             access_programs?: Record<string, never> | null;
-        } & (unknown & unknown & unknown);
+        } & (unknown & unknown & unknown & unknown);
         /**
          * CustomChoice
          * @description `tool_choice: {"type": "custom", "name": ...}`: a call of that custom tool.
@@ -2239,8 +2405,8 @@ export interface components {
              */
             object: "pairing";
             client_name: string;
-            requested_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
-            granted_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[] | null;
+            requested_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[];
+            granted_scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[] | null;
             user_code: string;
             /**
              * @example pending
@@ -2259,7 +2425,7 @@ export interface components {
              * @description Approve only these (a subset of the requested scopes).
              * @default null
              */
-            scopes?: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[] | null;
+            scopes?: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[] | null;
         };
         /** PairingList */
         PairingList: {
@@ -2288,7 +2454,7 @@ export interface components {
             expires_at: number;
             /** @description Seconds between polls. */
             interval: number;
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[];
         };
         /**
          * PairingToken
@@ -2307,7 +2473,7 @@ export interface components {
              * @constant
              */
             token_type: "Bearer";
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[];
         };
         /** PairingTokenRequest */
         PairingTokenRequest: {
@@ -2448,6 +2614,13 @@ export interface components {
             on_restart: components["schemas"]["RestartPolicy"];
             /** @description LMSP: the stop sequences asked for. */
             stop: string[] | null;
+            /** @default null */
+            conversation: components["schemas"]["ConversationEcho"] | null;
+            /**
+             * @description LMSP: what `truncation: "auto"` dropped (null: nothing).
+             * @default null
+             */
+            truncation_details: components["schemas"]["TruncationDetails"] | null;
         };
         /**
          * ResponseCancelledEvent
@@ -2825,7 +2998,7 @@ export interface components {
             /** @description Shown to the owner when they approve or deny the pairing. */
             client_name: string;
             /** @description The scopes the client asks for. */
-            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "clients:admin" | "metrics:read")[];
+            scopes: ("models:read" | "models:write" | "responses:read" | "responses:write" | "tasks:read" | "tasks:write" | "conversations:read" | "conversations:write" | "clients:admin" | "metrics:read")[];
         };
         /** StreamOptions */
         StreamOptions: {
@@ -3084,6 +3257,28 @@ export interface components {
             token: string;
             bytes: number[];
             logprob: number;
+        };
+        /**
+         * TruncationDetails
+         * @description LMSP: what `truncation: "auto"` dropped to fit the prompt in the context window.
+         */
+        TruncationDetails: {
+            /**
+             * @default auto
+             * @constant
+             */
+            type: "auto";
+            /** @description How many of the oldest messages before this input were left out. */
+            dropped_messages: number;
+            /** @description The prompt's tokens before truncation. */
+            input_tokens_before: number;
+        };
+        /** UpdateConversationRequest */
+        UpdateConversationRequest: {
+            /** @description Replaces the conversation's metadata. */
+            metadata: {
+                [key: string]: string;
+            } | null;
         };
         /** Usage */
         Usage: {
@@ -3581,6 +3776,264 @@ export interface operations {
             404: components["responses"]["NotFound"];
         };
     };
+    createConversation: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Make this POST idempotent (LMSP B8): a repeat gets the first result with `Idempotent-Replayed: true`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["CreateConversationRequest"];
+            };
+        };
+        responses: {
+            /** @description The conversation. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationObject"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    getConversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The conversation. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationObject"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    updateConversation: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Make this POST idempotent (LMSP B8): a repeat gets the first result with `Idempotent-Replayed: true`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateConversationRequest"];
+            };
+        };
+        responses: {
+            /** @description The conversation. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationObject"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    deleteConversation: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationDeleted"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listConversationItems: {
+        parameters: {
+            query?: {
+                /** @description Accepted for the openai SDK; items are listed as stored. */
+                include?: ("message.output_text.logprobs" | "reasoning.encrypted_content")[] | null;
+                /** @description The last item id of the previous page. */
+                after?: string | null;
+                /** @description Page size (1-100). */
+                limit?: number;
+                /** @description Order of the items. */
+                order?: "asc" | "desc";
+            };
+            header?: never;
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of items. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationItemList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    createConversationItems: {
+        parameters: {
+            query?: {
+                /** @description Accepted for the openai SDK; items are listed as stored. */
+                include?: ("message.output_text.logprobs" | "reasoning.encrypted_content")[] | null;
+            };
+            header?: {
+                /** @description Make this POST idempotent (LMSP B8): a repeat gets the first result with `Idempotent-Replayed: true`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AddItemsRequest"];
+            };
+        };
+        responses: {
+            /** @description The items added. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationItemList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    getConversationItem: {
+        parameters: {
+            query?: {
+                /** @description Accepted for the openai SDK; items are listed as stored. */
+                include?: ("message.output_text.logprobs" | "reasoning.encrypted_content")[] | null;
+            };
+            header?: never;
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+                /** @description The item's id. */
+                item_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The item, as stored. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": Record<string, never>;
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    deleteConversationItem: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The conversation's id. */
+                conversation_id: string;
+                /** @description The item's id. */
+                item_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The conversation. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ConversationObject"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
     listTasks: {
         parameters: {
             query?: {
@@ -4062,6 +4515,10 @@ type ReadonlyArray<T> = [
     unknown[]
 ] ? Readonly<Exclude<T, undefined>> : Readonly<Exclude<T, undefined>[]>;
 export const pathsResponsesResponse_idInput_itemsGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/responses/{response_id}/input_items"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
+export const pathsConversationsConversation_idItemsGetParametersQueryIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items"]["get"]["parameters"]["query"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
+export const pathsConversationsConversation_idItemsGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
+export const pathsConversationsConversation_idItemsPostParametersQueryIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items"]["post"]["parameters"]["query"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
+export const pathsConversationsConversation_idItemsItem_idGetParametersQueryIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items/{item_id}"]["get"]["parameters"]["query"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
 export const allowedToolsModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedTools"]["mode"]> = ["auto", "required"];
 export const allowedToolsEchoModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedToolsEcho"]["mode"]> = ["auto", "required"];
 export const blasStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Blas"]["state"]> = ["choosing", "chosen"];
@@ -4072,7 +4529,7 @@ export const chatFormatJSONSchemaTypeValues: ReadonlyArray<FlattenedDeepRequired
 export const chatMessageRoleValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChatMessage"]["role"]> = ["system", "developer", "user", "assistant", "tool"];
 export const choiceFinish_reasonValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Choice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
 export const chunkChoiceFinish_reasonAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChunkChoice"]["finish_reason"]> = ["stop", "length", "tool_calls"];
-export const clientScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Client"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const clientScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Client"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
 export const compactResponseRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactResponseRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
 export const compactedUserMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactedUserMessage"]["type"]> = ["message"];
 export const compactionItemTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CompactionItem"]["type"]> = ["compaction"];
@@ -4083,6 +4540,7 @@ export const createChatCompletionRequestService_tierAnyOf0Values: ReadonlyArray<
 export const createEmbeddingRequestEncoding_formatValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateEmbeddingRequest"]["encoding_format"]> = ["float", "base64"];
 export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["tool_choice"]> = ["auto", "none", "required"];
 export const createResponseRequestIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
+export const createResponseRequestTruncationAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["truncation"]> = ["auto", "disabled"];
 export const createResponseRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
 export const customChoiceEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomChoiceEcho"]["type"]> = ["custom"];
 export const customToolCallTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCall"]["type"]> = ["custom_tool_call"];
@@ -4128,11 +4586,11 @@ export const namespaceToolEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<co
 export const outputMessageTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["type"]> = ["message"];
 export const outputMessageStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputMessage"]["status"]> = ["in_progress", "completed", "incomplete"];
 export const outputTextTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["OutputText"]["type"]> = ["output_text"];
-export const pairingRequested_scopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["requested_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
-export const pairingGranted_scopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["granted_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
-export const pairingDecisionRequestScopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingDecisionRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
-export const pairingStartedScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingStarted"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
-export const pairingTokenScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingToken"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const pairingRequested_scopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["requested_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
+export const pairingGranted_scopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Pairing"]["granted_scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
+export const pairingDecisionRequestScopesAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingDecisionRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
+export const pairingStartedScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingStarted"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
+export const pairingTokenScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["PairingToken"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
 export const queuedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["QueuedEventType"]> = ["response.created", "response.queued", "task.created", "task.queued"];
 export const reasoningEffortAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["effort"]> = ["none", "minimal", "low", "medium", "high", "xhigh"];
 export const reasoningSummaryAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Reasoning"]["summary"]> = ["auto", "concise", "detailed"];
@@ -4170,7 +4628,7 @@ export const responseReasoningTextDeltaEventTypeValues: ReadonlyArray<FlattenedD
 export const responseReasoningTextDoneEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ResponseReasoningTextDoneEvent"]["type"]> = ["response.reasoning_text.done"];
 export const restartPolicyValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RestartPolicy"]> = ["fail", "retry", "resume"];
 export const runningEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["RunningEventType"]> = ["response.in_progress", "task.running"];
-export const startPairingRequestScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StartPairingRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "clients:admin", "metrics:read"];
+export const startPairingRequestScopesValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["StartPairingRequest"]["scopes"]> = ["models:read", "models:write", "responses:read", "responses:write", "tasks:read", "tasks:write", "conversations:read", "conversations:write", "clients:admin", "metrics:read"];
 export const taskCancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCancelledEvent"]["type"]> = ["task.cancelled"];
 export const taskCancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCancellingEvent"]["type"]> = ["task.cancelling"];
 export const taskCompletedEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TaskCompletedEvent"]["type"]> = ["task.completed"];
