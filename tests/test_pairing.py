@@ -437,3 +437,12 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
         assert allowed == 12
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         assert int(r.headers["Retry-After"]) >= 1
+        # Starting (issue 43): a body over 4 KiB is refused unread; the start limit (burst 10,
+        # one used) is checked before a body is parsed: malformed ones are 400s, then 429s.
+        big = {"client_name": "x" * 5000, "scopes": ["tasks:read"]}
+        assert anon.post("/pairings", json=big).status_code == 413
+        codes = [
+            anon.post("/pairings", content=b"{", headers={"Content-Type": "application/json"})
+            for _ in range(10)
+        ]
+        assert [c.status_code for c in codes] == [400] * 9 + [429], [c.text for c in codes]

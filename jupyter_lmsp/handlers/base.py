@@ -196,6 +196,8 @@ class LMSPHandler(APIHandler):
     error_code: str | None = None
     # Its GET only opens a WebSocket (handlers.websocket), which is no documented operation.
     websocket_get: bool = False
+    # A route's own body limit, below `max_body_bytes` (an unauthenticated route's: a few KiB).
+    body_limit: int | None = None
 
     def initialize(self, ctx: ServiceContext) -> None:
         self.ctx = ctx
@@ -211,8 +213,8 @@ class LMSPHandler(APIHandler):
                 size = int(declared)
             except ValueError:
                 raise invalid("'Content-Length' is not a number.", param="Content-Length") from None
-            if size > self.ctx.max_body_bytes:
-                raise too_large(self.ctx.max_body_bytes)
+            if size > self._body_limit():
+                raise too_large(self._body_limit())
         # A body that trickles in is dropped (with the connection) after this long.
         if isinstance(self.request.connection, HTTP1Connection):
             self.request.connection.set_body_timeout(self.ctx.body_timeout)
@@ -221,13 +223,21 @@ class LMSPHandler(APIHandler):
         if self._finished:
             return  # already answered (a 413): the rest is discarded with the connection
         self._received += len(chunk)
-        if self._received > self.ctx.max_body_bytes:
+        if self._received > self._body_limit():
             self._chunks.clear()
-            error = too_large(self.ctx.max_body_bytes)
+            error = too_large(self._body_limit())
             self.send_error(error.status, exc_info=(type(error), error, None))
             return
         if self._deferred_error is None:  # a refused request's body is counted, never kept
             self._chunks.append(chunk)
+
+    def _body_limit(self) -> int:
+        limit = self.ctx.max_body_bytes
+        return min(limit, self.body_limit) if self.body_limit is not None else limit
+
+    def admit_early(self) -> None:
+        """Checks a route makes before its body is read (a rate limit); an `LMSPError` raised
+        here is its answer, and the body (within its limit) is dropped unread."""
 
     @property
     def raw_body(self) -> bytes:
@@ -240,6 +250,7 @@ class LMSPHandler(APIHandler):
         # Before anything else looks at the request: its size, then its credentials.
         self._check_declared_size()
         try:
+            self.admit_early()
             await self._prepare_caller()
         except (LMSPError, web.HTTPError) as e:
             # Answered from the operation, once the body (within the limit) has arrived and

@@ -1,7 +1,8 @@
 """`/lmsp/v1/pairings` and `/lmsp/v1/clients`: the pairing flow and the owner's client list.
 
 Starting a pairing and polling for its token need no credentials (the client has none yet);
-starting is rate-limited per remote address, polling per pairing. Neither takes an
+starting is rate-limited per remote address (before its body, at most 4 KiB, is read), polling
+per pairing. Neither takes an
 `Idempotency-Key`: nothing is keyed before the caller is known, and starting's result holds the
 device code, a secret, which must never be stored to be replayed. Deciding and managing clients
 need `clients:admin`.
@@ -26,6 +27,15 @@ from .base import LMSPHandler, operation
 
 
 class PairingsHandler(LMSPHandler):
+    # Unauthenticated: a start is a client name and a few scopes (issue 43: a 1 MiB body
+    # parsed before the rate limit stalled the loop for seconds).
+    body_limit = 4096
+
+    def admit_early(self) -> None:
+        if self.request.method == "POST":
+            # Before the body is read or parsed: a flood costs a token-bucket check each.
+            self.ctx.pairing_limiter.check(self.remote_address)
+
     @operation(
         "startPairing",
         "Start pairing a client (no credentials): the device flow of RFC 8628",
@@ -35,7 +45,6 @@ class PairingsHandler(LMSPHandler):
         errors=(429,),
     )
     async def post(self, body: StartPairingRequest) -> None:
-        self.ctx.pairing_limiter.check(self.remote_address)
         started = await self.call(
             pairing.start,
             self.ctx.db,
