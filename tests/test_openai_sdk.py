@@ -334,7 +334,7 @@ def test_unsupported_fields_name_the_most_significant(client):
     for kwargs, param in (
         ({"text": {"verbosity": "low"}}, "text.verbosity"),
         ({"include": ["file_search_call.results"]}, "include[0]"),
-        ({"conversation": "conv_123"}, "conversation"),
+        ({"prompt": {"id": "pmpt_123"}}, "prompt"),
         ({"service_tier": "scale"}, "service_tier"),
     ):
         with pytest.raises(openai.BadRequestError) as e:
