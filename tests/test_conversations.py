@@ -18,13 +18,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from scriptedmodel import ANSWER_TEXT, CALL_TEXT, RESULT_MARKER, make_scripted_model
+from scriptedmodel import ANSWER_TEXT, CALL_NAME, CALL_TEXT, RESULT_MARKER, make_scripted_model
 from serverproc import TOKEN, ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 MODEL = "scripted"
-WINDOW = 256
+WINDOW = 768
 GREEDY: dict[str, Any] = {"model": MODEL, "temperature": 0, "max_output_tokens": 8}
 REMEMBER = f"The code word is {RESULT_MARKER}."
 
@@ -162,6 +162,52 @@ def test_a_response_in_a_conversation_is_given_its_items_and_adds_its_turn(sdk, 
     assert missing.status_code == 404 and missing.json()["error"]["param"] == "conversation"
     with pytest.raises(openai.BadRequestError):
         sdk.responses.create(input="x", conversation=conv.id, previous_response_id=first.id)
+
+
+def test_a_tool_round_trip_through_a_conversation(sdk):
+    tools = [
+        {
+            "type": "function",
+            "name": CALL_NAME,
+            "parameters": {
+                "type": "object",
+                "properties": {"cmd": {"type": "string"}},
+                "required": ["cmd"],
+            },
+        }
+    ]
+    conv = sdk.conversations.create()
+    called = sdk.responses.create(
+        model=MODEL, input="Run it.", conversation=conv.id, tools=tools, temperature=0
+    )
+    (call,) = called.output
+    assert call.type == "function_call" and call.name == CALL_NAME
+    # Only the call's output is sent: the call itself comes from the conversation.
+    answered = sdk.responses.create(
+        model=MODEL,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "hi"}],
+        conversation=conv.id,
+        tools=tools,
+        temperature=0,
+    )
+    assert answered.output_text == ANSWER_TEXT
+    # Custom tool items (listed with a status) are read back as history too.
+    sdk.responses.create(
+        input=[
+            {"type": "custom_tool_call", "call_id": "c9", "name": "x", "input": "abc"},
+            {"type": "custom_tool_call_output", "call_id": "c9", "output": "ok"},
+            {"role": "user", "content": "go"},
+        ],
+        conversation=conv.id,
+        **GREEDY,
+    )
+    assert sdk.responses.create(input="Again.", conversation=conv.id, **GREEDY).status == (
+        "completed"
+    )
+    kinds = [i.type for i in sdk.conversations.items.list(conv.id, order="asc", limit=100)]
+    assert kinds[:4] == ["message", "function_call", "function_call_output", "message"]
+    assert kinds[4:6] == ["custom_tool_call", "custom_tool_call_output"]
+    assert len(kinds) == 10
 
 
 def _pair(http: httpx.Client, server: ServerProcess, scopes: list[str]) -> openai.OpenAI:

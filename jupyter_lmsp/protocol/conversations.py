@@ -160,4 +160,13 @@ _ITEMS = TypeAdapter(list[InputItemParam])
 def history_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A conversation's stored items as the chat messages a prompt is made of (as `input`'s
     items become them; compaction and sealed reasoning still to be opened by the service)."""
-    return engine_messages(_ITEMS.validate_python(items), param="conversation")
+    # A custom tool's output listed from a response's input carries a `status` (as its
+    # `input_items` shows it), which such an item sent as `input` does not take.
+    readable = [
+        {k: v for k, v in item.items() if k != "status"} if item.get("type") in _NO_STATUS else item
+        for item in items
+    ]
+    return engine_messages(_ITEMS.validate_python(readable), param="conversation")
+
+
+_NO_STATUS = ("custom_tool_call_output", "compaction")
