@@ -485,6 +485,29 @@ def test_the_demo_model_completes_a_tool_loop(demo_server, strict):  # noqa: F81
         assert all(item.type == "message" for item in answered.output)
 
 
+def test_the_demo_model_parses_a_float_field(demo_server, strict):  # noqa: F811
+    """Issue 43: at temperature 0 the demo model once wrote a float field's digits until
+    `max_output_tokens` (180 of them); numbers are bounded, so `responses.parse` gets an
+    object."""
+
+    class City(BaseModel):
+        name: str
+        country: str
+        population_millions: float
+
+    with make_client(demo_server, strict) as client:
+        parsed = client.responses.parse(
+            model=MODEL,
+            input="Describe Tokyo: its name, country and population in millions.",
+            text_format=City,
+            temperature=0,
+            max_output_tokens=200,
+        )
+        assert parsed.status == "completed", parsed.output_text
+        assert isinstance(parsed.output_parsed, City), parsed.output_text
+        assert parsed.output_parsed.name
+
+
 def test_a_call_cut_by_the_token_limit_is_incomplete(client):
     # The random model pads the JSON with whitespace: the smallest of these limits that ends
     # inside the call (its name known, its arguments not closed).

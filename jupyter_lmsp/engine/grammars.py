@@ -34,6 +34,8 @@ What the grammars allow:
 
 JSON whitespace is limited to at most 12 characters at each place JSON allows it (small models
 otherwise fill `max_tokens` with newlines); separators and indentation stay free within that.
+Numbers are bounded likewise (`json_numbers`: at most 19 digits before the point and 10 after,
+unless the schema states its own bounds).
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from .json_numbers import bounded_numbers
 
 # Whitespace allowed at each place JSON allows it (matched at most once there).
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,12}"
@@ -505,14 +509,15 @@ def _with_options(schema: dict[str, Any], strict: bool) -> dict[str, Any]:
     options = dict(schema.get("x-guidance") or {})
     options.setdefault("whitespace_pattern", JSON_WHITESPACE)
     options["lenient"] = not strict
-    return {**schema, "x-guidance": options}
+    # Numbers bounded as whitespace is (`json_numbers`): a model cannot write digits forever.
+    return {**bounded_numbers(schema), "x-guidance": options}
 
 
 def _json_grammar(schema: dict[str, Any], strict: bool) -> str:
     import llguidance
 
     return llguidance.LLMatcher.grammar_from_json_schema(
-        schema,
+        bounded_numbers(schema),
         defaults={"whitespace_pattern": JSON_WHITESPACE},
         overrides={"lenient": not strict},
     )
