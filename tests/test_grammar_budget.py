@@ -257,3 +257,21 @@ def _bombs_meanwhile(server: Any, bomber: httpx.Client, other: httpx.Client) -> 
     assert max(waits) < 1.0, waits
     gaps = [gap for at, gap in out["gaps"] if window_start <= at <= window_end + 0.5]
     assert gaps and max(gaps) < 1.0, max(gaps, default=None)
+
+
+def test_stop_sequences_and_stored_errors_are_capped():
+    from jupyter_lmsp.protocol.errors import LMSPError
+    from jupyter_lmsp.services.generation import MAX_STOP_CHARS, Generation, check
+    from jupyter_lmsp.store.rules.endings import MAX_ERROR_CHARS, capped_error
+
+    check(Generation(stop=["x" * MAX_STOP_CHARS]))
+    with pytest.raises(LMSPError) as refused:
+        check(Generation(stop=["end", "x" * 200_000]))
+    assert refused.value.status == 400 and refused.value.param == "stop"
+    assert "200000" in refused.value.message
+    error = capped_error({"code": "grammar_invalid", "message": "g" * 159_000})
+    assert error is not None and error["code"] == "grammar_invalid"
+    assert len(error["message"]) < MAX_ERROR_CHARS + 40
+    assert error["message"].endswith(f"({159_000 - MAX_ERROR_CHARS} more characters)")
+    short = {"code": "x", "message": "short"}
+    assert capped_error(short) is short and capped_error(None) is None

@@ -121,6 +121,10 @@ class Generation:
         return {c.name for c in self.tools.customs} if self.tools is not None else set()
 
 
+# The longest stop sequence taken (characters).
+MAX_STOP_CHARS = 1024
+
+
 def check(generation: Generation) -> None:
     """Refuse, with a 400 saying why and where, what the engine could not enforce, or what
     passes the counted limits of a schema (`engine.schema_limits`: linear in its size).
@@ -138,6 +142,16 @@ def check(generation: Generation) -> None:
             "'logprobs' (or 'tools').",
             param="top_logprobs" if not generation.chat else "logprobs",
         )
+    for stop in generation.stop:
+        if len(stop) > MAX_STOP_CHARS:
+            # The worker checks the end of the text against every beginning of each stop
+            # after every token: a 200,000-character stop made that quadratic (issue 43).
+            raise invalid(
+                f"A stop sequence may have at most {MAX_STOP_CHARS} characters; one has "
+                f"{len(stop)}.",
+                param="stop",
+                code="invalid_value",
+            )
     tools = generation.engine_tools()
     fmt = generation.engine_format()
     issue = check_limits(fmt, tools)

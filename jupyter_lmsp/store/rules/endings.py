@@ -51,15 +51,16 @@ def terminate(
     task.state = outcome.state
     task.finished_at = now
     task.runner_id = None  # a finished task is nobody's to drive
-    if outcome.error is not None:
-        task.error = json.dumps(outcome.error)
+    error = capped_error(outcome.error)
+    if error is not None:
+        task.error = json.dumps(error)
     if response is not None:
         if was_open:
             response.output = json.dumps(Attempt.load(task.snapshot).output(lookup))
         if outcome.usage is not None:
             response.usage = json.dumps(outcome.usage)
-        if outcome.error is not None:
-            response.error = json.dumps(outcome.error)
+        if error is not None:
+            response.error = json.dumps(error)
         response.incomplete_reason = outcome.incomplete_reason if incomplete else None
         response.completed_at = now
         kind = ev.INCOMPLETE if incomplete else _TERMINAL_EVENT[outcome.state]
@@ -69,8 +70,24 @@ def terminate(
             {
                 "type": f"task.{outcome.state}",
                 "task_id": task.id,
-                "error": outcome.error,
+                "error": error,
                 "result": outcome.result,
             }
         )
     return events
+
+
+# The longest error message stored (issue 43: a schema failing at run time once stored its
+# whole 159 KB grammar in the message, in the task, the response and the terminal event).
+MAX_ERROR_CHARS = 2048
+
+
+def capped_error(error: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`error` with its message cut to `MAX_ERROR_CHARS` (marked where it was cut)."""
+    if error is None:
+        return None
+    message = error.get("message")
+    if not isinstance(message, str) or len(message) <= MAX_ERROR_CHARS:
+        return error
+    cut = len(message) - MAX_ERROR_CHARS
+    return {**error, "message": message[:MAX_ERROR_CHARS] + f"... ({cut} more characters)"}
