@@ -18,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, delete, func, insert, select, update
+from sqlalchemy import bindparam, delete, insert, select, update
 from sqlalchemy.engine import Connection
 
 from ..protocol.objects import input_items
@@ -49,11 +49,6 @@ _ALL_ITEMS = (
     select(_ITEMS.c.item)
     .where(_ITEMS.c.conversation_id == bindparam("conversation_id"))
     .order_by(_ITEMS.c.position)
-)
-_COUNT = (
-    select(func.count())
-    .select_from(_ITEMS)
-    .where(_ITEMS.c.conversation_id == bindparam("conversation_id"))
 )
 
 
@@ -162,11 +157,6 @@ def conversation_items(db: Database, conversation_id: str) -> list[dict[str, Any
             json.loads(text)
             for text in conn.execute(_ALL_ITEMS, {"conversation_id": conversation_id}).scalars()
         ]
-
-
-def count_items(db: Database, conversation_id: str) -> int:
-    with db.reading() as conn:
-        return int(conn.execute(_COUNT, {"conversation_id": conversation_id}).scalar_one())
 
 
 def join_turn(conn: Connection, task: Any, response: Any, now: float) -> int:
