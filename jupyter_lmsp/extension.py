@@ -164,6 +164,16 @@ class LMSPExtension(ExtensionApp):
     prompt_cache_bytes = Integer(
         1024**3, help="Memory the worker may keep KV caches of earlier prompts in (0: none)."
     ).tag(config=True)
+    max_loaded_bytes = Integer(
+        0,
+        help="Bytes the loaded models' weights may take together (0: half the machine's "
+        "memory); the least recently used idle ones are unloaded to make room.",
+    ).tag(config=True)
+    keep_alive = Float(
+        300.0,
+        help="Seconds a model stays loaded once idle (0: unloaded after each request; "
+        "negative: until it is evicted for room). A request's own keep_alive overrides it.",
+    ).tag(config=True)
     gather_window = Float(
         0.02,
         help="Seconds an idle worker waits for another job of a burst before its first step "
@@ -522,6 +532,8 @@ class LMSPExtension(ExtensionApp):
             prompt_cache_bytes=max(0, self.prompt_cache_bytes),
             gather_window=self.gather_window,
             gather_limit=self.gather_limit,
+            max_loaded_bytes=max(0, self.max_loaded_bytes),
+            keep_alive=self.keep_alive,
             speculation=SpeculationSettings(
                 enabled=self.speculative_decoding,
                 max_draft=self.speculative_max_draft,

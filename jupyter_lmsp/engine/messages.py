@@ -52,6 +52,10 @@ class WorkerSettings:
     gather_limit: float = 0.15
     # Speculative decoding (`speculative`): on by default.
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
+    # Loaded models (`residency`): the bytes their weights may take (0: half the machine's
+    # memory), and how long an idle one stays loaded (seconds; negative: until evicted).
+    max_loaded_bytes: int = 0
+    keep_alive: float = 300.0
 
 
 @dataclass
@@ -107,6 +111,9 @@ class GenerateJob:
     # block before its end marker is forced (None: no limit).
     reasoning_effort: str | None = None
     max_reasoning_tokens: int | None = None
+    # How long the model stays loaded once idle after this job (`residency`; None: the
+    # worker's keep-alive, 0: unloaded when done, negative: until evicted).
+    keep_alive: float | None = None
 
     def resume_points(self) -> list[ChoiceResume]:
         """Each choice's resume point (empty token lists for a fresh job)."""
@@ -130,6 +137,8 @@ class EmbedJob:
     inputs: list[str | list[int]]
     dimensions: int | None = None
     expected_files: list[dict[str, Any]] | None = None
+    # As `GenerateJob.keep_alive`.
+    keep_alive: float | None = None
 
 
 @dataclass
@@ -340,6 +349,28 @@ class JobCancelled:
 
     job_id: str
     output_tokens: int
+
+
+@dataclass
+class ModelLoaded:
+    """A model was verified and loaded (`residency`): its folder, registered digest (None for
+    an unregistered one), the bytes of its weights and of every loaded model's now."""
+
+    path: str
+    digest: str | None
+    nbytes: int
+    resident_bytes: int
+
+
+@dataclass
+class ModelUnloaded:
+    """A model was unloaded: `reason` "budget" (room for another), "idle" (its keep-alive ran
+    out) or "asked"."""
+
+    path: str
+    digest: str | None
+    reason: str
+    resident_bytes: int
 
 
 @dataclass

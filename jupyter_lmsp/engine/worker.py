@@ -84,6 +84,8 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     JobStarted,
     JobTokens,
+    ModelLoaded,
+    ModelUnloaded,
     Shutdown,
     SlotsWanted,
     StepTokens,
@@ -94,6 +96,7 @@ from jupyter_lmsp.engine.messages import (
 from jupyter_lmsp.engine.penalties import PENALTY_LIMIT
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 from jupyter_lmsp.engine.reasoning import after_thinking, effort_args
+from jupyter_lmsp.engine.residency import Residency, model_bytes
 from jupyter_lmsp.engine.speculative import SpeculationSettings
 from jupyter_lmsp.engine.thinking import ReasoningCounter, Thinking
 
@@ -103,8 +106,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Loaded models kept in memory, least recently used evicted first.
-MAX_CACHED_MODELS = 2
 # How often an idle worker wakes up to check that its parent is still alive.
 IDLE_POLL_SECONDS = 0.5
 # When an idle worker gets a job, it waits for more before its first step: requests sent
@@ -307,8 +308,11 @@ class Worker:
         gather_window: float = GATHER_WINDOW,
         gather_limit: float = GATHER_LIMIT,
         speculation: SpeculationSettings | None = None,
+        residency: Residency | None = None,
     ) -> None:
         self._conn = conn
+        # Which models stay loaded: the memory budget and idle unload (`residency`).
+        self._residency = residency or Residency()
         self._gather_window = gather_window
         self._gather_limit = max(gather_limit, gather_window)
         self._token_delay = token_delay
@@ -543,12 +547,42 @@ class Worker:
         install_checkpoints(result.model, self._checkpoints)
         self._models[result.key] = (result.model, result.tokenizer)
         self._models.move_to_end(result.key)
-        while len(self._models) > MAX_CACHED_MODELS:
-            old_key, _ = self._models.popitem(last=False)
-            self._scheduler.forget_model(old_key)
-            from jupyter_lmsp.engine.constraints import forget_tokenizer
+        nbytes = model_bytes(result.model)
+        self._residency.loaded(result.key, nbytes)
+        self._send(
+            ModelLoaded(
+                result.key[0], _digest_of(result.key), nbytes, self._residency.resident_bytes
+            )
+        )
+        # Not unloaded for room before its waiting jobs have run.
+        self._keep_to_budget(also={result.key})
 
-            forget_tokenizer(old_key)
+    def _busy(self) -> set[tuple[Any, ...]]:
+        """The models with work in flight: jobs decoding or prefilling on them (the
+        scheduler's batches), embeddings queued for them, jobs waiting for their load."""
+        batches = getattr(self._scheduler, "_batches", {})
+        return set(batches) | self._embeds.keys() | set(self._waiting)
+
+    def _keep_to_budget(self, also: set[tuple[Any, ...]] | None = None) -> None:
+        """Unload the idle models over the budget (least recently used first) and those idle
+        past their keep-alive; a busy model (or one in `also`) counts as used now."""
+        busy = self._busy() | (also or set())
+        for key in busy:
+            self._residency.used(key)
+        for key in self._residency.over_budget(busy):
+            self._unload(key, "budget")
+        for key in self._residency.expired(busy):
+            self._unload(key, "idle")
+
+    def _unload(self, key: tuple[Any, ...], reason: str) -> None:
+        from jupyter_lmsp.engine.constraints import forget_tokenizer
+
+        self._models.pop(key, None)
+        self._scheduler.forget_model(key)
+        forget_tokenizer(key)
+        self._embed_specs.pop(key, None)
+        self._residency.unloaded(key)
+        self._send(ModelUnloaded(key[0], _digest_of(key), reason, self._residency.resident_bytes))
 
     # --- embeddings ------------------------------------------------------------------------
 
@@ -571,6 +605,7 @@ class Worker:
         from jupyter_lmsp.engine.embedding import prepare
 
         model, tokenizer = self._models[key]
+        self._residency.used(key, job.keep_alive)
         try:
             request = prepare(
                 job.job_id, key, job.inputs, job.dimensions, model, tokenizer, self._embed_specs
@@ -630,6 +665,7 @@ class Worker:
                 if not self._scheduler.active:
                     self._pump()
                     continue
+            self._keep_to_budget()
             if not self._scheduler.active:
                 self._pump(IDLE_POLL_SECONDS)
                 continue
@@ -690,6 +726,7 @@ class Worker:
                     self._loader.request(key, Path(key[0]), job.expected_files)
                     continue
                 self._models.move_to_end(key)
+                self._residency.used(key, job.keep_alive)
                 self._start(job, key, *loaded)
             except JobError as exc:
                 self._send(JobFailed(job.job_id, exc.code, exc.message))
@@ -938,6 +975,11 @@ def _resumed_tokens(job: GenerateJob | EmbedJob) -> int:
     return sum(len(point.token_ids) for point in job.resume_points())
 
 
+def _digest_of(key: tuple[Any, ...]) -> str | None:
+    """A model key's registered digest (None for an unregistered model's listing key)."""
+    return key[1] if len(key) > 1 and isinstance(key[1], str) else None
+
+
 def _listing(path: Path) -> tuple[tuple[str, int, int], ...]:
     stats = ((entry.name, entry.stat()) for entry in path.iterdir())
     return tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
@@ -1041,6 +1083,7 @@ def worker_main(
             gather_window=settings.gather_window,
             gather_limit=settings.gather_limit,
             speculation=settings.speculation,
+            residency=Residency(settings.max_loaded_bytes, settings.keep_alive),
         ).serve()
     except _ParentGone:
         pass

@@ -51,6 +51,12 @@ class CreateEmbeddingRequest(Body):
         "again); only for an embedding model, up to its vector size.",
     )
     user: str | None = Field(None, description="Accepted and ignored, as OpenAI's end-user id.")
+    keep_alive: float | None = Field(
+        None,
+        description="Seconds the model stays loaded once idle after this request, as Ollama's "
+        "`keep_alive` (0: unloaded when done; negative: until evicted for room; absent: the "
+        "server's `keep_alive`).",
+    )
 
     @field_validator("input", mode="before")
     @classmethod

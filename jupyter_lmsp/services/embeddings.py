@@ -146,6 +146,7 @@ class Embedder:
             request.inputs(),
             request.dimensions,
             registered_files(model),
+            keep_alive=request.keep_alive,
         )
         future: asyncio.Future[EmbedResult] = asyncio.get_running_loop().create_future()
         self._waiting[job.job_id] = future

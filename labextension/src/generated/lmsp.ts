@@ -1342,6 +1342,11 @@ export interface components {
              * @default null
              */
             user?: string | null;
+            /**
+             * @description Seconds the model stays loaded once idle after this request, as Ollama's `keep_alive` (0: unloaded when done; negative: until evicted for room; absent: the server's `keep_alive`).
+             * @default null
+             */
+            keep_alive?: number | null;
         };
         /**
          * CreateResponseRequest
