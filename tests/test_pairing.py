@@ -446,3 +446,14 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
             for _ in range(10)
         ]
         assert [c.status_code for c in codes] == [400] * 9 + [429], [c.text for c in codes]
+
+
+def test_a_client_name_cannot_hide_behind_control_or_bidi_characters(server):
+    """Issue 43: the owner reads the name on the approval card."""
+    with httpx.Client(base_url=server.api, timeout=30) as anon:
+        for name in ("evil\u202egnp.exe", "nul\x00byte", "two\nlines", "zero\u200bwidth"):
+            r = anon.post("/pairings", json={"client_name": name, "scopes": ["tasks:read"]})
+            assert r.status_code == 400, (name, r.text)
+            assert r.json()["error"]["param"] == "client_name"
+        fine = anon.post("/pairings", json={"client_name": "Café ☕", "scopes": ["tasks:read"]})
+        assert fine.status_code == 201, fine.text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
@@ -29,7 +30,20 @@ Scopes = Annotated[list[Scope], BeforeValidator(_known_scopes)]
 def _client_name(value: Any) -> Any:
     if not isinstance(value, str) or not 1 <= len(value.strip()) <= 100:
         raise refuse("invalid_value", "'{param}' must be a string of 1 to 100 characters.")
+    if any(_unshowable(c) for c in value):
+        # The owner reads the name on the approval card: a NUL, a newline or a bidi override
+        # (U+202E) would make one client's request look like another's (issue 43).
+        raise refuse(
+            "invalid_value",
+            "'{param}' must not contain control, format or bidirectional-override characters.",
+        )
     return value.strip()
+
+
+def _unshowable(char: str) -> bool:
+    """Control characters (Cc), format characters (Cf: the bidi embeddings, overrides and
+    isolates, zero-width joiners), and line or paragraph separators."""
+    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp")
 
 
 class StartPairingRequest(Body):
