@@ -34,8 +34,16 @@ def _items(client, conversation_id):
     return page["data"]
 
 
-def test_kill_9_leaves_a_turn_once_or_not_at_all(lmsp_data):
-    server = ServerProcess(lmsp_data, **SLOW).start()
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request):
+    """The server's database: its data folder's SQLite file, or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return {}
+    return {"db_url": request.getfixturevalue("pg_url")}
+
+
+def test_kill_9_leaves_a_turn_once_or_not_at_all(lmsp_data, backend):
+    server = ServerProcess(lmsp_data, **SLOW, **backend).start()
     with server.client() as c:
         conv = c.post(
             "/conversations", json={"items": [{"role": "user", "content": "Hello there."}]}
@@ -62,7 +70,7 @@ def test_kill_9_leaves_a_turn_once_or_not_at_all(lmsp_data):
             assert c.get(f"/responses/{response['id']}").json()["status"] == "in_progress"
     server.kill()
 
-    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data, **backend).start() as server2, server2.client() as c:
         resumed = _wait(c, started["resume"]["id"], lambda r: r["completed_at"] is not None)
         failed = _wait(c, started["fail"]["id"], lambda r: r["status"] == "failed")
         assert resumed["status"] in ("completed", "incomplete")
