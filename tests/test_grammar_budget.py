@@ -111,7 +111,7 @@ def test_a_slow_compile_is_killed_at_its_deadline_and_the_gate_goes_on(test_mode
         # Answers are kept: the slow schema is refused again without compiling.
         started = time.perf_counter()
         assert asyncio.run(check(slow_schema(4))).part == "format"
-        assert time.perf_counter() - started < 0.1 and gate.kills == 1
+        assert time.perf_counter() - started < 1.0 and gate.kills == 1
     finally:
         gate.close()
 
