@@ -57,6 +57,7 @@ from .services.grammar_gate import GrammarGate
 from .services.lease import RunnerLease
 from .services.loopwatch import LoopWatch
 from .services.registration import ModelRegistrar
+from .services.residency import ModelResidency
 from .services.runner import TaskRunner
 from .services.sealing import Sealer
 from .store import Database, queries, rules
@@ -406,6 +407,9 @@ class LMSPExtension(ExtensionApp):
             runner_id=lambda: runner.runner_id,
         )
         runner.cancel_listeners.append(registrar.kill)
+        # What the worker holds (GET /models shows it).
+        residency = ModelResidency(runner)
+        catalog.residency = residency.loaded_bytes
         self.feed = EventFeed(self.db, bus, runner, interval=self.event_poll_interval)
         # Whoever starts the runner (the server's start, or the first request) starts these.
         runner.start_listeners.append(self._start_background)
@@ -437,6 +441,7 @@ class LMSPExtension(ExtensionApp):
             owner_from=self.owner_from,
             blas=self.blas,
             embedder=Embedder(runner),
+            residency=residency,
         )
         self._purge_task: asyncio.Task[None] | None = None
         self._metrics_task: asyncio.Task[None] | None = None

@@ -215,3 +215,36 @@ def test_queue_batches_jobs_in_one_pass(tiny: tuple[Any, Any]) -> None:
         queue.step(budget=1)
         passes += 1
     assert passes == 3
+
+
+def test_load_unload_and_the_models_list(server: SharedServer) -> None:
+    """`POST /models/{id}/load` and `/unload`; `GET /models` shows the state and the bytes;
+    the metrics show the resident models and count unloads (issue 39)."""
+    import httpx
+
+    api = server.url(BASE_URL + "lmsp/v1")
+    with httpx.Client(
+        base_url=api, headers={"Authorization": f"token {server.token}"}, timeout=60
+    ) as http:
+        gone = http.post(f"/models/{EMBED}/unload")
+        assert gone.status_code == 200 and gone.json()["state"] == "available"
+        assert gone.json()["loaded_bytes"] is None
+        loaded = http.post(f"/models/{EMBED}/load", json={"keep_alive": -1})
+        assert loaded.status_code == 200, loaded.text
+        assert loaded.json()["state"] == "loaded" and loaded.json()["loaded_bytes"] > 0
+        listed = {m["id"]: m for m in http.get("/models").json()["data"]}
+        assert listed[EMBED]["state"] == "loaded"
+        assert listed[EMBED]["loaded_bytes"] == loaded.json()["loaded_bytes"]
+        again = http.post(f"/models/{EMBED}/load")
+        assert again.status_code == 200 and again.json()["state"] == "loaded"
+        exposition = http.get("/metrics").text
+        gauges = dict(
+            line.split(" ", 1) for line in exposition.splitlines() if line.startswith("lmsp_models")
+        )
+        assert float(gauges["lmsp_models_loaded"]) >= 1
+        assert float(gauges["lmsp_models_resident_bytes"]) >= loaded.json()["loaded_bytes"]
+        unloaded = http.post(f"/models/{EMBED}/unload")
+        assert unloaded.json()["state"] == "available"
+        assert 'lmsp_model_unloads_total{reason="asked"}' in http.get("/metrics").text
+        missing = http.post("/models/no-such-model/load")
+        assert missing.status_code == 404

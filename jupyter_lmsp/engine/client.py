@@ -35,8 +35,10 @@ from jupyter_lmsp.engine.messages import (
     JobComing,
     JobFailed,
     JobFinished,
+    LoadModel,
     Shutdown,
     SlotsWanted,
+    UnloadModel,
     WorkerExited,
     WorkerSettings,
 )
@@ -324,8 +326,9 @@ class EngineClient:
             session.in_flight[job.job_id] = None
             session.outbox.put(job)
 
-    def send(self, message: EmbedJob | CancelJob) -> None:
-        """Send a message outside the task path (an `EmbedJob`, or the `CancelJob` of one).
+    def send(self, message: EmbedJob | CancelJob | LoadModel | UnloadModel) -> None:
+        """Send a message outside the task path (an `EmbedJob` or the `CancelJob` of one, a
+        `LoadModel`, an `UnloadModel`).
         Its answer comes through `on_message` like the others; a worker that dies first takes
         it without a `WorkerExited` naming it (the caller fails what it waits for on any
         `WorkerExited`). Raises `EngineNotRunning` if there is no live worker."""

@@ -352,14 +352,39 @@ class JobCancelled:
 
 
 @dataclass
+class LoadModel:
+    """Load a model now (`POST /models/{id}/load`), as a job would; answered by `ModelLoaded`
+    with this `job_id` (also when it was loaded already) or `JobFailed`. `keep_alive` as a
+    job's."""
+
+    job_id: str
+    model_path: str
+    expected_files: list[dict[str, Any]] | None = None
+    keep_alive: float | None = None
+
+
+@dataclass
+class UnloadModel:
+    """Unload a model now (`POST /models/{id}/unload`); answered by `ModelUnloaded` with this
+    `job_id` (reason "asked", or "not_loaded"), or `JobFailed` `model_busy` while work on it is
+    in flight."""
+
+    job_id: str
+    model_path: str
+    expected_files: list[dict[str, Any]] | None = None
+
+
+@dataclass
 class ModelLoaded:
     """A model was verified and loaded (`residency`): its folder, registered digest (None for
-    an unregistered one), the bytes of its weights and of every loaded model's now."""
+    an unregistered one), the bytes of its weights and of every loaded model's now; `job_id`
+    is the `LoadModel`'s that asked (None for a load a job caused)."""
 
     path: str
     digest: str | None
     nbytes: int
     resident_bytes: int
+    job_id: str | None = None
 
 
 @dataclass
@@ -371,6 +396,7 @@ class ModelUnloaded:
     digest: str | None
     reason: str
     resident_bytes: int
+    job_id: str | None = None
 
 
 @dataclass

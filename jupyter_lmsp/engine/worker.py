@@ -84,12 +84,14 @@ from jupyter_lmsp.engine.messages import (
     JobFinished,
     JobStarted,
     JobTokens,
+    LoadModel,
     ModelLoaded,
     ModelUnloaded,
     Shutdown,
     SlotsWanted,
     StepTokens,
     TokenLogprob,
+    UnloadModel,
     WorkerReady,
     WorkerSettings,
 )
@@ -338,7 +340,7 @@ class Worker:
         self._compiling: dict[str, GenerateJob] = {}
         self._prepared: dict[str, _Prepared] = {}
         # Jobs waiting for their model to be verified and loaded, by model key.
-        self._waiting: dict[tuple[Any, ...], list[GenerateJob | EmbedJob]] = {}
+        self._waiting: dict[tuple[Any, ...], list[GenerateJob | EmbedJob | LoadModel]] = {}
         # Embedding jobs' inputs, computed a chunk at a time between decode steps (`embedding`).
         self._embeds = EmbeddingQueue()
         self._embed_specs: dict[tuple[Any, ...], EmbeddingSpec] = {}
@@ -399,6 +401,10 @@ class Worker:
             self._queue.append(message)
         elif isinstance(message, EmbedJob):
             self._embed_job(message)
+        elif isinstance(message, LoadModel):
+            self._load_model(message)
+        elif isinstance(message, UnloadModel):
+            self._unload_model(message)
         elif isinstance(message, JobComing):
             self._coming[message.job_id] = time.monotonic()
         elif isinstance(message, CancelJob):
@@ -501,7 +507,7 @@ class Worker:
 
     # --- models ----------------------------------------------------------------------------
 
-    def _model_key(self, job: GenerateJob | EmbedJob) -> tuple[Any, ...]:
+    def _model_key(self, job: GenerateJob | EmbedJob | LoadModel | UnloadModel) -> tuple[Any, ...]:
         path = Path(job.model_path).expanduser()
         # Checked here because mlx_lm.load treats a missing path as a Hugging Face repo id and
         # tries to download it. (The message names no path: a paired client may read it.)
@@ -541,6 +547,9 @@ class Worker:
             for job in jobs:
                 if isinstance(job, EmbedJob):
                     self._embed_ready(job, result.key)
+                elif isinstance(job, LoadModel):
+                    self._residency.used(result.key, job.keep_alive)
+                    self._send_loaded(result.key, job.job_id)
 
     def _cache_model(self, result: LoadResult) -> None:
         assert result.model is not None and result.tokenizer is not None
@@ -574,7 +583,63 @@ class Worker:
         for key in self._residency.expired(busy):
             self._unload(key, "idle")
 
-    def _unload(self, key: tuple[Any, ...], reason: str) -> None:
+    def _load_model(self, message: LoadModel) -> None:
+        """`LoadModel`: answered at once if the model is loaded, else once its load is done
+        (the one load any job of it waits for)."""
+        try:
+            key = self._model_key(message)
+        except JobError as exc:
+            self._send(JobFailed(message.job_id, exc.code, exc.message))
+            return
+        if key in self._models:
+            self._models.move_to_end(key)
+            self._residency.used(key, message.keep_alive)
+            self._send_loaded(key, message.job_id)
+            return
+        self._waiting.setdefault(key, []).append(message)
+        self._load_asked.setdefault(key, time.monotonic())
+        self._loader.request(key, Path(key[0]), message.expected_files)
+
+    def _send_loaded(self, key: tuple[Any, ...], job_id: str | None) -> None:
+        self._send(
+            ModelLoaded(
+                key[0],
+                _digest_of(key),
+                self._residency.nbytes(key),
+                self._residency.resident_bytes,
+                job_id=job_id,
+            )
+        )
+
+    def _unload_model(self, message: UnloadModel) -> None:
+        """`UnloadModel`: refused while work on the model is in flight."""
+        try:
+            key = self._model_key(message)
+        except JobError as exc:
+            self._send(JobFailed(message.job_id, exc.code, exc.message))
+            return
+        if key not in self._models:
+            self._send(
+                ModelUnloaded(
+                    key[0],
+                    _digest_of(key),
+                    "not_loaded",
+                    self._residency.resident_bytes,
+                    job_id=message.job_id,
+                )
+            )
+        elif key in self._busy():
+            self._send(
+                JobFailed(
+                    message.job_id,
+                    "model_busy",
+                    "The model has work in flight; it can be unloaded once that is done.",
+                )
+            )
+        else:
+            self._unload(key, "asked", message.job_id)
+
+    def _unload(self, key: tuple[Any, ...], reason: str, job_id: str | None = None) -> None:
         from jupyter_lmsp.engine.constraints import forget_tokenizer
 
         self._models.pop(key, None)
@@ -582,7 +647,11 @@ class Worker:
         forget_tokenizer(key)
         self._embed_specs.pop(key, None)
         self._residency.unloaded(key)
-        self._send(ModelUnloaded(key[0], _digest_of(key), reason, self._residency.resident_bytes))
+        self._send(
+            ModelUnloaded(
+                key[0], _digest_of(key), reason, self._residency.resident_bytes, job_id=job_id
+            )
+        )
 
     # --- embeddings ------------------------------------------------------------------------
 
@@ -968,9 +1037,9 @@ def _most_tokens(updates: list[Update]) -> int:
     return max(1, *counts.values()) if counts else 1
 
 
-def _resumed_tokens(job: GenerateJob | EmbedJob) -> int:
+def _resumed_tokens(job: GenerateJob | EmbedJob | LoadModel) -> int:
     """The tokens a job had generated before it came (all its choices)."""
-    if isinstance(job, EmbedJob):
+    if not isinstance(job, GenerateJob):
         return 0
     return sum(len(point.token_ids) for point in job.resume_points())
 

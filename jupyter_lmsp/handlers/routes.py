@@ -35,6 +35,7 @@ from .pairing import (
     PairingsHandler,
     PairingTokenHandler,
 )
+from .residency import ModelLoadHandler, ModelUnloadHandler
 from .responses import (
     ResponseCancelHandler,
     ResponseCompactHandler,
@@ -60,6 +61,8 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/service", ServiceHandler),
     ("/models", ModelsHandler),
     ("/models/{model_id}", ModelHandler),
+    ("/models/{model_id}/load", ModelLoadHandler),
+    ("/models/{model_id}/unload", ModelUnloadHandler),
     ("/responses", ResponsesHandler),
     # Before `/responses/{response_id}`, whose pattern would take the name as an id.
     ("/responses/compact", ResponseCompactHandler),

@@ -443,7 +443,11 @@ def client_object(client: ClientRow) -> dict[str, Any]:
 
 
 def model_object(
-    model: ModelRow, state: str | None = None, *, host_paths: bool = True
+    model: ModelRow,
+    state: str | None = None,
+    loaded_bytes: int | None = None,
+    *,
+    host_paths: bool = True,
 ) -> dict[str, Any]:
     """A registered model in the OpenAI list shape, with LMSP's registry fields (B4).
 
@@ -461,6 +465,7 @@ def model_object(
         files=[ModelFile(**f) for f in json.loads(model.files)] if host_paths else None,
         state=state or model.state,
         source=model.source if host_paths or _is_repo_id(model.source) else None,
+        loaded_bytes=loaded_bytes,
     ).wire()
 
 

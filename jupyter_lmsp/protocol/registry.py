@@ -50,6 +50,11 @@ class Model(WireObject):
         description="A Hugging Face repo id, or the path registered from (null for a paired "
         "client)."
     )
+    loaded_bytes: Annotated[int, Field(ge=0)] | None = Field(
+        None,
+        description="The bytes its weights take in this server's inference worker while it is "
+        "loaded (`state: loaded`); null when it is not.",
+    )
 
 
 class ModelList(WireObject):

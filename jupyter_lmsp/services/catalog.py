@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,9 @@ class ModelCatalog:
         self.max_model_bytes = max_model_bytes
         self._rows: dict[str, Model] = {}
         self._read_at = float("-inf")
+        # The bytes a model's weights take in this server's worker, None when not loaded
+        # (`services.residency`; None: nobody tells).
+        self.residency: Callable[[Model], int | None] | None = None
 
     def forget(self) -> None:
         """Drop the cached rows (after this process changed the registry)."""
@@ -134,7 +138,7 @@ class ModelCatalog:
 
     def list(self, caller: Caller = OWNER) -> list[dict[str, Any]]:
         return [
-            model_object(m, self._state(m), host_paths=caller.is_owner)
+            model_object(m, *self._loaded(m), host_paths=caller.is_owner)
             for m in store.list_models(self.db)
         ]
 
@@ -142,7 +146,15 @@ class ModelCatalog:
         model = store.get_model(self.db, model_id)
         if model is None:
             raise not_found("model", model_id, param="model")
-        return model_object(model, self._state(model), host_paths=caller.is_owner)
+        return model_object(model, *self._loaded(model), host_paths=caller.is_owner)
+
+    def _loaded(self, model: Model) -> tuple[str, int | None]:
+        """A model's state, `loaded` while the worker holds it, and the bytes it takes."""
+        state = self._state(model)
+        nbytes = self.residency(model) if self.residency is not None else None
+        if nbytes is not None and state == "available":
+            state = "loaded"
+        return state, nbytes
 
     def resolve(self, model_id: str | None) -> Model:
         """The model to run for a request's `model` (the default when None)."""

@@ -26,6 +26,7 @@ from .bus import EventBus
 from .catalog import ModelCatalog
 from .embeddings import Embedder
 from .registration import ModelRegistrar
+from .residency import ModelResidency
 from .runner import TaskRunner
 from .sealing import Sealer
 from .webhook_delivery import WebhookDeliverer
@@ -86,6 +87,8 @@ class ServiceContext:
     sealer: Sealer | None = None
     # Embeddings waiting for the inference worker (`POST /embeddings`).
     embedder: Embedder | None = None
+    # The models the worker holds; `POST /models/{id}/load` and `/unload`.
+    residency: ModelResidency | None = None
     # Sends the webhook outbox (issue 38); woken when the owner asks for a redelivery.
     webhooks: WebhookDeliverer | None = None
     executor: ThreadPoolExecutor = field(

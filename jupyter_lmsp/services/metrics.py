@@ -372,6 +372,31 @@ def transaction(job: str, seconds: float) -> None:
         child(TRANSACTIONS, job).observe(seconds)
 
 
+# -- loaded models (issue 39) -------------------------------------------------------------------
+
+MODEL_UNLOADS = _counter(
+    "lmsp_model_unloads",
+    "Models this server's worker unloaded, by reason: budget (room for another), idle (its "
+    "keep-alive ran out), asked (POST /models/{id}/unload).",
+    ["reason"],
+)
+MODELS_RESIDENT_BYTES = _gauge(
+    "lmsp_models_resident_bytes", "Bytes of the weights of the models the worker holds."
+)
+MODELS_LOADED = _gauge("lmsp_models_loaded", "Models the worker holds.")
+
+
+def model_unloaded(reason: str) -> None:
+    if _enabled:
+        child(MODEL_UNLOADS, reason).inc()
+
+
+def models_resident(nbytes: int, count: int) -> None:
+    if _enabled:
+        MODELS_RESIDENT_BYTES.set(nbytes)
+        MODELS_LOADED.set(count)
+
+
 def refresh_from_db(db: Database) -> None:
     """(database thread) Set the gauges read from the database."""
     if not _enabled:

@@ -69,6 +69,46 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/models/{model_id}/load": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Load a model into the inference worker now (verified first; loaded once however many ask)
+         * @description Requires the `models:write` scope.
+         */
+        post: operations["loadModel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/models/{model_id}/unload": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Unload a model from the inference worker now (409 model_busy while work on it runs)
+         * @description Requires the `models:write` scope.
+         */
+        post: operations["unloadModel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/responses": {
         parameters: {
             query?: never;
@@ -2267,6 +2307,14 @@ export interface components {
             /** @description The most choices (`n`) of a chat completion. */
             max_choices: number;
         };
+        /** LoadModelRequest */
+        LoadModelRequest: {
+            /**
+             * @description Seconds it stays loaded once idle (0: unloaded at once when idle; negative: until evicted for room; absent: the server's keep_alive).
+             * @default null
+             */
+            keep_alive?: number | null;
+        };
         /**
          * @description The event types that move a task to `loading`.
          * @enum {string}
@@ -2305,6 +2353,11 @@ export interface components {
             state: "available" | "loaded" | "missing" | "corrupt";
             /** @description A Hugging Face repo id, or the path registered from (null for a paired client). */
             source: string | null;
+            /**
+             * @description The bytes its weights take in this server's inference worker while it is loaded (`state: loaded`); null when it is not.
+             * @default null
+             */
+            loaded_bytes: number | null;
         };
         /** ModelDeleted */
         ModelDeleted: {
@@ -3542,6 +3595,68 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+        };
+    };
+    loadModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The model's id. */
+                model_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["LoadModelRequest"];
+            };
+        };
+        responses: {
+            /** @description The model, `state: loaded`. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Model"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            500: components["responses"]["ServerError"];
+        };
+    };
+    unloadModel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The model's id. */
+                model_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The model, no longer `loaded`. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Model"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            500: components["responses"]["ServerError"];
         };
     };
     createResponse: {
