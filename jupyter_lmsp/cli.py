@@ -4,6 +4,7 @@
     jupyter lmsp pair list|approve CODE [--scopes=a,b]|deny CODE
     jupyter lmsp clients list|revoke CLIENT_ID
     jupyter lmsp models list|import-demo               the models (and the default one); the demo
+    jupyter lmsp models load|unload ID [--url --token] into / out of the running server's worker
     jupyter lmsp purge [--retention-seconds=S]         apply the retention period now
     jupyter lmsp backup PATH                           copy the database, online and consistent
     jupyter lmsp restore PATH [--force]                replace the database with a backup
@@ -292,12 +293,72 @@ class ModelsListCommand(Command):
         return 0
 
 
+class _RunningServerCommand(Command):
+    """A command for the running server (its worker), through the LMSP client: the server
+    found in Jupyter's runtime folder, or `--url` with `--token`."""
+
+    url = Unicode("", help="The Jupyter server's URL (default: the running one found).").tag(
+        config=True
+    )
+    token = Unicode("", help="Its token (default: the one its runtime file names).").tag(
+        config=True
+    )
+
+    def client(self) -> Any:
+        from .client import Client
+
+        return Client(self.url or None, self.token or None)
+
+    def answer(self, call: Callable[[Any], Any]) -> int:
+        from .client.errors import LMSPClientError
+
+        try:
+            with self.client() as client:
+                model = call(client)
+        except LMSPClientError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        loaded = model.raw.get("loaded_bytes")
+        memory = f"  {loaded / 1e6:.1f} MB in memory" if loaded is not None else ""
+        print(f"{model.id}: {model.state}{memory}")
+        return 0
+
+
+class ModelsLoadCommand(_RunningServerCommand):
+    name = "jupyter lmsp models load"
+    description = "Load a model into the running server's inference worker now."
+    keep_alive = Float(
+        None, allow_none=True, help="Seconds it stays loaded once idle (negative: until evicted)."
+    ).tag(config=True)
+    aliases = {
+        "url": "ModelsLoadCommand.url",
+        "token": "ModelsLoadCommand.token",
+        "keep-alive": "ModelsLoadCommand.keep_alive",
+    }
+
+    def run(self) -> int:
+        model_id = self.positional("models load MODEL_ID")
+        return self.answer(lambda client: client.load_model(model_id, self.keep_alive))
+
+
+class ModelsUnloadCommand(_RunningServerCommand):
+    name = "jupyter lmsp models unload"
+    description = "Unload a model from the running server's inference worker now."
+    aliases = {"url": "ModelsUnloadCommand.url", "token": "ModelsUnloadCommand.token"}
+
+    def run(self) -> int:
+        model_id = self.positional("models unload MODEL_ID")
+        return self.answer(lambda client: client.unload_model(model_id))
+
+
 class ModelsCommand(Command):
     name = "jupyter lmsp models"
-    description = "Models: list, import-demo."
+    description = "Models: list, import-demo, load, unload."
     subcommands = {
         "list": (ModelsListCommand, ModelsListCommand.description),
         "import-demo": (ImportDemoCommand, ImportDemoCommand.description),
+        "load": (ModelsLoadCommand, ModelsLoadCommand.description),
+        "unload": (ModelsUnloadCommand, ModelsUnloadCommand.description),
     }
 
 

@@ -185,6 +185,16 @@ class Client:
     def model(self, model_id: str) -> Model:
         return Model.from_wire(self._request("GET", f"/models/{model_id}"))
 
+    def load_model(self, model_id: str, keep_alive: float | None = None) -> Model:
+        """Load a model into the server's inference worker now (`state` becomes `loaded`);
+        `keep_alive`: seconds it stays loaded once idle (0: not kept; negative: until evicted)."""
+        body = {} if keep_alive is None else {"keep_alive": keep_alive}
+        return Model.from_wire(self._request("POST", f"/models/{model_id}/load", json_body=body))
+
+    def unload_model(self, model_id: str) -> Model:
+        """Unload a model from the worker now (refused while work on it runs: `model_busy`)."""
+        return Model.from_wire(self._request("POST", f"/models/{model_id}/unload", json_body={}))
+
     # -- responses -------------------------------------------------------------------------
 
     @staticmethod
