@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,8 @@ from .services.registration import ModelRegistrar
 from .services.residency import ModelResidency
 from .services.runner import TaskRunner
 from .services.sealing import Sealer
-from .store import Database, queries, rules
+from .services.webhook_delivery import DeliverySettings, WebhookDeliverer
+from .store import Database, queries, rules, webhooks
 from .store.database import sqlite_url
 from .store.private import private_folder
 
@@ -316,6 +318,30 @@ class LMSPExtension(ExtensionApp):
         help="Seconds between refreshes of the metrics read from the database (tasks by "
         "state), done off the event loop; /lmsp/v1/metrics refreshes them for its answer.",
     ).tag(config=True)
+    webhook_max_attempts = Integer(
+        10,
+        help="Attempts at delivering one webhook event before it becomes a dead letter "
+        "(listed by GET /lmsp/v1/webhooks/{id}/deliveries?status=dead; the owner may redeliver).",
+    ).tag(config=True)
+    webhook_backoff = Float(
+        5.0,
+        help="Seconds between a webhook's first failed attempt and the next; each later wait "
+        "doubles, up to webhook_backoff_max.",
+    ).tag(config=True)
+    webhook_backoff_max = Float(3600.0, help="The longest wait between webhook attempts.").tag(
+        config=True
+    )
+    webhook_timeout = Float(
+        10.0,
+        help="Seconds a webhook attempt waits to connect, and then for each read of the answer.",
+    ).tag(config=True)
+    webhook_concurrency = Integer(
+        4, help="Webhook deliveries sent at once by this server (at most 2 to one endpoint)."
+    ).tag(config=True)
+    webhook_poll_interval = Float(
+        1.0,
+        help="Seconds between looks for webhook deliveries due (other servers' included).",
+    ).tag(config=True)
     freeze_startup_heap = Bool(
         True,
         help="Once the server has started, take the objects alive then out of the garbage "
@@ -443,6 +469,19 @@ class LMSPExtension(ExtensionApp):
             embedder=Embedder(runner),
             residency=residency,
         )
+        self.ctx.webhooks = WebhookDeliverer(
+            self.db,
+            lambda: runner.runner_id,
+            DeliverySettings(
+                max_attempts=max(1, self.webhook_max_attempts),
+                backoff_initial=self.webhook_backoff,
+                backoff_max=self.webhook_backoff_max,
+                timeout=self.webhook_timeout,
+                concurrency=max(1, self.webhook_concurrency),
+                poll_interval=self.webhook_poll_interval,
+            ),
+            user_agent=f"jupyter-lmsp/{__version__}",
+        )
         self._purge_task: asyncio.Task[None] | None = None
         self._metrics_task: asyncio.Task[None] | None = None
         self.loop_watch: LoopWatch | None = None
@@ -480,6 +519,8 @@ class LMSPExtension(ExtensionApp):
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:
         self.lease.start(loop, self._recovered, self.ctx.runner.lease_lost)
         self.feed.start(loop)
+        if self.ctx.webhooks is not None:
+            self.ctx.webhooks.start()
         if self.loop_watch_path:
             self.loop_watch = LoopWatch(self.loop_watch_path)
             self.loop_watch.start(loop)
@@ -500,6 +541,8 @@ class LMSPExtension(ExtensionApp):
         if self.loop_watch is not None:
             self.loop_watch.stop()
         self.feed.stop()
+        if self.ctx.webhooks is not None:
+            await asyncio.to_thread(self.ctx.webhooks.stop)
         self.lease.stop(unregister=False)
         self.ctx.runner.stop()
         self.ctx.admission.close()
@@ -569,6 +612,10 @@ class LMSPExtension(ExtensionApp):
             # Off the loop: the purge is one write transaction, which may wait for another
             # server's write lock and may delete many rows.
             report = await asyncio.to_thread(rules.purge_expired, self.db, self.retention_seconds)
+            # Delivered webhooks too (pending and dead ones stay, docs/protocol.md "Webhooks").
+            await asyncio.to_thread(
+                webhooks.purge_delivered, self.db, time.time() - self.retention_seconds
+            )
             if report.tasks or report.idempotency_keys:
                 self.log.info(
                     "LMSP retention: purged %d task(s), %d event(s), %d response(s), %d key(s)",

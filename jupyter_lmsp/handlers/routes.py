@@ -52,6 +52,12 @@ from .tasks import (
     TaskHandler,
     TasksHandler,
 )
+from .webhooks import (
+    WebhookDeliveriesHandler,
+    WebhookHandler,
+    WebhookRedeliverHandler,
+    WebhooksHandler,
+)
 from .websocket import document_extension
 
 PREFIX = "/lmsp/v1"
@@ -86,6 +92,10 @@ TABLE: list[tuple[str, type[LMSPHandler]]] = [
     ("/clients", ClientsHandler),
     ("/clients/{client_id}", ClientHandler),
     ("/chat/completions", ChatCompletionsHandler),
+    ("/webhooks", WebhooksHandler),
+    ("/webhooks/{endpoint_id}", WebhookHandler),
+    ("/webhooks/{endpoint_id}/deliveries", WebhookDeliveriesHandler),
+    ("/webhooks/{endpoint_id}/deliveries/{delivery_id}/redeliver", WebhookRedeliverHandler),
     ("/embeddings", EmbeddingsHandler),
     ("/openapi.json", OpenAPIHandler),
     ("/metrics", MetricsHandler),
