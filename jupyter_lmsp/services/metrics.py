@@ -278,6 +278,20 @@ REFUSED = _counter(
     ["status", "reason"],
 )
 
+# -- loaded models (issue 39) -------------------------------------------------------------------
+
+MODEL_UNLOADS = _counter(
+    "lmsp_model_unloads",
+    "Models this server's worker unloaded, by reason: budget (room for another), idle (its "
+    "keep-alive ran out), asked (POST /models/{id}/unload).",
+    ["reason"],
+)
+MODELS_RESIDENT_BYTES = _gauge(
+    "lmsp_models_resident_bytes", "Bytes of the weights of the models the worker holds."
+)
+MODELS_LOADED = _gauge("lmsp_models_loaded", "Models the worker holds.")
+
+
 for _metric in _ALL:
     # Beside Jupyter Server's own metrics at /metrics (one registry per process).
     DEFAULT_REGISTRY.register(_metric)
@@ -372,18 +386,7 @@ def transaction(job: str, seconds: float) -> None:
         child(TRANSACTIONS, job).observe(seconds)
 
 
-# -- loaded models (issue 39) -------------------------------------------------------------------
-
-MODEL_UNLOADS = _counter(
-    "lmsp_model_unloads",
-    "Models this server's worker unloaded, by reason: budget (room for another), idle (its "
-    "keep-alive ran out), asked (POST /models/{id}/unload).",
-    ["reason"],
-)
-MODELS_RESIDENT_BYTES = _gauge(
-    "lmsp_models_resident_bytes", "Bytes of the weights of the models the worker holds."
-)
-MODELS_LOADED = _gauge("lmsp_models_loaded", "Models the worker holds.")
+# -- loaded models (issue 39): recording ----------------------------------------------------------
 
 
 def model_unloaded(reason: str) -> None:
