@@ -567,6 +567,98 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The owner's webhook endpoints
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`.
+         */
+        get: operations["listWebhookEndpoints"];
+        put?: never;
+        /**
+         * Register a webhook endpoint (its signing secret is shown in this answer only)
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`. No `Idempotency-Key`: the answer holds the secret.
+         */
+        post: operations["createWebhookEndpoint"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{endpoint_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * One webhook endpoint
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`.
+         */
+        get: operations["getWebhookEndpoint"];
+        put?: never;
+        /**
+         * Change a webhook endpoint's URL, events, description or enabled flag
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`.
+         */
+        post: operations["updateWebhookEndpoint"];
+        /**
+         * Delete a webhook endpoint and its deliveries
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`.
+         */
+        delete: operations["deleteWebhookEndpoint"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{endpoint_id}/deliveries": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * An endpoint's deliveries, oldest first (`status=dead`: the dead letters)
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`.
+         */
+        get: operations["listWebhookDeliveries"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/webhooks/{endpoint_id}/deliveries/{delivery_id}/redeliver": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Send a delivery again (a dead one included), with its same webhook-id and body
+         * @description The owner only (a Jupyter user); a paired client gets 403 `owner_only`.
+         */
+        post: operations["redeliverWebhook"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/embeddings": {
         parameters: {
             query?: never;
@@ -1559,6 +1651,17 @@ export interface components {
              */
             access_programs?: Record<string, never> | null;
         } & (unknown & unknown & unknown & unknown);
+        /** CreateWebhookEndpointRequest */
+        CreateWebhookEndpointRequest: {
+            /** @description The http or https URL events are POSTed to. */
+            url: string;
+            /** @description The event types this endpoint is sent. */
+            events: ("response.completed" | "response.failed" | "response.cancelled" | "response.incomplete")[];
+            /** @default  */
+            description?: string;
+            /** @default true */
+            enabled?: boolean;
+        };
         /**
          * CustomChoice
          * @description `tool_choice: {"type": "custom", "name": ...}`: a call of that custom tool.
@@ -3338,6 +3441,17 @@ export interface components {
                 [key: string]: string;
             } | null;
         };
+        /** UpdateWebhookEndpointRequest */
+        UpdateWebhookEndpointRequest: {
+            /** @default null */
+            url?: string | null;
+            /** @default null */
+            events?: ("response.completed" | "response.failed" | "response.cancelled" | "response.incomplete")[] | null;
+            /** @default null */
+            description?: string | null;
+            /** @default null */
+            enabled?: boolean | null;
+        };
         /** Usage */
         Usage: {
             input_tokens: number;
@@ -3345,6 +3459,108 @@ export interface components {
             output_tokens: number;
             output_tokens_details: components["schemas"]["OutputTokensDetails"];
             total_tokens: number;
+        };
+        /**
+         * WebhookDelivery
+         * @description One event to one endpoint: its attempts so far and its state (`dead` once the last
+         *     allowed attempt failed; `POST …/redeliver` sends it again).
+         */
+        WebhookDelivery: {
+            id: string;
+            /**
+             * @default webhook_delivery
+             * @constant
+             */
+            object: "webhook_delivery";
+            endpoint_id: string;
+            event: components["schemas"]["WebhookEvent"];
+            /** @enum {string} */
+            status: "pending" | "delivered" | "dead";
+            attempts: number;
+            /** @description When a pending delivery is tried next. */
+            next_attempt_at: number | null;
+            /** @description The HTTP status of the last attempt. */
+            last_status_code: number | null;
+            /** @description Why the last attempt failed. */
+            last_error: string | null;
+            created_at: number;
+            delivered_at: number | null;
+        };
+        /** WebhookDeliveryList */
+        WebhookDeliveryList: {
+            /**
+             * @default list
+             * @constant
+             */
+            object: "list";
+            data: components["schemas"]["WebhookDelivery"][];
+            has_more: boolean;
+        };
+        /**
+         * WebhookEndpoint
+         * @description An endpoint as the owner sees it (its secret only once, when created).
+         */
+        WebhookEndpoint: {
+            id: string;
+            /**
+             * @default webhook_endpoint
+             * @constant
+             */
+            object: "webhook_endpoint";
+            url: string;
+            events: ("response.completed" | "response.failed" | "response.cancelled" | "response.incomplete")[];
+            description: string;
+            enabled: boolean;
+            created_at: number;
+            updated_at: number;
+        };
+        /** WebhookEndpointCreated */
+        WebhookEndpointCreated: {
+            id: string;
+            /**
+             * @default webhook_endpoint
+             * @constant
+             */
+            object: "webhook_endpoint";
+            url: string;
+            events: ("response.completed" | "response.failed" | "response.cancelled" | "response.incomplete")[];
+            description: string;
+            enabled: boolean;
+            created_at: number;
+            updated_at: number;
+            /** @description The signing secret (`whsec_` and base64), shown this once only: Standard Webhooks verifiers take it as it is. */
+            secret: string;
+        };
+        /** WebhookEndpointList */
+        WebhookEndpointList: {
+            /**
+             * @default list
+             * @constant
+             */
+            object: "list";
+            data: components["schemas"]["WebhookEndpoint"][];
+        };
+        /**
+         * WebhookEvent
+         * @description The body POSTed to an endpoint: OpenAI's webhook event.
+         */
+        WebhookEvent: {
+            /** @description The event's id, also sent as `webhook-id` on every attempt. */
+            id: string;
+            /**
+             * @default event
+             * @constant
+             */
+            object: "event";
+            /** @enum {string} */
+            type: "response.completed" | "response.failed" | "response.cancelled" | "response.incomplete";
+            created_at: number;
+            data: components["schemas"]["WebhookEventData"];
+        };
+        /** WebhookEventData */
+        WebhookEventData: {
+            /** @description The response's id. */
+            id: string;
         };
         /**
          * WorkerInfo
@@ -4552,6 +4768,213 @@ export interface operations {
             500: components["responses"]["ServerError"];
         };
     };
+    listWebhookEndpoints: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoints. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpointList"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+        };
+    };
+    createWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateWebhookEndpointRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpointCreated"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            413: components["responses"]["TooLarge"];
+        };
+    };
+    getWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                endpoint_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoint. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpoint"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    updateWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Make this POST idempotent (LMSP B8): a repeat gets the first result with `Idempotent-Replayed: true`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The endpoint's id. */
+                endpoint_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["UpdateWebhookEndpointRequest"];
+            };
+        };
+        responses: {
+            /** @description The endpoint as changed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpoint"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            413: components["responses"]["TooLarge"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
+    deleteWebhookEndpoint: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                endpoint_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The endpoint, deleted. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookEndpoint"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    listWebhookDeliveries: {
+        parameters: {
+            query?: {
+                /** @description Only deliveries in this state. */
+                status?: ("pending" | "delivered" | "dead") | null;
+                /** @description The last delivery id of the previous page. */
+                after?: string | null;
+                /** @description Page size. */
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                /** @description The endpoint's id. */
+                endpoint_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page of deliveries. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDeliveryList"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+        };
+    };
+    redeliverWebhook: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Make this POST idempotent (LMSP B8): a repeat gets the first result with `Idempotent-Replayed: true`. */
+                "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+            };
+            path: {
+                /** @description The endpoint's id. */
+                endpoint_id: string;
+                /** @description The delivery's id. */
+                delivery_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The delivery, pending again. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookDelivery"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["Conflict"];
+            422: components["responses"]["Unprocessable"];
+        };
+    };
     createEmbeddings: {
         parameters: {
             query?: never;
@@ -4639,6 +5062,7 @@ export const pathsConversationsConversation_idItemsGetParametersQueryIncludeAnyO
 export const pathsConversationsConversation_idItemsGetParametersQueryOrderValues: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items"]["get"]["parameters"]["query"]["order"]> = ["asc", "desc"];
 export const pathsConversationsConversation_idItemsPostParametersQueryIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items"]["post"]["parameters"]["query"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
 export const pathsConversationsConversation_idItemsItem_idGetParametersQueryIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/conversations/{conversation_id}/items/{item_id}"]["get"]["parameters"]["query"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
+export const pathsWebhooksEndpoint_idDeliveriesGetParametersQueryStatusAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<paths>["/webhooks/{endpoint_id}/deliveries"]["get"]["parameters"]["query"]["status"]> = ["pending", "delivered", "dead"];
 export const allowedToolsModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedTools"]["mode"]> = ["auto", "required"];
 export const allowedToolsEchoModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedToolsEcho"]["mode"]> = ["auto", "required"];
 export const blasStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Blas"]["state"]> = ["choosing", "chosen"];
@@ -4662,6 +5086,7 @@ export const createResponseRequestTool_choiceAnyOf0OneOf0Values: ReadonlyArray<F
 export const createResponseRequestIncludeAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["include"]> = ["message.output_text.logprobs", "reasoning.encrypted_content"];
 export const createResponseRequestTruncationAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["truncation"]> = ["auto", "disabled"];
 export const createResponseRequestService_tierAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateResponseRequest"]["service_tier"]> = ["auto", "default", "priority", "flex"];
+export const createWebhookEndpointRequestEventsValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CreateWebhookEndpointRequest"]["events"]> = ["response.completed", "response.failed", "response.cancelled", "response.incomplete"];
 export const customChoiceEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomChoiceEcho"]["type"]> = ["custom"];
 export const customToolCallTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCall"]["type"]> = ["custom_tool_call"];
 export const customToolCallStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CustomToolCall"]["status"]> = ["in_progress", "completed", "incomplete"];
@@ -4763,3 +5188,8 @@ export const terminalEventTypeValues: ReadonlyArray<FlattenedDeepRequired<compon
 export const textEchoVerbosityValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextEcho"]["verbosity"]> = ["low", "medium", "high"];
 export const textInputTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextInput"]["type"]> = ["text"];
 export const textInputEchoTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["TextInputEcho"]["type"]> = ["text"];
+export const updateWebhookEndpointRequestEventsAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["UpdateWebhookEndpointRequest"]["events"]> = ["response.completed", "response.failed", "response.cancelled", "response.incomplete"];
+export const webhookDeliveryStatusValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookDelivery"]["status"]> = ["pending", "delivered", "dead"];
+export const webhookEndpointEventsValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEndpoint"]["events"]> = ["response.completed", "response.failed", "response.cancelled", "response.incomplete"];
+export const webhookEndpointCreatedEventsValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEndpointCreated"]["events"]> = ["response.completed", "response.failed", "response.cancelled", "response.incomplete"];
+export const webhookEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["WebhookEvent"]["type"]> = ["response.completed", "response.failed", "response.cancelled", "response.incomplete"];
