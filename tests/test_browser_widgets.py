@@ -8,12 +8,17 @@ shows it. The kernel finds its server by itself (runtime file), as a user's kern
    `cancelled`.
 3. A TaskBoard lists the tasks (a completed and a cancelled one of its own, whichever tests ran
    before it), filters them by state, and opens a row as a TaskWatcher.
+4. (Last: it kills the server.) A running task's watcher and sidebar row, the server killed
+   with SIGKILL and started again on the same port: the watcher, whose kernel can no longer
+   reach it, says "reconnecting" / "server unavailable" and then, following from the browser,
+   shows the resumed task to its end with exactly the stored text; the sidebar row ends too.
 
 Screenshots go to `test-artifacts/browser/`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -80,6 +85,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Itera
     (server.notebooks / "cancel.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=2000))))
     board = "from jupyter_lmsp.widgets import TaskBoard\n\nTaskBoard()"
     (server.notebooks / "board.ipynb").write_text(json.dumps(notebook(board)))
+    (server.notebooks / "restart.ipynb").write_text(
+        json.dumps(
+            notebook(CELL.format(tokens=400).replace("seed=3", "seed=3, on_restart='resume'"))
+        )
+    )
     with server:
         yield server
 
@@ -125,8 +135,10 @@ def watcher_view(page: Any) -> dict[str, str]:
         """sel => {
             const w = document.querySelector(sel);
             const get = c => (w.querySelector(c) || {}).textContent || '';
-            return {state: get('.lmsp-state'), text: get('.lmsp-text'), task: get('.lmsp-id'),
-                    seq: get('.lmsp-seq'), tokens: get('.lmsp-tokens'), rate: get('.lmsp-rate')};
+            return {state: w.dataset.state || '', outcome: get('.lmsp-state'),
+                    text: get('.lmsp-text'), task: get('.lmsp-id'), seq: get('.lmsp-seq'),
+                    tokens: get('.lmsp-tokens'), rate: get('.lmsp-rate'),
+                    connection: w.dataset.connection || '', shown: get('.lmsp-conn')};
         }""",
         WATCHER,
     )
@@ -242,3 +254,71 @@ def test_board_lists_filters_and_opens_tasks(page, lab):
     assert watcher_view(page)["task"] == cancelled_here
     page.wait_for_timeout(300)
     page.screenshot(path=str(ARTIFACTS / "board.png"), full_page=True)
+
+
+def test_watcher_and_sidebar_follow_a_task_across_sigkill_and_restart(page, lab):
+    import psutil
+
+    open_and_run(page, lab, "restart.ipynb")
+    page.wait_for_function(
+        "sel => { const w = document.querySelector(sel);"
+        " return w && w.dataset.state === 'running'"
+        " && (w.querySelector('.lmsp-text') || {}).textContent; }",
+        arg=WATCHER,
+        timeout=120_000,
+    )
+    task_id = watcher_view(page)["task"]
+    page.evaluate("() => window.jupyterapp.commands.execute('lmsp:open-sidebar')")
+    row = f'.jp-LMSP-task[data-task-id="{task_id}"]'
+    page.wait_for_selector(row, timeout=30_000)
+    assert lab.proc is not None
+    kernels = psutil.Process(lab.proc.pid).children(recursive=True)
+    try:
+        lab.kill()  # SIGKILL: nothing runs on the way down; the kernel is orphaned
+        page.wait_for_function(
+            "sel => ['reconnecting', 'server unavailable']"
+            ".includes(document.querySelector(sel).dataset.connection)",
+            arg=WATCHER,
+            timeout=60_000,
+        )
+        gone = watcher_view(page)
+        assert gone["state"] == "running" and gone["shown"] in (
+            "reconnecting",
+            "server unavailable",
+        )
+        page.screenshot(path=str(ARTIFACTS / "restart-1-server-gone.png"), full_page=True)
+
+        lab.start()  # the same port, token and data folder: the task resumes
+        page.wait_for_function(
+            "sel => ['completed', 'failed', 'cancelled']"
+            ".includes(document.querySelector(sel).dataset.state)",
+            arg=WATCHER,
+            timeout=180_000,
+        )
+        page.wait_for_function(
+            "r => ['completed', 'failed', 'cancelled'].includes("
+            "(document.querySelector(r) || {dataset: {}}).dataset.state)",
+            arg=row,
+            timeout=60_000,
+        )
+        page.wait_for_timeout(300)
+        page.screenshot(path=str(ARTIFACTS / "restart-2-resumed-to-the-end.png"), full_page=True)
+        view = watcher_view(page)
+        with lab.client() as c:
+            task = c.get(f"/tasks/{task_id}").json()
+            response = c.get(f"/responses/{task['response_id']}").json()
+        assert task["state"] == view["state"] == "completed", (task, view)
+        assert task["attempts"] == 1  # the run interrupted by the kill, taken up again
+        stored = "".join(part["text"] for item in response["output"] for part in item["content"])
+        assert view["text"] == stored
+        assert view["seq"] == f"seq {task['last_sequence_number']}"
+        # The badge says the response's true outcome (incomplete when it hit its limit).
+        if response["status"] == "incomplete":
+            reason = response["incomplete_details"]["reason"]
+            assert view["outcome"] == f"incomplete: {reason}"
+        else:
+            assert view["outcome"] == "completed"
+    finally:
+        for process in kernels:  # the killed server's kernel, which nothing else stops
+            with contextlib.suppress(psutil.Error):
+                process.kill()

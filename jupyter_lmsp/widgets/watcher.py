@@ -8,6 +8,13 @@ with `Last-Event-ID` = the last sequence number seen, so a server restart shows 
 restart, a new `TaskWatcher(task_id)` rebuilds the same view from the durable log (replay from
 sequence 0, then live), since the old kernel's memory is gone.
 
+When the kernel can no longer update the view (its server was killed and restarted: the
+browser's link to the kernel is gone; the kernel died), the view follows the task itself: the
+kernel sends a heartbeat every second while it follows, and a view that misses it for a few
+seconds reads the task's events from the service in the browser, from the last sequence number
+it shows, saying "reconnecting" / "server unavailable" while the server is gone (watcher.js).
+The event → state map it folds them with is the service's (`protocol.states`), sent as a trait.
+
 The view is an anywidget ES module shipped in this package (`static/watcher.js`): no build
 step, nothing loaded from a CDN.
 """
@@ -24,11 +31,13 @@ import traitlets
 
 from ..client import Client, Response, Task, default_client
 from ..client.follow import EventFollower, is_retryable
-from .state import TokenCounter, WatcherState, tokenizer_counter
+from .state import EVENT_STATES, TERMINAL_STATES, TokenCounter, WatcherState, tokenizer_counter
 
 STATIC = Path(__file__).parent / "static"
 # Trait pushes for text are coalesced to this interval; state changes go out at once.
 PUSH_INTERVAL = 0.1
+# How often the kernel tells the view it is still following (see the module docstring).
+HEARTBEAT_INTERVAL = 1.0
 
 
 def _read(name: str) -> str:
@@ -78,6 +87,11 @@ class TaskWatcher(anywidget.AnyWidget):
     connection = traitlets.Unicode("connecting").tag(sync=True)
     connection_detail = traitlets.Unicode("").tag(sync=True)
     reconnects = traitlets.Int(0).tag(sync=True)
+    # The kernel's "still following" (time.time(), every HEARTBEAT_INTERVAL until the end), and
+    # the service's event -> state map for the view's own following when it stops.
+    heartbeat = traitlets.Float(0.0).tag(sync=True)
+    event_states = traitlets.Dict(EVENT_STATES).tag(sync=True)
+    terminal_states = traitlets.List(traitlets.Unicode(), sorted(TERMINAL_STATES)).tag(sync=True)
 
     def __init__(
         self,
@@ -93,6 +107,8 @@ class TaskWatcher(anywidget.AnyWidget):
             # In the widget's first state message, not a later update: a notebook saved right
             # after the cell ran must already show the model.
             kwargs.setdefault("model", task.model or "")
+            if isinstance(task, Task):
+                kwargs.setdefault("state", task.state)
             response_id = task.id if isinstance(task, Response) else task.response_id
             kwargs.setdefault("response_id", response_id or "")
         super().__init__(**kwargs)
@@ -125,6 +141,14 @@ class TaskWatcher(anywidget.AnyWidget):
             target=self._run, name=f"lmsp-watch-{self.task_id}", daemon=True
         )
         self._thread.start()
+        threading.Thread(target=self._beat, name=f"lmsp-beat-{self.task_id}", daemon=True).start()
+
+    def _beat(self) -> None:
+        """The heartbeat, until the task is over (or the watcher stops)."""
+        while not self._finished.is_set() and not self._stopped.is_set():
+            with self._lock:
+                self.heartbeat = time.time()
+            self._stopped.wait(HEARTBEAT_INTERVAL)
 
     @property
     def finished(self) -> bool:
