@@ -335,8 +335,13 @@ class LMSPExtension(ExtensionApp):
         10.0,
         help="Seconds a webhook attempt waits to connect, and then for each read of the answer.",
     ).tag(config=True)
-    webhook_concurrency = Integer(
-        4, help="Webhook deliveries sent at once by this server (at most 2 to one endpoint)."
+    webhook_concurrency = Integer(4, help="Webhook deliveries sent at once by this server.").tag(
+        config=True
+    )
+    webhook_endpoint_concurrency = Integer(
+        2,
+        help="Webhook deliveries sent at once to any one endpoint (kept below "
+        "webhook_concurrency, so a slow receiver never takes every sender).",
     ).tag(config=True)
     webhook_poll_interval = Float(
         1.0,
@@ -478,6 +483,7 @@ class LMSPExtension(ExtensionApp):
                 backoff_max=self.webhook_backoff_max,
                 timeout=self.webhook_timeout,
                 concurrency=max(1, self.webhook_concurrency),
+                per_endpoint=max(1, self.webhook_endpoint_concurrency),
                 poll_interval=self.webhook_poll_interval,
             ),
             user_agent=f"jupyter-lmsp/{__version__}",

@@ -98,7 +98,15 @@ def test_every_terminal_event_arrives_once_by_id_across_two_kills(lmsp_data):
                 stage_done[stage].set()
 
     receiver.before_answer = before_answer
-    options = dict(FAST_RETRIES, webhook_max_attempts=100000, webhook_timeout=10)
+    # Slowed a little, so the long `fail` task still runs when the service is first killed.
+    options = dict(
+        FAST_RETRIES,
+        webhook_max_attempts=100000,
+        webhook_timeout=10,
+        engine_token_delay=0.02,
+        webhook_concurrency=8,
+        webhook_endpoint_concurrency=6,
+    )
     try:
         server = current["server"] = ServerProcess(lmsp_data, **options).start()
         with server.client() as c:
