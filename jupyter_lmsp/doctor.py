@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .store import backup, runners
+from .store import backup, runners, webhooks
 from .store.database import Database, sqlite_url
 from .store.inventory import UnfinishedTask, row_counts, unfinished_by_holder, unfinished_tasks
 from .store.schema import SchemaStatus
@@ -41,6 +41,8 @@ class Diagnosis:
     unheld: Counter[str]
     counts: dict[str, int]
     blas: dict[str, Any] | None = None
+    # Webhook deliveries by state (pending, delivered, dead): issue 38's outbox.
+    webhooks: dict[str, int] = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -76,7 +78,16 @@ def examine(path: Path, *, quick: bool = False, limit: int = 20) -> Diagnosis:
                 unheld[state] += n
         listed, total = unfinished_tasks(db, limit)
         return Diagnosis(
-            path, size, status, problems, states, listed, total, unheld, row_counts(db)
+            path,
+            size,
+            status,
+            problems,
+            states,
+            listed,
+            total,
+            unheld,
+            row_counts(db),
+            webhooks=webhooks.counts(db),
         )
     finally:
         db.dispose()
@@ -136,6 +147,18 @@ def render(d: Diagnosis) -> str:
         )
     if d.unfinished_total > len(d.unfinished):
         lines.append(f"  … and {d.unfinished_total - len(d.unfinished)} more")
+    if d.webhooks:
+        lines.append("")
+        lines.append(
+            f"webhook deliveries: {d.webhooks.get('pending', 0)} pending, "
+            f"{d.webhooks.get('dead', 0)} dead"
+            + (
+                " (dead letters: GET /lmsp/v1/webhooks/{id}/deliveries?status=dead, then "
+                "POST …/deliveries/{delivery_id}/redeliver)"
+                if d.webhooks.get("dead")
+                else ""
+            )
+        )
     if d.blas is not None:
         from .engine.blas.__main__ import render as render_blas
 

@@ -247,3 +247,24 @@ def test_attempts_back_off_die_and_are_redelivered_with_the_same_id(db):
     # Deleting the endpoint deletes its deliveries.
     assert outbox.delete_endpoint(db, ALICE, e) is not None
     assert outbox.counts(db) == {"pending": 0, "delivered": 0, "dead": 0}
+
+
+def test_doctor_reports_pending_and_dead_deliveries(tmp_path):
+    from jupyter_lmsp import doctor
+
+    db = open_db(tmp_path)
+    try:
+        e = endpoint(db, ALICE, ALL)
+        _pending(db, 2, [e])
+        me = runners.register(db, lease_seconds=60).id
+        (due,) = outbox.claim_due(db, me, 1, 30.0, time.time())
+        outbox.record_attempt(
+            db, due.delivery.id, me, delivered=False, status=None, error="refused",
+            retry_at=0, max_attempts=1, now=time.time(),
+        )  # fmt: skip
+    finally:
+        db.dispose()
+    diagnosis = doctor.examine(tmp_path / "lmsp.sqlite")
+    assert diagnosis.webhooks == {"pending": 1, "delivered": 0, "dead": 1}
+    text = doctor.render(diagnosis)
+    assert "webhook deliveries: 1 pending, 1 dead (dead letters: GET" in text
