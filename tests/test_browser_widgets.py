@@ -271,6 +271,9 @@ def test_watcher_and_sidebar_follow_a_task_across_sigkill_and_restart(page, lab)
     page.evaluate("() => window.jupyterapp.commands.execute('lmsp:open-sidebar')")
     row = f'.jp-LMSP-task[data-task-id="{task_id}"]'
     page.wait_for_selector(row, timeout=30_000)
+    # The row tells the task apart: its short id and its caller beside the model.
+    assert page.text_content(f"{row} .jp-LMSP-shortId") == task_id[-6:]
+    assert page.text_content(f"{row} .jp-LMSP-owner").strip(" ·")
     assert lab.proc is not None
     kernels = psutil.Process(lab.proc.pid).children(recursive=True)
     try:

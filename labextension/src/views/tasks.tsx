@@ -48,6 +48,9 @@ function TaskRow(props: {
         <span className="jp-LMSP-name" title={`${task.id} (${task.kind})`}>
           {task.model ?? task.kind}
         </span>
+        <code className="jp-LMSP-shortId" title={task.id}>
+          {task.id.slice(-6)}
+        </code>
         <span className="jp-LMSP-age" title={localTime(task.created_at)}>
           {age(task.created_at)}
         </span>
@@ -55,12 +58,13 @@ function TaskRow(props: {
       <div className="jp-LMSP-line">
         <span className="jp-LMSP-sub jp-LMSP-grow">
           <span className="jp-LMSP-progress">{progress(props.view)}</span>
-          {client ? (
-            <span className="jp-LMSP-owner" title={`started by paired client ${client.id}`}>
-              {' · '}
-              {client.name}
-            </span>
-          ) : null}
+          <span
+            className="jp-LMSP-owner"
+            title={client ? `started by paired client ${client.id}` : `owner ${task.owner}`}
+          >
+            {' · '}
+            {client ? client.name : task.owner}
+          </span>
           {task.error ? (
             <span className="jp-LMSP-taskError" title={task.error.message}>
               {' · '}
