@@ -284,6 +284,8 @@ def test_watcher_and_sidebar_follow_a_task_across_sigkill_and_restart(page, lab)
             arg=WATCHER,
             timeout=60_000,
         )
+        # The sidebar's row says so too.
+        page.wait_for_selector(f'{row}[data-mode="reconnecting"] .jp-LMSP-reconnecting')
         gone = watcher_view(page)
         assert gone["state"] == "running" and gone["shown"] in (
             "reconnecting",
@@ -305,6 +307,7 @@ def test_watcher_and_sidebar_follow_a_task_across_sigkill_and_restart(page, lab)
             timeout=60_000,
         )
         page.wait_for_timeout(300)
+        assert page.locator(f"{row} .jp-LMSP-reconnecting").count() == 0
         page.screenshot(path=str(ARTIFACTS / "restart-2-resumed-to-the-end.png"), full_page=True)
         view = watcher_view(page)
         with lab.client() as c:

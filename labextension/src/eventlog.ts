@@ -114,7 +114,14 @@ export class TaskLogWidget extends Widget {
   }
 
   private renderStatus(): void {
-    const how = this.mode === 'stream' ? 'live' : this.mode === 'poll' ? 'polling' : 'idle';
+    const how =
+      this.mode === 'stream'
+        ? 'live'
+        : this.mode === 'poll'
+          ? 'polling'
+          : this.mode === 'reconnecting'
+            ? 'reconnecting'
+            : 'idle';
     this.status.textContent = `${this.state} · ${this.count} events · ${how}`;
     this.node.dataset.state = this.state;
   }

@@ -77,7 +77,8 @@ export class SSEParser {
   }
 }
 
-export type FollowMode = 'stream' | 'poll' | 'idle';
+/** `reconnecting`: the last attempt failed (the server is gone or restarting); retrying. */
+export type FollowMode = 'stream' | 'poll' | 'idle' | 'reconnecting';
 
 export interface IFollowOptions {
   client: LMSPClient;
@@ -162,6 +163,7 @@ export class TaskFollower {
           return;
         }
         this.streamFailures += 1;
+        this.options.onMode?.('reconnecting');
         await sleep(Math.min(5000, 250 * 2 ** this.streamFailures), this.abort.signal).catch(
           () => undefined
         );

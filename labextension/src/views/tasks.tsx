@@ -45,6 +45,14 @@ function TaskRow(props: {
             ●
           </span>
         ) : null}
+        {props.view.mode === 'reconnecting' ? (
+          <span
+            className="jp-LMSP-reconnecting"
+            title="the server does not answer; following again from the last event when it does"
+          >
+            reconnecting
+          </span>
+        ) : null}
         <span className="jp-LMSP-name" title={`${task.id} (${task.kind})`}>
           {task.model ?? task.kind}
         </span>
