@@ -150,6 +150,16 @@ def api_schema(server: ServerProcess) -> Any:
                     )
                 ),
                 {
+                    # Token ids beyond the model's vocabulary, inputs over its window,
+                    # `dimensions` beyond its size or for a model not trained to be cut (400).
+                    "include-operation-id": "createEmbeddings",
+                    "checks": {
+                        "positive_data_acceptance": {
+                            "expected-statuses": ["2XX", 400, 404, 409, 429]
+                        }
+                    },
+                },
+                {
                     # A made-up source can name an existing folder that is not a model (400).
                     "include-operation-id": "registerModel",
                     "checks": {
@@ -211,6 +221,12 @@ def test_fuzz(case: Any) -> None:
                 error["code"] == "invalid_value"
                 and CROSS_FIELD_PARAMS.fullmatch(error["param"] or "") is not None
             )
+            # What only the model can say: its vocabulary, window and vector size.
+            or (
+                case.operation.label == "POST /embeddings"
+                and error["code"] == "invalid_value"
+                and error["param"] in ("input", "dimensions")
+            )
         ), body
         if body["error"]["code"] == "unsupported_parameter":
             assert "together with function tools" in body["error"]["message"], body
@@ -225,6 +241,7 @@ def test_fuzz(case: Any) -> None:
 # (`invalid_encrypted_content`), a prompt the model's template cannot render
 # (`prompt_not_countable`).
 GENERATIONS = {
+    "POST /embeddings",
     "POST /responses",
     "POST /chat/completions",
     "POST /responses/compact",

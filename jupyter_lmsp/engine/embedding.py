@@ -286,13 +286,13 @@ def prepare(
     if dimensions is not None:
         if not spec.embedding_model and dimensions != spec.size:
             raise EmbeddingError(
-                "invalid_request",
+                "invalid_dimensions",
                 "This model's vectors cannot be shortened: 'dimensions' is taken by embedding "
                 f"models only (this model's vectors have {spec.size} dimensions).",
             )
         if spec.size and not 1 <= dimensions <= spec.size:
             raise EmbeddingError(
-                "invalid_request",
+                "invalid_dimensions",
                 f"'dimensions' must be between 1 and {spec.size} for this model.",
             )
     vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 0)
@@ -300,15 +300,15 @@ def prepare(
     for i, item in enumerate(inputs):
         row = list(tokenizer.encode(item)) if isinstance(item, str) else list(item)
         if not row:
-            raise EmbeddingError("invalid_request", f"input {i} has no tokens.")
+            raise EmbeddingError("invalid_input", f"input {i} has no tokens.")
         if len(row) > spec.max_tokens:
             raise EmbeddingError(
-                "invalid_request",
+                "invalid_input",
                 f"input {i} has {len(row)} tokens; this model takes at most {spec.max_tokens}.",
             )
         if vocab and not all(0 <= t < vocab for t in row):
             raise EmbeddingError(
-                "invalid_request",
+                "invalid_input",
                 f"input {i} holds a token id outside this model's vocabulary (0..{vocab - 1}).",
             )
         rows.append(row)

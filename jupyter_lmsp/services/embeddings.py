@@ -49,10 +49,12 @@ PREFIX = "emb_"
 
 # A worker's refusal, as the answer's status and code.
 _STATUS = {
-    "invalid_request": (400, "invalid_value"),
-    "embedding_unsupported": (400, "embedding_unsupported"),
-    "model_not_found": (404, "model_missing"),
-    "model_digest_mismatch": (409, "model_corrupt"),
+    "invalid_input": (400, "invalid_value", "input"),
+    "invalid_dimensions": (400, "invalid_value", "dimensions"),
+    "invalid_request": (400, "invalid_value", "input"),
+    "embedding_unsupported": (400, "embedding_unsupported", "model"),
+    "model_not_found": (404, "model_missing", "model"),
+    "model_digest_mismatch": (409, "model_corrupt", "model"),
 }
 
 
@@ -115,14 +117,14 @@ class Embedder:
         if isinstance(message, EmbedResult):
             future.set_result(message)
         elif isinstance(message, JobFailed):
-            status, code = _STATUS.get(message.code, (500, message.code))
+            status, code, param = _STATUS.get(message.code, (500, message.code, None))
             future.set_exception(
                 LMSPError(
                     status,
                     code,
                     message.message,
                     type="invalid_request_error" if status < 500 else "server_error",
-                    param="input" if status == 400 else None,
+                    param=param,
                 )
             )
         elif isinstance(message, JobCancelled):
