@@ -308,6 +308,12 @@ def test_watcher_and_sidebar_follow_a_task_across_sigkill_and_restart(page, lab)
         )
         page.wait_for_timeout(300)
         assert page.locator(f"{row} .jp-LMSP-reconnecting").count() == 0
+        # The Tasks badge says what it counts: nothing left unfinished, the rest finished.
+        page.wait_for_function(
+            "() => /^0 unfinished · [1-9][0-9]* finished$/.test("
+            "document.querySelector('.jp-LMSP-tasks .jp-LMSP-count').textContent)",
+            timeout=30_000,
+        )
         page.screenshot(path=str(ARTIFACTS / "restart-2-resumed-to-the-end.png"), full_page=True)
         view = watcher_view(page)
         with lab.client() as c:

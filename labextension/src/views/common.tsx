@@ -7,6 +7,8 @@ export function Section(props: {
   name: string;
   count?: number;
   countLabel?: string;
+  /** What the badge says, when a bare number would not say what it counts. */
+  countText?: string;
   error?: string | null;
   children?: React.ReactNode;
 }): React.ReactElement {
@@ -19,7 +21,7 @@ export function Section(props: {
             className={`jp-LMSP-count${props.count > 0 ? ' jp-mod-nonzero' : ''}`}
             title={props.countLabel}
           >
-            {props.count}
+            {props.countText ?? props.count}
           </span>
         ) : null}
       </h3>

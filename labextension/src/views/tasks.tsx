@@ -114,7 +114,8 @@ export function TasksView(props: {
       title="Tasks"
       name="tasks"
       count={running}
-      countLabel={`${running} unfinished`}
+      countLabel={`${running} unfinished of the ${data.length} newest tasks`}
+      countText={`${running} unfinished · ${data.length - running} finished`}
       error={error}
     >
       {data.length ? (
