@@ -52,10 +52,21 @@ def _events(value: Any) -> Any:
     return sorted(set(value))
 
 
+# What the document says a URL is (what `_url` checks, as a pattern): http(s), a host name
+# or IPv4 address without credentials, an optional port 1-65535, no fragment.
+_PORT = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+URL_PATTERN = rf"^https?://[A-Za-z0-9._~-]+(:{_PORT})?([/?][^#\s]*)?$"
+
 Url = Annotated[
     str,
     BeforeValidator(_url),
-    Field(max_length=MAX_URL_LENGTH, description="The http or https URL events are POSTed to."),
+    Field(
+        min_length=8,
+        max_length=MAX_URL_LENGTH,
+        json_schema_extra={"pattern": URL_PATTERN},
+        pattern=URL_PATTERN,
+        description="The http or https URL events are POSTed to (no credentials, no fragment).",
+    ),
 ]
 Events = Annotated[
     list[WebhookEventType],

@@ -1653,7 +1653,7 @@ export interface components {
         } & (unknown & unknown & unknown & unknown);
         /** CreateWebhookEndpointRequest */
         CreateWebhookEndpointRequest: {
-            /** @description The http or https URL events are POSTed to. */
+            /** @description The http or https URL events are POSTed to (no credentials, no fragment). */
             url: string;
             /** @description The event types this endpoint is sent. */
             events: ("response.completed" | "response.failed" | "response.cancelled" | "response.incomplete")[];
