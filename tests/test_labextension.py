@@ -186,6 +186,11 @@ def test_service_models_and_a_task_followed_live_to_completed(lab: LabServer, pa
     assert types[0] == "response.created" and types[-1] == "response.incomplete", types
     numbers = rows.evaluate_all("rs => rs.map(r => Number(r.cells[0].textContent))")
     assert numbers == list(range(task["last_sequence_number"] + 1))
+    # Above the folded events, the text they assemble: the stored response's text.
+    assert log.locator(".jp-LMSP-logText").text_content() == text
+    expect(log.locator(".jp-LMSP-logEvents > summary")).to_have_text(
+        f"{task['last_sequence_number'] + 1} events"
+    )
     shot(page, "3-event-log")
     page.evaluate("() => window.jupyterapp.commands.execute('application:close-all')")
 

@@ -1,4 +1,9 @@
-/** A main-area view of one task's event log, live: every event appended as it arrives. */
+/**
+ * A main-area view of one task's event log, live: the text the events assemble (what the model
+ * wrote so far), then the events themselves, folded under a summary line, every event appended
+ * as it arrives. The view follows new events (kept scrolled to the end unless the reader
+ * scrolled up).
+ */
 
 import { Widget } from '@lumino/widgets';
 
@@ -50,6 +55,8 @@ export class TaskLogWidget extends Widget {
   private readonly follower: TaskFollower;
   private readonly rows: HTMLTableSectionElement;
   private readonly status: HTMLElement;
+  private readonly text: HTMLPreElement;
+  private readonly eventsSummary: HTMLElement;
   private state = '…';
   private mode: FollowMode = 'idle';
   private count = 0;
@@ -80,7 +87,13 @@ export class TaskLogWidget extends Widget {
       header.appendChild(th);
     }
     this.rows = table.createTBody();
-    this.node.append(head, table);
+    this.text = document.createElement('pre');
+    this.text.className = 'jp-LMSP-logText';
+    const events = document.createElement('details');
+    events.className = 'jp-LMSP-logEvents';
+    this.eventsSummary = document.createElement('summary');
+    events.append(this.eventsSummary, table);
+    this.node.append(head, this.text, events);
     this.renderStatus();
 
     this.follower = new TaskFollower({
@@ -102,6 +115,16 @@ export class TaskLogWidget extends Widget {
   }
 
   private append(event: ITaskEvent): void {
+    const node = this.node;
+    const atEnd = node.scrollTop + node.clientHeight >= node.scrollHeight - 4;
+    // The text: deltas appended, a part's done event replaces it, a retry starts over.
+    if (event.type === 'response.output_text.delta' && !('choice' in event && event.choice)) {
+      this.text.textContent += event.delta;
+    } else if (event.type === 'response.output_text.done' && !('choice' in event && event.choice)) {
+      this.text.textContent = event.text;
+    } else if (event.type === 'response.queued') {
+      this.text.textContent = '';
+    }
     const row = this.rows.insertRow();
     row.dataset.type = event.type;
     row.title = JSON.stringify(event, null, 2);
@@ -111,6 +134,9 @@ export class TaskLogWidget extends Widget {
     this.count += 1;
     this.state = stateAfterEvent(event.type) ?? this.state;
     this.renderStatus();
+    if (atEnd) {
+      node.scrollTop = node.scrollHeight;
+    }
   }
 
   private renderStatus(): void {
@@ -123,6 +149,7 @@ export class TaskLogWidget extends Widget {
             ? 'reconnecting'
             : 'idle';
     this.status.textContent = `${this.state} · ${this.count} events · ${how}`;
+    this.eventsSummary.textContent = `${this.count} events`;
     this.node.dataset.state = this.state;
   }
 
