@@ -42,6 +42,8 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "browser
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 WATCHER = f"{PANEL} .lmsp-watcher"
 BOARD = f"{PANEL} .lmsp-board"
+# The board's rows per page (small, so that the test's tasks fill more than one).
+BOARD_PAGE = 1
 
 # The cell a user would write: connect (the kernel's own server), start, show.
 CELL = """\
@@ -83,7 +85,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Itera
     )
     (server.notebooks / "watch.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=80))))
     (server.notebooks / "cancel.ipynb").write_text(json.dumps(notebook(CELL.format(tokens=2000))))
-    board = "from jupyter_lmsp.widgets import TaskBoard\n\nTaskBoard()"
+    board = "from jupyter_lmsp.widgets import TaskBoard\n\nTaskBoard(page_size=PAGE)"
+    board = board.replace("PAGE", str(BOARD_PAGE))
     (server.notebooks / "board.ipynb").write_text(json.dumps(notebook(board)))
     (server.notebooks / "restart.ipynb").write_text(
         json.dumps(
@@ -227,13 +230,19 @@ def test_board_lists_filters_and_opens_tasks(page, lab):
     assert {completed, cancelled_here} <= {t["id"] for t in listed}
     open_and_run(page, lab, "board.ipynb", selector=BOARD)
     rows = f"{BOARD} tr.lmsp-row"
+    ids = [t["id"] for t in listed]
+    assert len(ids) > BOARD_PAGE
     page.wait_for_function(
-        "a => document.querySelectorAll(a.sel).length === a.n",
-        arg={"sel": rows, "n": len(listed)},
+        "a => { const rs = [...document.querySelectorAll(a.sel)];"
+        " return rs.length === a.ids.length && rs.every((r, i) => r.dataset.taskId === a.ids[i]); }",
+        arg={"sel": rows, "ids": ids[:BOARD_PAGE]},
         timeout=30_000,
     )
+    # Newest first, like the service, a page at a time: the next page holds the next ones.
+    assert page.text_content(f"{BOARD} .lmsp-board-page") == f"1–{BOARD_PAGE} of {len(ids)}"
+    page.click(f"{BOARD} .lmsp-board-next")
     shown = page.eval_on_selector_all(rows, "rs => rs.map(r => r.dataset.taskId)")
-    assert shown == [t["id"] for t in listed]  # newest first, like the service
+    assert shown == ids[BOARD_PAGE : 2 * BOARD_PAGE]
 
     cancelled = [t["id"] for t in listed if t["state"] == "cancelled"]
     assert cancelled[0] == cancelled_here  # the newest cancelled task
@@ -242,7 +251,7 @@ def test_board_lists_filters_and_opens_tasks(page, lab):
         "a => { const rs = [...document.querySelectorAll(a.sel)];"
         " return rs.length === a.n"
         " && rs.every(r => r.querySelector('.lmsp-state').textContent === 'cancelled'); }",
-        arg={"sel": rows, "n": len(cancelled)},
+        arg={"sel": rows, "n": min(BOARD_PAGE, len(cancelled))},
         timeout=30_000,
     )
     page.click(f"{rows} .lmsp-open")  # the first row: the newest cancelled task

@@ -53,6 +53,8 @@ class TaskTable(anywidget.AnyWidget):
     state_filter = traitlets.Unicode("").tag(sync=True)
     selected = traitlets.Unicode("").tag(sync=True)
     connection = traitlets.Unicode("connecting").tag(sync=True)
+    # Rows shown at once; the view pages through the rest.
+    page_size = traitlets.Int(25, min=1).tag(sync=True)
 
     @traitlets.validate("state_filter")
     def _valid_filter(self, proposal: dict[str, Any]) -> str:
@@ -74,13 +76,14 @@ class TaskBoard(ipywidgets.VBox):
         state: str | list[str] | None = None,
         interval: float = 1.0,
         max_rows: int = 200,
+        page_size: int = 25,
         start: bool = True,
         **kwargs: Any,
     ) -> None:
         self.client = client or default_client()
         self.interval = interval
         self.max_rows = max_rows
-        self.table = TaskTable()
+        self.table = TaskTable(page_size=page_size)
         self.detail = ipywidgets.VBox()
         super().__init__(children=[self.table, self.detail], **kwargs)
         self.watcher: TaskWatcher | None = None

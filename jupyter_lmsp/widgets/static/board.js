@@ -44,7 +44,17 @@ function render({ model, el }) {
   label.append(select);
   const count = h("span", "lmsp-board-count");
   const conn = h("span", "lmsp-conn");
-  bar.append(title, label, count, conn);
+  // Pages of `page_size` rows: the list may hold every task of the database.
+  const prev = h("button", "lmsp-board-prev", "‹");
+  const next = h("button", "lmsp-board-next", "›");
+  prev.type = next.type = "button";
+  const pageInfo = h("span", "lmsp-board-page");
+  const pager = h("span", "lmsp-board-pager");
+  pager.append(prev, pageInfo, next);
+  bar.append(title, label, count, pager, conn);
+  let page = 0;
+  prev.addEventListener("click", () => { page -= 1; draw(); });
+  next.addEventListener("click", () => { page += 1; draw(); });
 
   const table = h("table", "lmsp-board-table");
   const thead = h("thead");
@@ -59,6 +69,7 @@ function render({ model, el }) {
   el.append(root);
 
   select.addEventListener("change", () => {
+    page = 0;
     model.set("state_filter", select.value);
     model.save_changes();
   });
@@ -69,8 +80,16 @@ function render({ model, el }) {
 
   function draw() {
     select.value = model.get("state_filter");
-    const rows = model.get("rows");
-    count.textContent = `${rows.length} shown`;
+    const all = model.get("rows");
+    const size = Math.max(1, model.get("page_size"));
+    const pages = Math.max(1, Math.ceil(all.length / size));
+    page = Math.min(Math.max(0, page), pages - 1);
+    const rows = all.slice(page * size, (page + 1) * size);
+    count.textContent = `${all.length} tasks`;
+    pager.style.display = pages > 1 ? "" : "none";
+    pageInfo.textContent = `${page * size + 1}–${page * size + rows.length} of ${all.length}`;
+    prev.disabled = page === 0;
+    next.disabled = page >= pages - 1;
     const c = model.get("connection");
     conn.textContent = c === "live" ? "" : c;
     const selected = model.get("selected");
@@ -107,7 +126,7 @@ function render({ model, el }) {
     );
   }
 
-  const names = ["rows", "state_filter", "connection", "selected"];
+  const names = ["rows", "state_filter", "connection", "selected", "page_size"];
   for (const name of names) model.on(`change:${name}`, draw);
   draw();
   return () => {
