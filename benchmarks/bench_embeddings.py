@@ -37,7 +37,40 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 TOKEN = "bench-embeddings"
-WORDS = ["the", "model", "reads", "a", "notebook", "cell", "and", "writes", "a", "short", "summary", "of", "what", "the", "code", "does", "with", "its", "data", "frames", "plots", "and", "tests", "before", "the", "next", "cell", "runs", "on", "the", "same", "kernel"]
+WORDS = [
+    "the",
+    "model",
+    "reads",
+    "a",
+    "notebook",
+    "cell",
+    "and",
+    "writes",
+    "a",
+    "short",
+    "summary",
+    "of",
+    "what",
+    "the",
+    "code",
+    "does",
+    "with",
+    "its",
+    "data",
+    "frames",
+    "plots",
+    "and",
+    "tests",
+    "before",
+    "the",
+    "next",
+    "cell",
+    "runs",
+    "on",
+    "the",
+    "same",
+    "kernel",
+]
 
 CHILD = r"""
 import json, sys, time
