@@ -379,34 +379,40 @@ def test_thinking_then_a_call_resumed_after_kill(tmp_path: Path) -> None:
 
     # Slow enough that both of a round are in their thinking at the kill (the second model's
     # load and first step must not outlast the first's whole run).
-    slow: dict[str, Any] = {**SLOW, "engine_token_delay": 0.15}
+    # 0.4 s a token: at 0.15 s the first of a pair once ended before the second's thinking
+    # had begun (make test, 2 CPUs under load).
+    slow: dict[str, Any] = {**SLOW, "engine_token_delay": 0.4}
     server = ServerProcess(data, default_model="mistral", name="0", **slow).start()
-    for n, pair in enumerate(ROUNDS, start=1):
-        tasks, seen = {}, {}
-        with server.client() as c:
-            for model in pair:
-                # Loaded first: a response that waited for its model could start too late.
-                warm = {"model": model, "input": "Hi", "max_output_tokens": 1}
-                assert c.post("/responses", json=warm).status_code == 200
-            for model in pair:
-                family = "mistral" if model == HARMONY_MODEL else model
-                tasks[model] = create(
-                    c,
-                    model=model,
-                    temperature=0,
-                    on_restart="resume",
-                    tools=[_tool(family)],
-                    max_output_tokens=64,
-                )["task_id"]
+    try:
+        for n, pair in enumerate(ROUNDS, start=1):
+            tasks, seen = {}, {}
+            with server.client() as c:
+                for model in pair:
+                    # Loaded first: a response that waited for its model could start too late.
+                    warm = {"model": model, "input": "Hi", "max_output_tokens": 1}
+                    assert c.post("/responses", json=warm).status_code == 200
+                for model in pair:
+                    family = "mistral" if model == HARMONY_MODEL else model
+                    tasks[model] = create(
+                        c,
+                        model=model,
+                        temperature=0,
+                        on_restart="resume",
+                        tools=[_tool(family)],
+                        max_output_tokens=64,
+                    )["task_id"]
+                for model, task_id in tasks.items():
+                    seen[model] = wait_for(c, task_id, thinking)[1]
+            server.kill()
+            # (The last server only finishes what was killed: at full speed.)
+            traits: dict[str, Any] = slow if n < len(ROUNDS) else {}
+            server = ServerProcess(data, default_model="mistral", name=str(n), **traits).start()
             for model, task_id in tasks.items():
-                seen[model] = wait_for(c, task_id, thinking)[1]
-        server.kill()
-        # (The last server only finishes what was killed: at full speed.)
-        traits: dict[str, Any] = slow if n < len(ROUNDS) else {}
-        server = ServerProcess(data, default_model="mistral", name=str(n), **traits).start()
-        for model, task_id in tasks.items():
-            _check_resumed(server, model, task_id, seen[model], TERMINAL, check_log, read_sse)
-    server.stop()
+                _check_resumed(server, model, task_id, seen[model], TERMINAL, check_log, read_sse)
+    finally:
+        # Also when a check fails: a server left running would be collected, still running, in
+        # a later test of this worker (a ResourceWarning, an error there).
+        server.stop()
 
 
 def _check_resumed(
