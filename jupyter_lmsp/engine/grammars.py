@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .json_numbers import bounded_numbers
+from .json_numbers import SUBSCHEMA_ONE, bounded_numbers, map_subschemas
 
 # Whitespace allowed at each place JSON allows it (matched at most once there).
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,12}"
@@ -455,19 +455,11 @@ def _arguments_schema(tool: FunctionTool) -> dict[str, Any]:
 
 # Where a schema holds sub-schemas: keywords whose value is one, a list of them, or a map of
 # names to them.
-_ONE_SCHEMA = (
-    "items",
-    "additionalItems",
-    "contains",
-    "not",
-    "if",
-    "then",
-    "else",
-    "propertyNames",
-    "unevaluatedItems",
+# The walk of `closed_objects`: every sub-schema but the ones that say what an object's other
+# keys may be (`additionalProperties` is closed on its own below).
+_ONE_SCHEMA = tuple(
+    k for k in SUBSCHEMA_ONE if k not in ("additionalProperties", "unevaluatedProperties")
 )
-_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 # Keywords that already say what an object's other keys may be.
 _OPEN_KEYWORDS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 
@@ -481,16 +473,7 @@ def closed_objects(schema: Any) -> Any:
     combination's members decide."""
     if not isinstance(schema, dict):
         return schema
-    out = dict(schema)
-    for key in _ONE_SCHEMA:
-        if isinstance(out.get(key), dict):
-            out[key] = closed_objects(out[key])
-    for key in _SCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed_objects(child) for child in out[key]]
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: closed_objects(child) for name, child in out[key].items()}
+    out = map_subschemas(schema, closed_objects, _ONE_SCHEMA)
     if isinstance(out.get("additionalProperties"), dict):
         out["additionalProperties"] = closed_objects(out["additionalProperties"])
     kind = out.get("type")

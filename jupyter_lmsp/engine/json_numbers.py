@@ -14,13 +14,16 @@ without an exponent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 INTEGER_BOUND = 10**18
 NUMBER_BOUND = 1e18
 NUMBER_STEP = 1e-10
 
-_ONE = (
+# The keywords whose value is one sub-schema, a list of them, or a map of them (JSON Schema
+# 2020-12 and its older names): the walks over a schema (here, `grammars.closed_objects`).
+SUBSCHEMA_ONE = (
     "items",
     "additionalItems",
     "additionalProperties",
@@ -33,8 +36,26 @@ _ONE = (
     "unevaluatedItems",
     "unevaluatedProperties",
 )
-_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
-_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def map_subschemas(
+    schema: dict[str, Any], f: Callable[[Any], Any], one: tuple[str, ...] = SUBSCHEMA_ONE
+) -> dict[str, Any]:
+    """A copy of `schema` with `f` applied to each of its direct sub-schemas (those under the
+    keywords of `one`, and every member of its lists and maps of sub-schemas)."""
+    out = dict(schema)
+    for key in one:
+        if isinstance(out.get(key), dict):
+            out[key] = f(out[key])
+    for key in SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [f(child) for child in out[key]]
+    for key in SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: f(child) for name, child in out[key].items()}
+    return out
 
 
 def bounded_numbers(schema: Any) -> Any:
@@ -42,16 +63,7 @@ def bounded_numbers(schema: Any) -> Any:
     docstring); other parts, and the input, unchanged."""
     if not isinstance(schema, dict):
         return schema
-    out = dict(schema)
-    for key in _ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = bounded_numbers(out[key])
-    for key in _LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [bounded_numbers(child) for child in out[key]]
-    for key in _MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: bounded_numbers(child) for name, child in out[key].items()}
+    out = map_subschemas(schema, bounded_numbers)
     kind = out.get("type")
     if kind not in ("number", "integer") or "enum" in out or "const" in out:
         return out
