@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..engine.client import EngineNotRunning
 from ..engine.embedding import is_embedding_model
 from ..engine.messages import (
-    CancelJob,
     EmbedJob,
     EmbedResult,
     JobCancelled,
@@ -38,6 +35,7 @@ from ..protocol.embeddings import CreateEmbeddingRequest
 from ..protocol.errors import LMSPError
 from ..protocol.ids import new_id
 from ..store.tables import Model
+from .engine_requests import ask_engine
 
 if TYPE_CHECKING:
     from .context import ServiceContext
@@ -150,23 +148,8 @@ class Embedder:
             registered_files(model),
             keep_alive=request.keep_alive,
         )
-        future: asyncio.Future[EmbedResult] = asyncio.get_running_loop().create_future()
-        self._waiting[job.job_id] = future
-        try:
-            engine.send(job)
-        except EngineNotRunning:
-            self._waiting.pop(job.job_id, None)
-            raise LMSPError(
-                503, "worker_restarting", "The inference worker is starting; retry shortly."
-            ) from None
-        try:
-            return await future
-        except asyncio.CancelledError:
-            # The client went away: its inputs need not be computed.
-            self._waiting.pop(job.job_id, None)
-            with contextlib.suppress(EngineNotRunning):
-                engine.send(CancelJob(job.job_id))
-            raise
+        result: EmbedResult = await ask_engine(engine, self._waiting, job.job_id, job)
+        return result
 
 
 def answer(model_id: str, result: EmbedResult, encoding_format: str) -> bytes:

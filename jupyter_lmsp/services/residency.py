@@ -12,13 +12,10 @@ any jobs of that model wait for.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ..auth.scopes import Caller
-from ..engine.client import EngineNotRunning
 from ..engine.messages import (
-    CancelJob,
     JobFailed,
     LoadModel,
     ModelLoaded,
@@ -31,6 +28,7 @@ from ..protocol.ids import new_id
 from ..store.tables import Model
 from . import metrics
 from .embeddings import registered_files
+from .engine_requests import ask_engine
 
 if TYPE_CHECKING:
     from .context import ServiceContext
@@ -127,22 +125,7 @@ class ModelResidency:
                 "This server runs no inference worker, so it loads no models.",
                 type="server_error",
             )
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[message.job_id] = future
-        try:
-            engine.send(message)
-        except EngineNotRunning:
-            self._waiting.pop(message.job_id, None)
-            raise LMSPError(
-                503, "worker_restarting", "The inference worker is starting; retry shortly."
-            ) from None
-        try:
-            return await future
-        except asyncio.CancelledError:
-            self._waiting.pop(message.job_id, None)
-            with contextlib.suppress(EngineNotRunning):
-                engine.send(CancelJob(message.job_id))
-            raise
+        return await ask_engine(engine, self._waiting, message.job_id, message)
 
     async def load(self, model: Model, keep_alive: float | None) -> ModelLoaded:
         files = registered_files(model)
