@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .json_numbers import SUBSCHEMA_ONE, bounded_numbers, map_subschemas
+from .json_numbers import bounded_numbers
+from .schema_walk import SUBSCHEMA_ONE, map_subschemas, subschemas
 
 # Whitespace allowed at each place JSON allows it (matched at most once there).
 JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{1,12}"
@@ -284,41 +284,11 @@ def _locate(
     reason: str,
     strict: bool,
 ) -> tuple[str | int, ...]:
-    for step, child in _children(node):
+    for step, child in subschemas(node):
         if isinstance(child, dict) and _schema_error(root, child, strict) == reason:
             return _locate(root, child, (*path, *step), reason, strict)
     keyword = _keyword_of(node, reason)
     return (*path, keyword) if keyword else path
-
-
-def _children(node: dict[str, Any]) -> Iterator[tuple[tuple[str | int, ...], Any]]:
-    # Definitions first: a failing definition also fails every sub-schema referring to it.
-    for key in ("$defs", "definitions", "properties", "patternProperties", "dependentSchemas"):
-        value = node.get(key)
-        if isinstance(value, dict):
-            for name, child in value.items():
-                yield (key, name), child
-    for key in ("anyOf", "allOf", "oneOf", "prefixItems", "items"):
-        value = node.get(key)
-        if isinstance(value, list):
-            for i, child in enumerate(value):
-                yield (key, i), child
-    for key in (
-        "items",
-        "additionalProperties",
-        "additionalItems",
-        "contains",
-        "propertyNames",
-        "not",
-        "if",
-        "then",
-        "else",
-        "unevaluatedProperties",
-        "unevaluatedItems",
-    ):
-        value = node.get(key)
-        if isinstance(value, dict):
-            yield (key,), value
 
 
 def _keyword_of(node: dict[str, Any], reason: str) -> str | None:
@@ -453,8 +423,6 @@ def _arguments_schema(tool: FunctionTool) -> dict[str, Any]:
     return {"type": "object"}
 
 
-# Where a schema holds sub-schemas: keywords whose value is one, a list of them, or a map of
-# names to them.
 # The walk of `closed_objects`: every sub-schema but the ones that say what an object's other
 # keys may be (`additionalProperties` is closed on its own below).
 _ONE_SCHEMA = tuple(

@@ -14,48 +14,13 @@ without an exponent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
+
+from .schema_walk import map_subschemas
 
 INTEGER_BOUND = 10**18
 NUMBER_BOUND = 1e18
 NUMBER_STEP = 1e-10
-
-# The keywords whose value is one sub-schema, a list of them, or a map of them (JSON Schema
-# 2020-12 and its older names): the walks over a schema (here, `grammars.closed_objects`).
-SUBSCHEMA_ONE = (
-    "items",
-    "additionalItems",
-    "additionalProperties",
-    "contains",
-    "not",
-    "if",
-    "then",
-    "else",
-    "propertyNames",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-)
-SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
-SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-
-
-def map_subschemas(
-    schema: dict[str, Any], f: Callable[[Any], Any], one: tuple[str, ...] = SUBSCHEMA_ONE
-) -> dict[str, Any]:
-    """A copy of `schema` with `f` applied to each of its direct sub-schemas (those under the
-    keywords of `one`, and every member of its lists and maps of sub-schemas)."""
-    out = dict(schema)
-    for key in one:
-        if isinstance(out.get(key), dict):
-            out[key] = f(out[key])
-    for key in SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [f(child) for child in out[key]]
-    for key in SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: f(child) for name, child in out[key].items()}
-    return out
 
 
 def bounded_numbers(schema: Any) -> Any:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .grammars import GrammarIssue, ResponseFormat, ToolSpec
+from .schema_walk import subschemas
 
 # name: (limit, what it counts). Names appear in error messages and docs/protocol.md.
 LIMITS: dict[str, tuple[int, str]] = {
@@ -37,22 +38,6 @@ LIMITS: dict[str, tuple[int, str]] = {
     "refs": (1_000, "$ref keywords"),
     "grammar_bytes": (65_536, "bytes of a custom tool's grammar"),
 }
-
-_LIST_KEYS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_MAP_KEYS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
-_ONE_KEYS = (
-    "items",
-    "additionalProperties",
-    "additionalItems",
-    "contains",
-    "propertyNames",
-    "not",
-    "if",
-    "then",
-    "else",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
 
 
 @dataclass(frozen=True)
@@ -153,22 +138,9 @@ class _Walk:
         if isinstance(patterned, dict):
             for key in patterned:
                 self.pattern(key, (*path, "patternProperties", key))
-        for key in _LIST_KEYS:
+        for key in ("anyOf", "oneOf", "allOf"):
             value = node.get(key)
-            if isinstance(value, list):
-                if key != "prefixItems" and len(value) > LIMITS["branches"][0]:
-                    raise SchemaLimitExceeded("branches", len(value), (*path, key))
-                for i, child in enumerate(value):
-                    self.visit(child, (*path, key, i), depth + 1)
-        for key in _MAP_KEYS:
-            value = node.get(key)
-            if isinstance(value, dict):
-                for name, child in value.items():
-                    self.visit(child, (*path, key, name), depth + 1)
-        for key in _ONE_KEYS:
-            value = node.get(key)
-            if isinstance(value, dict):
-                self.visit(value, (*path, key), depth + 1)
-            elif key == "items" and isinstance(value, list):
-                for i, child in enumerate(value):
-                    self.visit(child, (*path, key, i), depth + 1)
+            if isinstance(value, list) and len(value) > LIMITS["branches"][0]:
+                raise SchemaLimitExceeded("branches", len(value), (*path, key))
+        for step, child in subschemas(node):
+            self.visit(child, (*path, *step), depth + 1)
