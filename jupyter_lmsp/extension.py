@@ -251,7 +251,9 @@ class LMSPExtension(ExtensionApp):
         config=True
     )
     max_pending_pairings = Integer(
-        20, help="Pairing requests that may wait for the owner at once; more get 429."
+        20,
+        help="Pairing requests that may wait for the owner at once; a new one beyond them "
+        "ends the oldest waiting (it expires), so a flood never locks a program out.",
     ).tag(config=True)
     use_openblas = Unicode(
         "auto",
