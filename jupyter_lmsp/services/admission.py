@@ -9,7 +9,8 @@
 - A paired client may have at most `max_tasks` unfinished tasks and `max_tokens` tokens in
   flight (prompt plus output limit, summed over its unfinished tasks); beyond either, 429
   with `Retry-After`. The check runs inside the transaction that creates the task, so
-  concurrent requests cannot overshoot. The owner (the Jupyter user) has no quota.
+  concurrent requests cannot overshoot. The clients a client approved (with `clients:admin`),
+  and theirs, share its quota (`store.quotas`). The owner (the Jupyter user) has no quota.
 """
 
 from __future__ import annotations
@@ -210,14 +211,16 @@ class Admission:
             if tasks >= max_tasks:
                 raise _too_many(
                     "too_many_tasks",
-                    f"This client already has {tasks} unfinished tasks, its limit; wait for "
-                    "some to finish (or cancel them).",
+                    f"This client and the clients approved with it already have {tasks} "
+                    "unfinished tasks, their shared limit; wait for some to finish (or cancel "
+                    "them).",
                 )
             if tokens + budget > max_tokens:
                 raise _too_many(
                     "too_many_tokens_in_flight",
-                    f"This client's unfinished tasks hold {tokens} tokens; this one needs "
-                    f"{budget} more, beyond its limit of {max_tokens}.",
+                    f"The unfinished tasks of this client and the clients approved with it "
+                    f"hold {tokens} tokens; this one needs {budget} more, beyond their shared "
+                    f"limit of {max_tokens}.",
                 )
 
         return check
