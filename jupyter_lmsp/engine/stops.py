@@ -64,6 +64,7 @@ class StopSequences:
                     self._goto.append({})
                     self._depth.append(self._depth[node] + 1)
                 node = nxt
+        self._longest = max(self._depth)
         complete = set()
         for stop in self.stops:
             node = 0
@@ -106,7 +107,7 @@ class StopSequences:
         it begins (None: none does), and the state after it (once a stop is found, the state
         where reading stopped: no stop ending later can begin earlier)."""
         found: int | None = None
-        longest = max(self._depth)
+        longest = self._longest
         for i in range(start, len(text)):
             if found is not None and i + 1 - longest >= found:
                 break  # a stop ending here or later cannot begin before the one found
