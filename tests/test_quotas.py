@@ -12,6 +12,9 @@
   sibling the owner approved separately has its own. Twenty creates at once, spread over a
   tree's three members, each 10 tokens under a limit of 50: exactly five commit (one lock per
   tree, not per member).
+- A tree's stored output (issue 43): `stored` counts the events and response output of its
+  finished tasks only; at the limit a new task of any member is 403 storage_quota_exceeded,
+  another tree's is not, and deleting the finished response frees the room.
 """
 
 from __future__ import annotations
@@ -21,9 +24,9 @@ import threading
 import time
 
 from sqlalchemy import insert, update
-from storehelpers import make_task, new_task, open_db
+from storehelpers import make_task, new_task, open_db, query
 
-from jupyter_lmsp.auth.scopes import Caller
+from jupyter_lmsp.auth.scopes import OWNER, Caller
 from jupyter_lmsp.protocol.errors import LMSPError
 from jupyter_lmsp.services.admission import Admission
 from jupyter_lmsp.store import quotas, rules
@@ -188,4 +191,57 @@ def test_concurrent_creates_across_a_tree_never_overshoot_its_tokens(db_url):
             assert quotas.held(conn, "sub") == (5, 50)
     finally:
         admission.close()
+        db.dispose()
+
+
+def _create(db, admission, owner, budget=1):
+    task, response = new_task()
+    assert response is not None
+    task.owner = response.owner = owner
+    task.params = json.dumps({"budget": budget})
+    caller = Caller(owner, frozenset({"responses:write"}))
+    try:
+        rules.create_task(db, task, response, admit=admission.quota(caller, budget))
+    except LMSPError as e:
+        assert e.status == 403 or e.code != "storage_quota_exceeded"
+        return e.code
+    return "created"
+
+
+def test_a_trees_finished_output_is_bounded_by_its_storage_quota(db_url):
+    db = open_db(db_url)
+    admissions = []
+    try:
+        _tree(db)
+        done = make_task(db, "completed")
+        _own(db, done, "subsub")
+        _own(db, make_task(db, "running"), "sub", 5)  # unfinished: stores nothing yet
+        # What is stored, read back as the text the store wrote.
+        ((events,),) = query(
+            db, "SELECT SUM(LENGTH(data)) FROM task_events WHERE task_id = ?", (done,)
+        )
+        ((output,),) = query(db, "SELECT LENGTH(output) FROM responses WHERE task_id = ?", (done,))
+        kept = int(events) + int(output)
+        assert kept > 0
+        with db.writing() as conn:
+            for member in ("root", "sub", "subsub"):
+                assert quotas.stored(conn, member) == kept, member
+            assert quotas.stored(conn, "sibling") == 0
+
+        at_limit, above, unlimited = (
+            Admission(max_tasks=100, max_tokens=1000, max_stored=n) for n in (kept, kept + 1, 0)
+        )
+        admissions += [at_limit, above, unlimited]
+        assert _create(db, at_limit, "root") == "storage_quota_exceeded"
+        assert _create(db, at_limit, "subsub") == "storage_quota_exceeded"
+        assert _create(db, at_limit, "sibling") == "created"  # its own tree keeps nothing
+        assert _create(db, above, "sub") == "created"
+        assert _create(db, unlimited, "sub") == "created"
+        assert at_limit.quota(OWNER, 1) is None  # the owner has no quota at all
+        # Deleting the finished response (with its task and events) frees the room.
+        assert rules.delete_finished_task(db, done)
+        assert _create(db, at_limit, "root") == "created"
+    finally:
+        for a in admissions:
+            a.close()
         db.dispose()

@@ -7,6 +7,11 @@ quota, that of the client at the tree's root (the one a Jupyter user approved), 
 sub-clients never multiplies what a client may hold. A caller that is no paired client (no
 row in `clients`) is a tree of its own.
 
+A tree's stored output counts too (issue 43): the characters of the events and response
+output of its finished tasks (`stored`: JSON, so bytes for its ASCII text; registrations and
+other tasks without a response count their events). Deleting responses, or their expiry by
+the retention purge, frees it.
+
 On PostgreSQL writers run side by side, so the count first takes the advisory lock
 `quota:<root>`: the creates of one tree take turns, and two cannot both count the same
 tasks and overshoot together. On SQLite the write transaction excludes every other writer
@@ -21,16 +26,28 @@ from sqlalchemy import BigInteger, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-__all__ = ["UNFINISHED", "Connection", "approval_tree", "held"]
+__all__ = ["UNFINISHED", "Connection", "approval_tree", "held", "stored"]
 
-from ..protocol.states import RECOVERY_TABLE
+from ..protocol.states import RECOVERY_TABLE, TERMINAL_STATES
 from .records import advisory_lock, table
-from .tables import Client, Task
+from .tables import Client, Response, Task, TaskEvent
 
 UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
+FINISHED = tuple(sorted(str(s) for s in TERMINAL_STATES))
 
 _tasks = table(Task)
 _clients = table(Client)
+_events = table(TaskEvent)
+_responses = table(Response)
+_FINISHED_OF = select(_tasks.c.id).where(
+    _tasks.c.owner.in_(bindparam("owners", expanding=True)), _tasks.c.state.in_(FINISHED)
+)
+_STORED_EVENTS = select(
+    cast(func.coalesce(func.sum(func.length(_events.c.data)), 0), BigInteger)
+).where(_events.c.task_id.in_(_FINISHED_OF.scalar_subquery()))
+_STORED_OUTPUT = select(
+    cast(func.coalesce(func.sum(func.length(_responses.c.output)), 0), BigInteger)
+).where(_responses.c.task_id.in_(_FINISHED_OF.scalar_subquery()))
 # Every paired client and who approved it: a few rows (clients are paired by hand).
 _APPROVERS = select(_clients.c.id, _clients.c.approved_by)
 
@@ -78,3 +95,12 @@ def held(conn: Connection, owner: str) -> tuple[int, int]:
     advisory_lock(conn, f"quota:{root}")
     row = conn.execute(_HELD[conn.dialect.name], {"owners": tree}).one()  # type: ignore[call-overload]
     return int(row[0]), int(row[1])
+
+
+def stored(conn: Connection, owner: str) -> int:
+    """The characters `owner`'s approval tree keeps of its finished tasks: their events'
+    data and their responses' output. Run after `held` (which takes the tree's lock)."""
+    _, tree = approval_tree(conn, owner)
+    events = conn.execute(_STORED_EVENTS, {"owners": tree}).scalar_one()
+    output = conn.execute(_STORED_OUTPUT, {"owners": tree}).scalar_one()
+    return int(events) + int(output)
