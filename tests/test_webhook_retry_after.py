@@ -81,6 +81,7 @@ def test_retry_after_seconds_and_http_dates():
     now = 1_800_000_000.0
     assert retry_after_seconds("120", now) == 120.0
     assert retry_after_seconds(" 0 ", now) == 0.0
+    assert retry_after_seconds("9" * 5000, now) == float("inf")  # then capped by backoff_max
     assert retry_after_seconds(formatdate(now + 90, usegmt=True), now) == 90.0
     assert retry_after_seconds(formatdate(now - 90, usegmt=True), now) == 0.0  # past: now
     for bad in (None, "", "-5", "1.5", "soon", "٣", "Wed, 99 Foo 2026 00:00:00 GMT"):
@@ -88,6 +89,7 @@ def test_retry_after_seconds_and_http_dates():
     s = DeliverySettings(backoff_initial=5.0, backoff_max=60.0)
     assert s.backoff(1) == 5.0 and s.backoff(1, 30.0) == 30.0  # the longer of the two
     assert s.backoff(3, 1.0) == 20.0 and s.backoff(1, 10_000.0) == 60.0  # capped
+    assert s.backoff(1, float("inf")) == 60.0
 
 
 def test_receivers_are_not_called_again_before_their_retry_after(tmp_path):

@@ -26,6 +26,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import threading
 import time
@@ -96,7 +97,8 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
         return None
     value = value.strip()
     if value.isascii() and value.isdigit():
-        return float(int(value))
+        # More digits than any real wait (and than a float or `int()` takes): the longest.
+        return float(int(value)) if len(value) <= 15 else math.inf
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError, IndexError, OverflowError):
