@@ -151,6 +151,12 @@ class LMSPExtension(ExtensionApp):
         help="Tokens a paired client may have in flight (prompt plus output limit of its "
         "unfinished tasks); more get 429.",
     ).tag(config=True)
+    client_max_stored_bytes = Integer(
+        256 * 1024 * 1024,
+        help="Bytes of finished responses and their events a paired client may keep (with the "
+        "clients it approved); at or beyond it a new task gets 403 storage_quota_exceeded. "
+        "0: no limit. The owner has none.",
+    ).tag(config=True)
     keepalive_interval = Float(15.0, help="Seconds of silence before an SSE keep-alive.").tag(
         config=True
     )
@@ -251,7 +257,9 @@ class LMSPExtension(ExtensionApp):
         config=True
     )
     max_pending_pairings = Integer(
-        20, help="Pairing requests that may wait for the owner at once; more get 429."
+        20,
+        help="Pairing requests that may wait for the owner at once; a new one beyond them "
+        "ends the oldest waiting (it expires), so a flood never locks a program out.",
     ).tag(config=True)
     use_openblas = Unicode(
         "auto",
@@ -425,6 +433,7 @@ class LMSPExtension(ExtensionApp):
             max_context_tokens=self.max_context_tokens,
             max_tasks=self.client_max_tasks,
             max_tokens=self.client_max_tokens,
+            max_stored=self.client_max_stored_bytes,
             grammars=GrammarGate(deadline=self.grammar_compile_seconds),
         )
         registrar = ModelRegistrar(

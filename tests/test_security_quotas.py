@@ -111,6 +111,27 @@ def test_a_clients_quotas_answer_429_and_the_owner_has_none(lmsp_data):
             assert statuses[2].json()["error"]["code"] == "too_many_tokens_in_flight"
 
 
+def test_a_clients_stored_output_is_bounded_and_freed_by_deleting(lmsp_data):
+    # Issue 43: finished tasks counted against nothing. A limit of one byte: the first
+    # response is admitted (nothing kept yet), the next is a 403 until it is deleted.
+    with ServerProcess(lmsp_data, client_max_stored_bytes=1) as server:
+        c = pair(server, "keeper", WRITER)
+        with bearer(server, c["access_token"]) as client, server.client() as owner:
+            small = {"input": "hi", "max_output_tokens": 4}
+            first = client.post("/responses", json=small)
+            assert first.status_code == 200, first.text
+            refused = client.post("/responses", json=small)
+            assert refused.status_code == 403, refused.text
+            error = refused.json()["error"]
+            assert (error["code"], error["type"]) == (
+                "storage_quota_exceeded",
+                "insufficient_quota",
+            )
+            assert owner.post("/responses", json=small).status_code == 200  # no quota
+            assert client.delete(f"/responses/{first.json()['id']}").status_code == 200
+            assert client.post("/responses", json=small).status_code == 200
+
+
 def _started_at(data_dir, task_id):
     conn = database(data_dir)
     try:

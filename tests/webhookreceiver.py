@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,9 @@ class Receiver:
     def __init__(self, answer: Callable[[str, int], int | None] = lambda _id, _n: 200) -> None:
         self.answer = answer
         self.before_answer: Callable[[str, dict[str, Any]], None] = lambda _id, _event: None
+        # Extra headers of an answer: (the webhook-id, the how-many-th receipt) -> headers.
+        self.answer_headers: Callable[[str, int], dict[str, str]] = lambda _id, _n: {}
+        self.received_at: dict[str, list[float]] = defaultdict(list)  # webhook-id -> times
         self.secret: str | None = None
         self.lock = threading.Lock()
         self.receipts: dict[str, int] = defaultdict(int)  # webhook-id -> signed receipts
@@ -72,6 +76,7 @@ class Receiver:
             return
         with self.lock:
             self.receipts[msg_id] += 1
+            self.received_at[msg_id].append(time.time())
             n = self.receipts[msg_id]
         self.before_answer(msg_id, parsed)
         status = self.answer(msg_id, n)
@@ -79,6 +84,8 @@ class Receiver:
             request.close_connection = True
             return
         request.send_response(status)
+        for name, value in self.answer_headers(msg_id, n).items():
+            request.send_header(name, value)
         request.send_header("content-length", "0")
         request.end_headers()
         if 200 <= status < 300:

@@ -9,7 +9,11 @@
 - A paired client may have at most `max_tasks` unfinished tasks and `max_tokens` tokens in
   flight (prompt plus output limit, summed over its unfinished tasks); beyond either, 429
   with `Retry-After`. The check runs inside the transaction that creates the task, so
-  concurrent requests cannot overshoot. The owner (the Jupyter user) has no quota.
+  concurrent requests cannot overshoot. The clients a client approved (with `clients:admin`),
+  and theirs, share its quota (`store.quotas`). The same tree may keep at most
+  `max_stored` characters of finished tasks' events and output (0: no limit); at or beyond
+  it a new task is 403 `storage_quota_exceeded` until responses are deleted or expire. The
+  owner (the Jupyter user) has no quota.
 """
 
 from __future__ import annotations
@@ -61,12 +65,14 @@ class Admission:
         max_context_tokens: int = 0,
         max_tasks: int = 64,
         max_tokens: int = 131072,
+        max_stored: int = 0,
         grammars: GrammarGate | None = None,
     ) -> None:
         self.max_output_tokens_default = max_output_tokens_default
         self.max_context_tokens = max_context_tokens
         self.max_tasks = max_tasks
         self.max_tokens = max_tokens
+        self.max_stored = max_stored
         self.counter = PromptCounter()
         # Grammars compiled with the model's tokenizer under a deadline (issue 43).
         self.grammars = grammars if grammars is not None else GrammarGate()
@@ -201,7 +207,7 @@ class Admission:
                 f"client may have in flight ({self.max_tokens}); lower '{output_param}'.",
                 param=output_param,
             )
-        max_tasks, max_tokens = self.max_tasks, self.max_tokens
+        max_tasks, max_tokens, max_stored = self.max_tasks, self.max_tokens, self.max_stored
 
         def check(conn: Connection) -> None:
             # Counted in the creating transaction, under the owner's quota lock (see
@@ -210,14 +216,25 @@ class Admission:
             if tasks >= max_tasks:
                 raise _too_many(
                     "too_many_tasks",
-                    f"This client already has {tasks} unfinished tasks, its limit; wait for "
-                    "some to finish (or cancel them).",
+                    f"This client and the clients approved with it already have {tasks} "
+                    "unfinished tasks, their shared limit; wait for some to finish (or cancel "
+                    "them).",
                 )
             if tokens + budget > max_tokens:
                 raise _too_many(
                     "too_many_tokens_in_flight",
-                    f"This client's unfinished tasks hold {tokens} tokens; this one needs "
-                    f"{budget} more, beyond its limit of {max_tokens}.",
+                    f"The unfinished tasks of this client and the clients approved with it "
+                    f"hold {tokens} tokens; this one needs {budget} more, beyond their shared "
+                    f"limit of {max_tokens}.",
+                )
+            if max_stored > 0 and (kept := quotas.stored(conn, caller.id)) >= max_stored:
+                raise LMSPError(
+                    403,
+                    "storage_quota_exceeded",
+                    f"This client and the clients approved with it keep {kept} bytes of "
+                    f"finished responses and their events, their limit being {max_stored}; "
+                    "delete some responses (DELETE /responses/{id}) or wait for them to expire.",
+                    type="insufficient_quota",
                 )
 
         return check

@@ -4,9 +4,10 @@ token; the owner's view of paired clients; and who a bearer token belongs to.
 Every function here is database work only (the handlers run it off the IOLoop, the command
 line calls it directly).
 
-Abuse limits (docs/security.md): starting is rate-limited per remote address and capped at
-`max_pending` waiting requests (the owner's list shows the oldest first, so a flood cannot
-bury an earlier request); polling is rate-limited per pairing (polls for pairings that do not
+Abuse limits (docs/security.md): starting is rate-limited per remote address, and at most
+`max_pending` requests wait at once: a new one ends the oldest waiting (it expires), so a
+flood of starts never locks a program out of pairing (issue 43: refusing new starts at the cap
+did, for up to the TTL); polling is rate-limited per pairing (polls for pairings that do not
 exist share one bucket per address), so spamming either cannot lock a program out of the other.
 An approving paired client grants only scopes it holds itself, never to a pairing it started.
 """
@@ -14,7 +15,7 @@ An approving paired client grants only scopes it holds itself, never to a pairin
 from __future__ import annotations
 
 import json
-import math
+import logging
 import time
 from typing import Any
 
@@ -40,6 +41,8 @@ from ..store import clients as store
 from ..store import rules
 from ..store.database import Database
 from ..store.tables import Client, Pairing
+
+log = logging.getLogger(__name__)
 
 PAIRING_TTL = 600.0
 POLL_INTERVAL = 5
@@ -80,15 +83,10 @@ def start(
         expires_at=now + ttl,
         started_by=started_by.id if started_by is not None else None,
     )
-    oldest_expiry = store.create_pairing(db, pairing, max_pending)
-    if oldest_expiry is not None:
-        raise LMSPError(
-            429,
-            "too_many_pending_pairings",
-            f"{max_pending} pairing requests already wait for the owner; retry when one is "
-            "decided or expires.",
-            type="rate_limit_error",
-            headers={"Retry-After": str(max(1, math.ceil(oldest_expiry - now)))},
+    evicted = store.create_pairing(db, pairing, max_pending)
+    if evicted:
+        log.info(
+            "LMSP pairing: %d waiting request(s) ended to make room: %s", len(evicted), evicted
         )
     return PairingStarted(
         id=pairing.id,

@@ -9,7 +9,10 @@ deliveries; with nothing to send it waits until the next delivery is due, at mos
 looks at once). A sender POSTs the stored payload, signed as Standard Webhooks specifies,
 with one timeout for connecting and each read, never following a redirect, and records the
 outcome (`record_attempt`): a 2xx is delivered; anything else is due again after an
-exponential backoff, or dead after `max_attempts`.
+exponential backoff, or dead after `max_attempts`. A receiver answering 429 or 503 with a
+`Retry-After` (seconds, or an HTTP date) is not called again before the time it asks, unless it
+asks for more than `backoff_max`: the wait is then `backoff_max` (a receiver cannot park a
+delivery for days; it is refused again and counts an attempt).
 
 At least once: a row is marked delivered only after its receiver answered, so a server killed
 in between sends it again after its restart (or another server does, once the dead server's
@@ -23,12 +26,14 @@ import base64
 import hashlib
 import hmac
 import logging
+import math
 import secrets
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 
 import httpx
 
@@ -70,9 +75,37 @@ class DeliverySettings:
         # Longer than any one attempt can take (connect, send, the answer's head).
         return 3 * self.timeout + 10.0
 
-    def backoff(self, attempts: int) -> float:
-        """The wait after the `attempts`-th failed attempt."""
-        return float(min(self.backoff_max, self.backoff_initial * 2 ** max(0, attempts - 1)))
+    def backoff(self, attempts: int, retry_after: float | None = None) -> float:
+        """The wait after the `attempts`-th failed attempt: the exponential backoff, or the
+        receiver's `Retry-After` (in seconds from now) if that is longer, at most
+        `backoff_max` either way."""
+        wait = self.backoff_initial * 2 ** max(0, attempts - 1)
+        if retry_after is not None:
+            wait = max(wait, retry_after)
+        return float(min(self.backoff_max, wait))
+
+
+# The statuses whose Retry-After is honoured (RFC 9110 15.5.20 / 15.6.4; RFC 6585 4).
+RETRY_AFTER_STATUSES = frozenset({429, 503})
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """A `Retry-After` header's wait in seconds from `now`: a non-negative integer of seconds,
+    or an HTTP date (a date in the past is 0). None when absent or not either form (the
+    backoff alone decides then)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isascii() and value.isdigit():
+        # More digits than any real wait (and than a float or `int()` takes): the longest.
+        return float(int(value)) if len(value) <= 15 else math.inf
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # RFC 9110's IMF-fixdate is GMT; an obsolete form may lack a zone
+        return None
+    return max(0.0, when.timestamp() - now)
 
 
 class WebhookDeliverer:
@@ -193,9 +226,10 @@ class WebhookDeliverer:
     def _send(self, claimer: str, due: outbox.Due) -> None:
         delivery = due.delivery
         try:
-            status, error = self.post(due)
+            status, error, retry_after = self.post(due)
             delivered = status is not None and 200 <= status < 300
             now = time.time()
+            wait = self.settings.backoff(delivery.attempts + 1, retry_after)
             outbox.record_attempt(
                 self.db,
                 delivery.id,
@@ -203,7 +237,7 @@ class WebhookDeliverer:
                 delivered=delivered,
                 status=status,
                 error=error,
-                retry_at=now + self.settings.backoff(delivery.attempts + 1),
+                retry_at=now + wait,
                 max_attempts=self.settings.max_attempts,
                 now=now,
             )
@@ -212,8 +246,9 @@ class WebhookDeliverer:
         finally:
             self._done(delivery.endpoint_id)
 
-    def post(self, due: outbox.Due) -> tuple[int | None, str | None]:
-        """One attempt: the HTTP status (None if there was no answer) and what went wrong."""
+    def post(self, due: outbox.Due) -> tuple[int | None, str | None, float | None]:
+        """One attempt: the HTTP status (None if there was no answer), what went wrong, and
+        the seconds a 429 or 503 asked to wait (its `Retry-After`; None if it did not)."""
         assert self._client is not None
         delivery = due.delivery
         body = delivery.payload.encode()
@@ -229,6 +264,11 @@ class WebhookDeliverer:
             # The answer's head decides; its body is never read.
             with self._client.stream("POST", due.url, content=body, headers=headers) as answer:
                 status = answer.status_code
+                retry_after = None
+                if status in RETRY_AFTER_STATUSES:
+                    retry_after = retry_after_seconds(
+                        answer.headers.get("retry-after"), time.time()
+                    )
         except httpx.HTTPError as e:
-            return None, f"{type(e).__name__}: {e}"[:500]
-        return status, None if 200 <= status < 300 else f"HTTP {status}"
+            return None, f"{type(e).__name__}: {e}"[:500], None
+        return status, None if 200 <= status < 300 else f"HTTP {status}", retry_after

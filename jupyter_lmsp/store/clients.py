@@ -27,11 +27,17 @@ _pairings = table(Pairing)
 _clients = table(Client)
 _INSERT_PAIRING = insert(_pairings)
 _INSERT_CLIENT = insert(_clients)
-# Unexpired pending requests, the one expiring first first.
+# Unexpired pending requests, the oldest first.
 _WAITING = (
-    select(_pairings.c.expires_at)
+    select(_pairings.c.id)
     .where(_pairings.c.status == "pending", _pairings.c.expires_at > bindparam("now"))
-    .order_by(_pairings.c.expires_at)
+    .order_by(_pairings.c.created_at, _pairings.c.id)
+)
+# Ends a pending request at once (it expires now: polling it says `expired_token`).
+_EVICT = (
+    update(_pairings)
+    .where(_pairings.c.id.in_(bindparam("ids", expanding=True)), _pairings.c.status == "pending")
+    .values(expires_at=bindparam("now"))
 )
 _PENDING_BY_CODE = select(_pairings).where(
     _pairings.c.user_code == bindparam("code"),
@@ -47,17 +53,21 @@ _TOUCH = (
 _PAIRED_BY = select(_clients.c.id).where(_clients.c.paired_by == bindparam("owner"))
 
 
-def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = None) -> float | None:
-    """Store a new pairing request, unless `max_pending` unexpired requests already wait: then
-    nothing is stored and the time the oldest of them expires is returned (None on success).
-    Counting and inserting share the transaction, so concurrent starts cannot overshoot."""
+def create_pairing(db: Database, pairing: Pairing, max_pending: int | None = None) -> list[str]:
+    """Store a new pairing request. When `max_pending` unexpired requests already wait, the
+    oldest of them expire now to make room (the new one is always stored: a flood of starts
+    cannot lock a program out of pairing; the flooder's own earlier requests are as old as any).
+    The ids of the requests ended so. Counting, ending and inserting share the transaction, so
+    concurrent starts cannot overshoot."""
+    evicted: list[str] = []
     with db.writing() as conn:
         if max_pending is not None:
-            expiries = list(conn.execute(_WAITING, {"now": pairing.created_at}).scalars())
-            if len(expiries) >= max_pending:
-                return float(expiries[0])
+            waiting = list(conn.execute(_WAITING, {"now": pairing.created_at}).scalars())
+            evicted = waiting[: max(0, len(waiting) - max_pending + 1)]
+            if evicted:
+                conn.execute(_EVICT, {"ids": evicted, "now": pairing.created_at})
         conn.execute(_INSERT_PAIRING, pairing.model_dump())
-    return None
+    return evicted
 
 
 def get_pairing(db: Database, pairing_id: str) -> Pairing | None:

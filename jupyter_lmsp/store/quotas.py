@@ -1,33 +1,61 @@
 """What a caller's unfinished tasks hold, counted inside the transaction that creates a new
 one (`rules.create_task`'s `admit`), for admission's quota (`services.admission`).
 
+A quota is shared by an approval tree (issue 43): a paired client with `clients:admin` may
+approve sub-clients, and they may approve more; their unfinished tasks all count against one
+quota, that of the client at the tree's root (the one a Jupyter user approved), so pairing
+sub-clients never multiplies what a client may hold. A caller that is no paired client (no
+row in `clients`) is a tree of its own.
+
+A tree's stored output counts too (issue 43): the characters of the events and response
+output of its finished tasks (`stored`: JSON, so bytes for its ASCII text; registrations and
+other tasks without a response count their events). Deleting responses, or their expiry by
+the retention purge, frees it.
+
 On PostgreSQL writers run side by side, so the count first takes the advisory lock
-`quota:<owner>`: the creates of one owner take turns, and two cannot both count the same
+`quota:<root>`: the creates of one tree take turns, and two cannot both count the same
 tasks and overshoot together. On SQLite the write transaction excludes every other writer
 already.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from sqlalchemy import BigInteger, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-__all__ = ["UNFINISHED", "Connection", "held"]
+__all__ = ["UNFINISHED", "Connection", "approval_tree", "held", "stored"]
 
-from ..protocol.states import RECOVERY_TABLE
+from ..protocol.states import RECOVERY_TABLE, TERMINAL_STATES
 from .records import advisory_lock, table
-from .tables import Task
+from .tables import Client, Response, Task, TaskEvent
 
 UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
+FINISHED = tuple(sorted(str(s) for s in TERMINAL_STATES))
 
 _tasks = table(Task)
+_clients = table(Client)
+_events = table(TaskEvent)
+_responses = table(Response)
+_FINISHED_OF = select(_tasks.c.id).where(
+    _tasks.c.owner.in_(bindparam("owners", expanding=True)), _tasks.c.state.in_(FINISHED)
+)
+_STORED_EVENTS = select(
+    cast(func.coalesce(func.sum(func.length(_events.c.data)), 0), BigInteger)
+).where(_events.c.task_id.in_(_FINISHED_OF.scalar_subquery()))
+_STORED_OUTPUT = select(
+    cast(func.coalesce(func.sum(func.length(_responses.c.output)), 0), BigInteger)
+).where(_responses.c.task_id.in_(_FINISHED_OF.scalar_subquery()))
+# Every paired client and who approved it: a few rows (clients are paired by hand).
+_APPROVERS = select(_clients.c.id, _clients.c.approved_by)
 
 
 def _held(budget: object) -> object:
-    """Unfinished tasks of `:owner`, and the sum of their `params.budget` (0 when none)."""
+    """Unfinished tasks of `:owners`, and the sum of their `params.budget` (0 when none)."""
     return select(func.count(), cast(func.coalesce(func.sum(budget), 0), BigInteger)).where(
-        _tasks.c.owner == bindparam("owner"), _tasks.c.state.in_(UNFINISHED)
+        _tasks.c.owner.in_(bindparam("owners", expanding=True)), _tasks.c.state.in_(UNFINISHED)
     )
 
 
@@ -38,9 +66,41 @@ _HELD = {
 }
 
 
+def approval_tree(conn: Connection, client_id: str) -> tuple[str, list[str]]:
+    """The root of `client_id`'s approval tree (the client a Jupyter user approved; itself
+    when no paired client approved it) and every client of the tree, the root first."""
+    approver = {str(c): a for c, a in conn.execute(_APPROVERS).all()}
+    root, seen = client_id, {client_id}
+    while (up := approver.get(root)) in approver and up not in seen:
+        root = up
+        seen.add(root)
+    children: defaultdict[str, list[str]] = defaultdict(list)
+    for child, parent in approver.items():
+        if parent is not None:
+            children[parent].append(child)
+    tree, members = [root], {root}
+    for node in tree:
+        for child in children[node]:
+            if child not in members:
+                members.add(child)
+                tree.append(child)
+    return root, tree
+
+
 def held(conn: Connection, owner: str) -> tuple[int, int]:
-    """How many unfinished tasks `owner` has, and how many tokens they hold, as committed: in
-    the caller's write transaction, after taking the owner's quota lock (PostgreSQL)."""
-    advisory_lock(conn, f"quota:{owner}")
-    row = conn.execute(_HELD[conn.dialect.name], {"owner": owner}).one()  # type: ignore[call-overload]
+    """How many unfinished tasks `owner`'s approval tree has, and how many tokens they hold,
+    as committed: in the caller's write transaction, after taking the tree's quota lock
+    (PostgreSQL)."""
+    root, tree = approval_tree(conn, owner)
+    advisory_lock(conn, f"quota:{root}")
+    row = conn.execute(_HELD[conn.dialect.name], {"owners": tree}).one()  # type: ignore[call-overload]
     return int(row[0]), int(row[1])
+
+
+def stored(conn: Connection, owner: str) -> int:
+    """The characters `owner`'s approval tree keeps of its finished tasks: their events'
+    data and their responses' output. Run after `held` (which takes the tree's lock)."""
+    _, tree = approval_tree(conn, owner)
+    events = conn.execute(_STORED_EVENTS, {"owners": tree}).scalar_one()
+    output = conn.execute(_STORED_OUTPUT, {"owners": tree}).scalar_one()
+    return int(events) + int(output)
