@@ -25,6 +25,22 @@ function progress(view: ITaskView): string {
   return `${view.task.last_sequence_number + 1} events`;
 }
 
+/** A caller the clients list does not name: the owner as it is; a paired client no longer
+ * listed (revoked) by the end of its id, as the short task id (a full id is cut at the
+ * sidebar's width). */
+function callerName(owner: string): string {
+  return owner.startsWith('client_') ? `client …${owner.slice(-6)}` : owner;
+}
+
+function callerTitle(owner: string, name: string | undefined): string {
+  if (name !== undefined) {
+    return `started by paired client ${name} (${owner})`;
+  }
+  return owner.startsWith('client_')
+    ? `started by paired client ${owner}, no longer paired`
+    : `owner ${owner}`;
+}
+
 function TaskRow(props: {
   view: ITaskView;
   model: SidebarModel;
@@ -93,11 +109,8 @@ function TaskRow(props: {
             {duration(took)}
           </span>
           {' · '}
-          <span
-            className="jp-LMSP-owner"
-            title={client ? `started by paired client ${client.id}` : `owner ${task.owner}`}
-          >
-            {client ? client.name : task.owner}
+          <span className="jp-LMSP-owner" title={callerTitle(task.owner, client?.name)}>
+            {client ? client.name : callerName(task.owner)}
           </span>
         </span>
         <span className="jp-LMSP-actions">
