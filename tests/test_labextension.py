@@ -9,6 +9,11 @@ extension, driven by Playwright on Debian's headless Chromium (nothing is downlo
 4. A pairing request started by a separate process (tests/pairing_client.py) raises a
    notification while the panel is closed, is approved from the panel with narrowed scopes,
    and that process receives its token and calls the service; the client is then revoked.
+5. Task rows say what each task is: the start of its prompt, and its outcome in the notebook
+   widgets' words and colours (completed green, incomplete with its reason amber, cancelled
+   grey); finished tasks past the newest page come page by page ("Older tasks").
+6. A webhook endpoint added in the panel against a real receiver on loopback: its secret is
+   shown once, a delivery is counted; a dead letter is redelivered; errors are shown as text.
 
 Screenshots go to `test-artifacts/labextension/`.
 """
@@ -34,6 +39,7 @@ from labbrowser import (  # the two fixtures override pytest-jupyter's
 )
 from labserver import LabServer
 from serverproc import TOKEN
+from webhookreceiver import Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -70,7 +76,16 @@ def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Itera
     shutil.rmtree(ARTIFACTS, ignore_errors=True)
     ARTIFACTS.mkdir(parents=True)
     root = tmp_path_factory.mktemp("sidebar")
-    with LabServer(root, models={"tiny": test_model_dir}, engine_token_delay=0.03) as server:
+    with LabServer(
+        root,
+        models={"tiny": test_model_dir},
+        engine_token_delay=0.03,
+        # Webhook deliveries retried at once and dead after two attempts (test 6).
+        webhook_max_attempts=2,
+        webhook_backoff=0.05,
+        webhook_backoff_max=0.1,
+        webhook_poll_interval=0.1,
+    ) as server:
         yield server
 
 
@@ -354,6 +369,192 @@ def test_pairing_from_a_separate_process_approved_in_the_panel(lab: LabServer, p
     with lab.client() as c:
         clients = c.get("/clients").json()["data"]
     assert result["client_id"] not in {c["id"] for c in clients}  # revoked ones are not listed
+
+
+# A forced call of a custom tool whose input is five digits (a regex grammar): the random test
+# model's answer ends `completed`, not at its token limit.
+FORCED_CALL = {
+    "tools": [
+        {
+            "type": "custom",
+            "name": "zip_code",
+            "format": {"type": "grammar", "syntax": "regex", "definition": "[0-9]{5}"},
+        }
+    ],
+    "tool_choice": {"type": "custom", "name": "zip_code"},
+    "max_output_tokens": 200,
+}
+LONG_PROMPT = (
+    "Summarise the history of lighthouses on the Norwegian coast, from the first coal fires "
+    "to the automated stations of today"
+)
+
+
+def wait_task(lab: LabServer, task_id: str) -> dict[str, Any]:
+    """The task once it has ended (waiting on its event stream's end, not on a clock)."""
+    with lab.client() as c:
+        with c.stream("GET", f"/tasks/{task_id}/events?stream=true") as r:
+            for _ in r.iter_lines():
+                pass
+        return c.get(f"/tasks/{task_id}").json()
+
+
+def test_task_rows_say_what_each_task_is_and_older_ones_page(lab: LabServer, page: Any):
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    with lab.client() as c:
+        r = c.post(
+            "/responses",
+            json={"input": "Pick a letter.", "background": True, "temperature": 0, **FORCED_CALL},
+        )
+        assert r.status_code == 202, r.text
+        completed = r.json()
+    incomplete = start_background(lab, LONG_PROMPT, 3)
+    cancelled = start_background(lab, "Cancel   me\n  soon, please.", 2000)
+    row = task_row(page, cancelled["task_id"])
+    expect(row).to_have_attribute("data-state", "running", timeout=30_000)
+    with lab.client() as c:
+        assert c.post(f"/tasks/{cancelled['task_id']}/cancel", json={}).status_code == 200
+    tasks = {
+        "completed": wait_task(lab, completed["task_id"]),
+        "incomplete": wait_task(lab, incomplete["task_id"]),
+        "cancelled": wait_task(lab, cancelled["task_id"]),
+    }
+    assert (
+        tasks["completed"]["state"] == "completed" and not tasks["completed"]["incomplete_reason"]
+    )
+    assert tasks["incomplete"]["incomplete_reason"] == "max_output_tokens"
+    assert tasks["cancelled"]["state"] == "cancelled"
+    # The wire's excerpt: whitespace collapsed, a long prompt cut at a word with '…'.
+    assert tasks["cancelled"]["prompt_excerpt"] == "Cancel me soon, please."
+    cut = tasks["incomplete"]["prompt_excerpt"]
+    assert len(cut) <= 80 and cut.endswith("…") and LONG_PROMPT.startswith(cut[:-1].rstrip())
+    assert LONG_PROMPT[len(cut) - 1] == " "  # cut between words
+    # Each row: its excerpt, its outcome's words, the colour class of that outcome.
+    expected = {
+        "completed": ("completed", "Pick a letter."),
+        "incomplete": ("incomplete: max_output_tokens", cut),
+        "cancelled": ("cancelled", "Cancel me soon, please."),
+    }
+    colours = {}
+    for cls, (word, excerpt) in expected.items():
+        row = task_row(page, tasks[cls]["id"])
+        expect(row).to_have_attribute("data-outcome", cls, timeout=30_000)
+        expect(row.locator(".jp-LMSP-state")).to_have_text(word)
+        expect(row.locator(".jp-LMSP-excerpt")).to_have_text(excerpt)
+        expect(row.locator(".jp-LMSP-took")).to_contain_text("s")
+        colours[cls] = row.locator(".jp-LMSP-state").evaluate(
+            "e => getComputedStyle(e).backgroundColor"
+        )
+    assert len(set(colours.values())) == 3, colours  # green, amber, grey: all different
+    expect(task_row(page, tasks["incomplete"]["id"]).locator(".jp-LMSP-progress")).to_have_text(
+        "3 tokens"
+    )
+    shot(page, "8-task-outcomes")
+
+    # More tasks than the newest page (20) holds: the older ones come with "Older tasks".
+    with lab.client() as c:
+        listed = c.get("/tasks?limit=100").json()["data"]
+    for i in range(max(0, 21 - len(listed))):
+        wait_task(lab, start_background(lab, f"Filler task {i}.", 1)["task_id"])
+    with lab.client() as c:
+        every = [t["id"] for t in c.get("/tasks?limit=100").json()["data"]]
+    panel = page.locator(SIDEBAR)
+    expect(panel.locator(".jp-LMSP-task")).to_have_count(20, timeout=30_000)
+    more = panel.locator("[data-action=older-tasks]")
+    more.click()
+    expect(panel.locator(".jp-LMSP-task")).to_have_count(min(len(every), 40), timeout=30_000)
+    shown = panel.locator(".jp-LMSP-task").evaluate_all("rs => rs.map(r => r.dataset.taskId)")
+    assert shown == every[:40]  # newest first, each once, the second page after the first
+    expect(panel.locator(".jp-LMSP-tasks .jp-LMSP-count")).to_have_text(
+        f"0 unfinished · {len(shown)} finished"
+    )
+    if len(every) <= 40:
+        expect(more).to_have_count(0)
+    task_row(page, every[-1]).scroll_into_view_if_needed()
+    shot(page, "9-older-tasks")
+
+
+def test_webhook_endpoint_added_in_the_panel(lab: LabServer, page: Any):
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    panel = page.locator(SIDEBAR)
+    section = panel.locator(".jp-LMSP-webhooks")
+    form = section.locator(".jp-LMSP-webhookForm")
+    # The service's refusal is shown as its text.
+    form.locator("input[name=webhook-url]").fill("ftp://example.org/hook")
+    form.locator("[data-action=add-webhook]").click()
+    expect(section.locator(".jp-LMSP-error")).to_contain_text("http")
+    section.locator(".jp-LMSP-error").scroll_into_view_if_needed()
+    shot(page, "10-webhook-refused")
+
+    receiver = Receiver()
+    dead_end = Receiver(lambda _id, _n: 500)
+    try:
+        form.locator("input[name=webhook-url]").fill(receiver.url)
+        form.locator("input[value='response.incomplete']").check()
+        form.locator("[data-action=add-webhook]").click()
+        secret_box = section.locator(".jp-LMSP-secret")
+        expect(secret_box).to_be_visible(timeout=20_000)
+        expect(section.locator(".jp-LMSP-error")).to_have_count(0)
+        expect(secret_box.locator(".jp-LMSP-secretNote")).to_contain_text("shown once")
+        secret = secret_box.locator(".jp-LMSP-secretValue").text_content()
+        assert secret and secret.startswith("whsec_")
+        endpoint_id = secret_box.get_attribute("data-endpoint-id")
+        row = section.locator(f'.jp-LMSP-webhook[data-endpoint-id="{endpoint_id}"]')
+        expect(row.locator(".jp-LMSP-url")).to_have_text(receiver.url)
+        expect(row).to_contain_text("completed · incomplete")
+        expect(section.locator("[data-action=copy-secret]")).to_be_visible()
+        secret_box.scroll_into_view_if_needed()
+        shot(page, "11-webhook-secret-once")
+        receiver.secret = secret
+        section.locator("[data-action=forget-secret]").click()
+        expect(secret_box).to_have_count(0)
+        assert secret not in panel.inner_text()  # once only: the list never shows it
+
+        task = start_background(lab, "Tell the receiver.", 3)
+        wait_task(lab, task["task_id"])
+        assert receiver.wait_accepted(1, 60), receiver.receipts
+        assert receiver.bad == []
+        expect(row).to_have_attribute("data-delivered", "1", timeout=30_000)
+        expect(row.locator("[data-count=delivered]")).to_have_text("1 delivered")
+        row.scroll_into_view_if_needed()
+        shot(page, "12-webhook-delivered")
+
+        # An endpoint whose receiver answers 500: after two attempts, a dead letter.
+        with lab.client() as c:
+            r = c.post("/webhooks", json={"url": dead_end.url, "events": ["response.incomplete"]})
+            assert r.status_code == 201, r.text
+            dead_end.secret = r.json()["secret"]
+            dead_id = r.json()["id"]
+        wait_task(lab, start_background(lab, "Nobody listens.", 3)["task_id"])
+        dead_row = section.locator(f'.jp-LMSP-webhook[data-endpoint-id="{dead_id}"]')
+        expect(dead_row).to_have_attribute("data-dead", "1", timeout=60_000)
+        letter = dead_row.locator(".jp-LMSP-deadLetter")
+        expect(letter).to_have_count(1)
+        expect(letter).to_contain_text("incomplete · 2 attempts · 500")
+        letter.scroll_into_view_if_needed()
+        shot(page, "13-webhook-dead-letter")
+        dead_end.answer = lambda _id, _n: 200  # the receiver is back: redeliver
+        letter.locator("[data-action=redeliver]").click()
+        expect(dead_row).to_have_attribute("data-delivered", "1", timeout=60_000)
+        expect(dead_row).to_have_attribute("data-dead", "0")
+        expect(letter).to_have_count(0)
+        assert len(dead_end.accepted) == 1 and dead_end.bad == []
+
+        # Deleted from the panel: gone from the service too.
+        for endpoint in (endpoint_id, dead_id):
+            section.locator(
+                f'.jp-LMSP-webhook[data-endpoint-id="{endpoint}"] [data-action=delete-webhook]'
+            ).click()
+        expect(section.locator(".jp-LMSP-webhook")).to_have_count(0, timeout=20_000)
+        with lab.client() as c:
+            assert c.get("/webhooks").json()["data"] == []
+    finally:
+        receiver.close()
+        dead_end.close()
 
 
 def test_labextension_is_listed_enabled():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
+from .excerpt import output_tokens, prompt_excerpt
 from .output import Attempt
 from .pairing import Client, Pairing
 from .registry import Model, ModelFile
@@ -130,6 +131,9 @@ class TaskRow(Protocol):
 
     @property
     def snapshot(self) -> str | None: ...
+
+    @property
+    def params(self) -> str: ...
 
 
 class ModelRow(Protocol):
@@ -397,7 +401,16 @@ def input_item(item_id: str, message: dict[str, Any]) -> dict[str, Any]:
     ).wire()
 
 
-def task_object(task: TaskRow) -> dict[str, Any]:
+def task_object(task: TaskRow, response: ResponseRow | None = None) -> dict[str, Any]:
+    """The task object; with its response row, also what tells it apart in a list (its prompt's
+    start, why it is incomplete, its output tokens)."""
+    summary: dict[str, Any] = {}
+    if response is not None:
+        summary = {
+            "prompt_excerpt": prompt_excerpt(response.request, task.params),
+            "incomplete_reason": response.incomplete_reason,
+            "output_tokens": output_tokens(response.usage),
+        }
     return Task(
         id=task.id,
         kind=task.kind,
@@ -412,6 +425,7 @@ def task_object(task: TaskRow) -> dict[str, Any]:
         created_at=task.created_at,
         updated_at=task.updated_at,
         finished_at=task.finished_at,
+        **summary,
     ).wire()
 
 

@@ -90,6 +90,15 @@ class UpdateWebhookEndpointRequest(Body):
     enabled: bool | None = None
 
 
+class WebhookDeliveryCounts(WireObject):
+    """How many of an endpoint's deliveries are in each state (`delivered` ones are purged
+    after a while, see "Webhooks" in docs/protocol.md)."""
+
+    pending: Annotated[int, Field(ge=0)] = 0
+    delivered: Annotated[int, Field(ge=0)] = 0
+    dead: Annotated[int, Field(ge=0)] = 0
+
+
 class WebhookEndpoint(WireObject):
     """An endpoint as the owner sees it (its secret only once, when created)."""
 
@@ -101,6 +110,10 @@ class WebhookEndpoint(WireObject):
     enabled: bool
     created_at: int
     updated_at: int
+    deliveries: WebhookDeliveryCounts = Field(
+        default_factory=WebhookDeliveryCounts,
+        description="Its deliveries by state, as the endpoint is read.",
+    )
 
 
 class WebhookEndpointCreated(WebhookEndpoint):

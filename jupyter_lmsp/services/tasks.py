@@ -30,7 +30,8 @@ def list_tasks(
     page = queries.list_tasks(
         ctx.db, states=states, kind=kind, owners=caller.owner_filter, after=after, limit=limit
     )
-    data = [task_object(t) for t in page.tasks]
+    responses = queries.responses_of(ctx.db, [t.response_id for t in page.tasks if t.response_id])
+    data = [task_object(t, responses.get(t.response_id or "")) for t in page.tasks]
     return TaskList.model_validate(
         {
             "data": data,
@@ -48,15 +49,21 @@ def _find(ctx: ServiceContext, task_id: str, caller: Caller) -> Task:
     return task
 
 
+def _summarised(ctx: ServiceContext, task: Task) -> dict[str, Any]:
+    """The task object with what tells it apart (its response's prompt, outcome, tokens)."""
+    responses = queries.responses_of(ctx.db, [task.response_id] if task.response_id else [])
+    return task_object(task, responses.get(task.response_id or ""))
+
+
 def get_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:
-    return task_object(_find(ctx, task_id, caller))
+    return _summarised(ctx, _find(ctx, task_id, caller))
 
 
 async def cancel_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:
     await ctx.offload(_find, ctx, task_id, caller)
     committed = await ctx.offload(rules.request_cancel, ctx.db, task_id)
     ctx.runner.cancelled(committed)
-    return task_object(committed.task)
+    return await ctx.offload(_summarised, ctx, committed.task)
 
 
 def event_page(

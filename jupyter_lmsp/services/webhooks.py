@@ -33,8 +33,11 @@ def require_owner(caller: Caller) -> None:
         )
 
 
-def endpoint_object(endpoint: tables.WebhookEndpoint) -> wire.WebhookEndpoint:
+def endpoint_object(
+    endpoint: tables.WebhookEndpoint, counts: dict[str, int] | None = None
+) -> wire.WebhookEndpoint:
     return wire.WebhookEndpoint(
+        deliveries=wire.WebhookDeliveryCounts(**(counts or {})),
         id=endpoint.id,
         url=endpoint.url,
         events=json.loads(endpoint.events),
@@ -84,8 +87,9 @@ def create_endpoint(
 
 def list_endpoints(db: Database, caller: Caller) -> wire.WebhookEndpointList:
     require_owner(caller)
+    counts = store.counts_by_endpoint(db, caller.id)
     return wire.WebhookEndpointList(
-        data=[endpoint_object(e) for e in store.list_endpoints(db, caller.id)]
+        data=[endpoint_object(e, counts.get(e.id)) for e in store.list_endpoints(db, caller.id)]
     )
 
 
@@ -98,7 +102,7 @@ def get_endpoint(db: Database, caller: Caller, endpoint_id: str) -> wire.Webhook
     endpoint = store.get_endpoint(db, caller.id, endpoint_id)
     if endpoint is None:
         raise _missing(endpoint_id)
-    return endpoint_object(endpoint)
+    return endpoint_object(endpoint, store.counts_by_endpoint(db, caller.id).get(endpoint.id))
 
 
 def update_endpoint(

@@ -22,6 +22,7 @@ from .tables import Response, ServiceConfig, Task, TaskEvent
 _tasks = table(Task)
 _events = table(TaskEvent)
 _config = table(ServiceConfig)
+_responses = table(Response)
 _EVENTS = (
     select(_events.c.data)
     .where(
@@ -122,6 +123,15 @@ def list_tasks(
         query = query.order_by(_tasks.c.created_at.desc(), _tasks.c.id.desc()).limit(limit + 1)
         rows = records(Task, conn.execute(query))
         return TaskPage(rows[:limit], len(rows) > limit)
+
+
+def responses_of(db: Database, response_ids: list[str]) -> dict[str, Response]:
+    """The responses of these ids (those that exist), by id: a task list's summaries."""
+    if not response_ids:
+        return {}
+    query = select(_responses).where(_responses.c.id.in_(response_ids))
+    with db.reading() as conn:
+        return {r.id: r for r in records(Response, conn.execute(query))}
 
 
 def list_events(

@@ -83,6 +83,12 @@ _DELIVERY_FOR_UPDATE = (
 _SET = update(_DELIVERIES).where(_DELIVERIES.c.id == bindparam("key_id"))
 _NEXT_DUE = select(func.min(_DELIVERIES.c.next_attempt_at)).where(_DELIVERIES.c.state == PENDING)
 _BY_STATE = select(_DELIVERIES.c.state, func.count()).group_by(_DELIVERIES.c.state)
+_BY_ENDPOINT_STATE = (
+    select(_DELIVERIES.c.endpoint_id, _DELIVERIES.c.state, func.count())
+    .join(_ENDPOINTS, _ENDPOINTS.c.id == _DELIVERIES.c.endpoint_id)
+    .where(_ENDPOINTS.c.owner == bindparam("owner"))
+    .group_by(_DELIVERIES.c.endpoint_id, _DELIVERIES.c.state)
+)
 _PURGE = delete(_DELIVERIES).where(
     _DELIVERIES.c.state == DELIVERED, _DELIVERIES.c.delivered_at < bindparam("before")
 )
@@ -377,6 +383,16 @@ def counts(db: Database) -> dict[str, int]:
         found = {state: 0 for state in STATES}
         found.update({str(s): int(n) for s, n in conn.execute(_BY_STATE)})
         return found
+
+
+def counts_by_endpoint(db: Database, owner: str) -> dict[str, dict[str, int]]:
+    """How many deliveries of each of the owner's endpoints are in each state (for the
+    endpoint objects: the sidebar shows them)."""
+    found: dict[str, dict[str, int]] = {}
+    with db.reading() as conn:
+        for endpoint_id, state, n in conn.execute(_BY_ENDPOINT_STATE, {"owner": owner}):
+            found.setdefault(str(endpoint_id), dict.fromkeys(STATES, 0))[str(state)] = int(n)
+    return found
 
 
 def purge_delivered(db: Database, before: float) -> int:

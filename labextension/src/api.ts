@@ -17,7 +17,13 @@ import type {
   IRegisteringTask,
   IService,
   ITask,
-  ITaskList
+  ITaskList,
+  IWebhookDelivery,
+  IWebhookDeliveryList,
+  IWebhookEndpoint,
+  IWebhookEndpointCreated,
+  IWebhookEndpointList,
+  WebhookEventType
 } from './types';
 
 /** An answer other than 2xx, with the message of the LMSP error body when there is one. */
@@ -98,8 +104,10 @@ export class LMSPClient {
     return this.request('GET', 'service');
   }
 
-  tasks(limit = 20): Promise<ITaskList> {
-    return this.request('GET', `tasks?limit=${limit}`);
+  /** Tasks newest first; `after`: the last task id of the previous page. */
+  tasks(limit = 20, after?: string): Promise<ITaskList> {
+    const query = after ? `&after=${encodeURIComponent(after)}` : '';
+    return this.request('GET', `tasks?limit=${limit}${query}`);
   }
 
   task(id: string): Promise<ITask> {
@@ -158,5 +166,39 @@ export class LMSPClient {
 
   revokeClient(id: string): Promise<IClient> {
     return this.request('DELETE', `clients/${encodeURIComponent(id)}`);
+  }
+
+  // -- webhooks (the owner's only) -------------------------------------------------------------
+
+  webhooks(): Promise<IWebhookEndpointList> {
+    return this.request('GET', 'webhooks');
+  }
+
+  /** Register an endpoint: the answer holds its signing secret, this once only. */
+  createWebhook(url: string, events: WebhookEventType[]): Promise<IWebhookEndpointCreated> {
+    return this.request('POST', 'webhooks', { url, events });
+  }
+
+  deleteWebhook(id: string): Promise<IWebhookEndpoint> {
+    return this.request('DELETE', `webhooks/${encodeURIComponent(id)}`);
+  }
+
+  deliveries(
+    endpointId: string,
+    status: IWebhookDelivery['status'],
+    limit = 20
+  ): Promise<IWebhookDeliveryList> {
+    return this.request(
+      'GET',
+      `webhooks/${encodeURIComponent(endpointId)}/deliveries?status=${status}&limit=${limit}`
+    );
+  }
+
+  redeliver(endpointId: string, deliveryId: string): Promise<IWebhookDelivery> {
+    return this.request(
+      'POST',
+      `webhooks/${encodeURIComponent(endpointId)}/deliveries/${encodeURIComponent(deliveryId)}/redeliver`,
+      {}
+    );
   }
 }

@@ -45,3 +45,20 @@ export function shortDigest(digest: string | null | undefined): string {
 export function localTime(unixSeconds: number): string {
   return new Date(unixSeconds * 1000).toLocaleString();
 }
+
+/** "850ms", "12.3s", "4m 05s", "2h 10m": how long something took. */
+export function duration(seconds: number): string {
+  const s = Math.max(0, seconds);
+  if (s < 1) {
+    return `${Math.round(s * 1000)}ms`;
+  }
+  if (s < 60) {
+    return `${s.toFixed(1)}s`;
+  }
+  if (s < 3600) {
+    const whole = Math.floor(s);
+    return `${Math.floor(whole / 60)}m ${String(whole % 60).padStart(2, '0')}s`;
+  }
+  const minutes = Math.floor(s / 60);
+  return `${Math.floor(minutes / 60)}h ${String(minutes % 60).padStart(2, '0')}m`;
+}

@@ -17,6 +17,7 @@ import type { IPoint, IRecovered, IScrape } from './metrics';
 import { LifecycleFollower, TaskFollower } from './sse';
 import type { FollowMode } from './sse';
 import { isTerminal, stateAfterEvent } from './taskstate';
+import { WebhooksModel } from './webhooks';
 import type {
   IClient,
   ILifecycleEvent,
@@ -85,6 +86,11 @@ export class SidebarModel {
   pairings: ISection<IPairing[]> = section([]);
   clients: ISection<IClient[]> = section([]);
   activity: ISection<IActivity | null> = section(null);
+  readonly webhooks: WebhooksModel;
+  /** Finished tasks older than the newest page, read page by page (`loadOlderTasks`). */
+  olderTasks: ITaskView[] = [];
+  /** Whether the service has tasks older than the ones listed. */
+  moreTasks = false;
   /** The last outcome of a user action (register, cancel, approve, …). */
   message: IMessage | null = null;
   /** Keys of actions in flight (e.g. `cancel:task_…`), to disable their buttons. */
@@ -111,6 +117,7 @@ export class SidebarModel {
 
   constructor(client?: LMSPClient) {
     this.client = client ?? new LMSPClient();
+    this.webhooks = new WebhooksModel(this.client, () => this.emit());
   }
 
   /** Something to render changed. */
@@ -217,7 +224,8 @@ export class SidebarModel {
       this.load('models', async () => (await this.client.models()).data),
       this.refreshPairings(),
       this.load('clients', async () => (await this.client.clients()).data),
-      this.load('activity', () => this.scrapeMetrics())
+      this.load('activity', () => this.scrapeMetrics()),
+      this.webhooks.refresh()
     ]);
   }
 
@@ -240,9 +248,32 @@ export class SidebarModel {
   async refreshTasks(): Promise<void> {
     await this.load('tasks', async () => {
       const page = await this.client.tasks(TASK_PAGE);
-      return page.data.map(task => this.merge(task));
+      if (!this.olderTasks.length) {
+        this.moreTasks = page.has_more;
+      }
+      const fresh = page.data.map(task => this.merge(task));
+      // An older page's task that the newest page now holds again is listed once.
+      const ids = new Set(fresh.map(v => v.task.id));
+      this.olderTasks = this.olderTasks.filter(v => !ids.has(v.task.id));
+      return fresh;
     });
     this.follow();
+  }
+
+  /** The next page of older tasks (the API's `after` cursor: the last task listed). These are
+   * finished (or are followed once listed on the newest page again), so they are not
+   * followed; the lifecycle stream still updates them. */
+  async loadOlderTasks(): Promise<void> {
+    const listed = [...this.tasks.data, ...this.olderTasks];
+    const last = listed[listed.length - 1];
+    await this.act('older-tasks', async () => {
+      const page = await this.client.tasks(TASK_PAGE, last?.task.id);
+      const ids = new Set(listed.map(v => v.task.id));
+      const fresh = page.data.filter(t => !ids.has(t.id)).map(task => this.merge(task));
+      this.olderTasks = [...this.olderTasks, ...fresh];
+      this.moreTasks = page.has_more;
+      return null;
+    });
   }
 
   /** A transition of one of the caller's tasks (the lifecycle stream). */
@@ -256,9 +287,18 @@ export class SidebarModel {
         .then(task => {
           const fresh = this.merge(task);
           if (!this.tasks.data.includes(fresh)) {
-            this.tasks.data = [fresh, ...this.tasks.data]
-              .sort((a, b) => b.task.created_at - a.task.created_at)
-              .slice(0, TASK_PAGE);
+            const sorted = [fresh, ...this.tasks.data].sort(
+              (a, b) => b.task.created_at - a.task.created_at
+            );
+            this.tasks.data = sorted.slice(0, TASK_PAGE);
+            // Pushed off the newest page: older pages start with it (none is skipped), or
+            // there is now an older page to read.
+            const dropped = sorted.slice(TASK_PAGE);
+            if (this.olderTasks.length) {
+              this.olderTasks = [...dropped, ...this.olderTasks];
+            } else if (dropped.length) {
+              this.moreTasks = true;
+            }
           }
           this.follow();
           this.emit();
@@ -309,7 +349,12 @@ export class SidebarModel {
     }
     // An event stream may be ahead of this object: keep whichever saw more of the log.
     if (task.last_sequence_number >= view.task.last_sequence_number) {
-      view.task = task;
+      view.task = {
+        ...task,
+        prompt_excerpt: task.prompt_excerpt ?? view.task.prompt_excerpt ?? null,
+        output_tokens: task.output_tokens ?? view.task.output_tokens ?? null,
+        incomplete_reason: task.incomplete_reason ?? view.task.incomplete_reason ?? null
+      };
     }
     return view;
   }

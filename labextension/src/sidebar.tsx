@@ -13,6 +13,7 @@ import { ModelsView } from './views/models';
 import { PairingsView } from './views/pairings';
 import { ServiceView } from './views/service';
 import { TasksView } from './views/tasks';
+import { WebhooksView } from './views/webhooks';
 
 export interface ISidebarOptions {
   model: SidebarModel;
@@ -65,6 +66,7 @@ function Sidebar(props: ISidebarOptions): React.ReactElement {
       <TasksView model={model} openLog={props.openLog} />
       <ModelsView model={model} />
       <ClientsView model={model} confirmRevoke={props.confirmRevoke} />
+      <WebhooksView model={model} />
     </div>
   );
 }

@@ -56,3 +56,20 @@ export function isTerminalEvent(type: string): boolean {
 export function isTerminal(state: string): boolean {
   return TERMINAL_STATES.has(state);
 }
+
+/** What a task's badge says and its colour class, the words of the notebook widgets
+ * (jupyter_lmsp/widgets/static/watcher.js `outcome`): a completed task whose response is
+ * incomplete says "incomplete: <reason>" (amber), a failed one names its code (red). */
+export function outcome(task: {
+  state: string;
+  incomplete_reason?: string | null;
+  error?: { code?: string | null } | null;
+}): { word: string; cls: string } {
+  if (task.state === 'completed' && task.incomplete_reason) {
+    return { word: `incomplete: ${task.incomplete_reason}`, cls: 'incomplete' };
+  }
+  if (task.state === 'failed' && task.error?.code) {
+    return { word: `failed: ${task.error.code}`, cls: 'failed' };
+  }
+  return { word: task.state, cls: task.state };
+}

@@ -3197,6 +3197,21 @@ export interface components {
             created_at: number;
             updated_at: number;
             finished_at: number | null;
+            /**
+             * @description The start of the response's input (its first user message, whitespace collapsed), at most 80 characters, cut at a word with '…'.
+             * @default null
+             */
+            prompt_excerpt: string | null;
+            /**
+             * @description A completed task whose response is `incomplete`: why.
+             * @default null
+             */
+            incomplete_reason: string | null;
+            /**
+             * @description A finished response task's output tokens (its usage).
+             * @default null
+             */
+            output_tokens: number | null;
         };
         /** TaskCancelledEvent */
         TaskCancelledEvent: {
@@ -3486,6 +3501,19 @@ export interface components {
             created_at: number;
             delivered_at: number | null;
         };
+        /**
+         * WebhookDeliveryCounts
+         * @description How many of an endpoint's deliveries are in each state (`delivered` ones are purged
+         *     after a while, see "Webhooks" in docs/protocol.md).
+         */
+        WebhookDeliveryCounts: {
+            /** @default 0 */
+            pending: number;
+            /** @default 0 */
+            delivered: number;
+            /** @default 0 */
+            dead: number;
+        };
         /** WebhookDeliveryList */
         WebhookDeliveryList: {
             /**
@@ -3513,6 +3541,8 @@ export interface components {
             enabled: boolean;
             created_at: number;
             updated_at: number;
+            /** @description Its deliveries by state, as the endpoint is read. */
+            deliveries: components["schemas"]["WebhookDeliveryCounts"];
         };
         /** WebhookEndpointCreated */
         WebhookEndpointCreated: {
@@ -3528,6 +3558,8 @@ export interface components {
             enabled: boolean;
             created_at: number;
             updated_at: number;
+            /** @description Its deliveries by state, as the endpoint is read. */
+            deliveries: components["schemas"]["WebhookDeliveryCounts"];
             /** @description The signing secret (`whsec_` and base64), shown this once only: Standard Webhooks verifiers take it as it is. */
             secret: string;
         };

@@ -1,17 +1,20 @@
-/** Tasks, live from their event streams: state, model, progress, age; cancel; open the log. */
+/** Tasks, live from their event streams: what each is (the start of its prompt, short id,
+ * caller), its outcome in the notebook widgets' words and colours, tokens and time; cancel;
+ * open the log; older (finished) tasks page by page. */
 
 import * as React from 'react';
 
-import { age, localTime } from '../format';
+import { age, duration, localTime } from '../format';
 import type { ITaskView, SidebarModel } from '../model';
-import { isTerminal } from '../taskstate';
-import { Button, Empty, Section, StateBadge } from './common';
+import { isTerminal, outcome } from '../taskstate';
+import { Button, Empty, Section } from './common';
 
 /** Output tokens (finished response), text so far (followed response), stage and percent
  * (model registration), else the length of its event log. */
 function progress(view: ITaskView): string {
-  if (view.tokens !== null) {
-    return `${view.tokens} tokens`;
+  const tokens = view.tokens ?? view.task.output_tokens;
+  if (tokens !== null) {
+    return tokens === 1 ? '1 token' : `${tokens} tokens`;
   }
   if (view.task.kind === 'response' && view.chars !== null) {
     return `${view.chars} chars`;
@@ -22,6 +25,22 @@ function progress(view: ITaskView): string {
   return `${view.task.last_sequence_number + 1} events`;
 }
 
+/** A caller the clients list does not name: the owner as it is; a paired client no longer
+ * listed (revoked) by the end of its id, as the short task id (a full id is cut at the
+ * sidebar's width). */
+function callerName(owner: string): string {
+  return owner.startsWith('client_') ? `client …${owner.slice(-6)}` : owner;
+}
+
+function callerTitle(owner: string, name: string | undefined): string {
+  if (name !== undefined) {
+    return `started by paired client ${name} (${owner})`;
+  }
+  return owner.startsWith('client_')
+    ? `started by paired client ${owner}, no longer paired`
+    : `owner ${owner}`;
+}
+
 function TaskRow(props: {
   view: ITaskView;
   model: SidebarModel;
@@ -30,6 +49,8 @@ function TaskRow(props: {
   const { task } = props.view;
   const done = isTerminal(task.state);
   const client = props.model.clients.data.find(c => c.id === task.owner);
+  const shown = outcome(task);
+  const took = (task.finished_at ?? Date.now() / 1000) - task.created_at;
   return (
     <li
       className="jp-LMSP-row jp-LMSP-task"
@@ -37,9 +58,16 @@ function TaskRow(props: {
       data-state={task.state}
       data-mode={props.view.mode}
       data-chars={props.view.chars ?? undefined}
+      data-outcome={shown.cls}
     >
-      <div className="jp-LMSP-line">
-        <StateBadge state={task.state} />
+      <div className="jp-LMSP-line jp-LMSP-taskHead">
+        <span
+          className={`jp-LMSP-state jp-LMSP-state-${shown.cls}`}
+          data-state={task.state}
+          title={task.error?.message ?? shown.word}
+        >
+          {shown.word}
+        </span>
         {props.view.mode === 'stream' ? (
           <span className="jp-LMSP-live" title="following its event stream">
             ●
@@ -53,32 +81,37 @@ function TaskRow(props: {
             reconnecting
           </span>
         ) : null}
-        <span className="jp-LMSP-name" title={`${task.id} (${task.kind})`}>
-          {task.model ?? task.kind}
-        </span>
+        <span className="jp-LMSP-grow" />
         <code className="jp-LMSP-shortId" title={task.id}>
           {task.id.slice(-6)}
         </code>
-        <span className="jp-LMSP-age" title={localTime(task.created_at)}>
+        <span className="jp-LMSP-age" title={`started ${localTime(task.created_at)}`}>
           {age(task.created_at)}
         </span>
       </div>
-      <div className="jp-LMSP-line">
-        <span className="jp-LMSP-sub jp-LMSP-grow">
-          <span className="jp-LMSP-progress">{progress(props.view)}</span>
-          <span
-            className="jp-LMSP-owner"
-            title={client ? `started by paired client ${client.id}` : `owner ${task.owner}`}
-          >
-            {' · '}
-            {client ? client.name : task.owner}
+      {task.prompt_excerpt ? (
+        <div className="jp-LMSP-excerpt" title={task.prompt_excerpt}>
+          {task.prompt_excerpt}
+        </div>
+      ) : null}
+      <div className="jp-LMSP-line jp-LMSP-lineWrap">
+        <span className="jp-LMSP-sub jp-LMSP-grow jp-LMSP-wrap">
+          <span className="jp-LMSP-taskModel" title={`${task.id} (${task.kind})`}>
+            {task.model ?? task.kind}
           </span>
-          {task.error ? (
-            <span className="jp-LMSP-taskError" title={task.error.message}>
-              {' · '}
-              {task.error.code}
-            </span>
-          ) : null}
+          {' · '}
+          <span className="jp-LMSP-progress">{progress(props.view)}</span>
+          {' · '}
+          <span
+            className="jp-LMSP-took"
+            title={done ? 'from its creation to its end' : 'since its creation'}
+          >
+            {duration(took)}
+          </span>
+          {' · '}
+          <span className="jp-LMSP-owner" title={callerTitle(task.owner, client?.name)}>
+            {client ? client.name : callerName(task.owner)}
+          </span>
         </span>
         <span className="jp-LMSP-actions">
           <Button
@@ -107,25 +140,38 @@ export function TasksView(props: {
   model: SidebarModel;
   openLog: (taskId: string) => void;
 }): React.ReactElement {
-  const { data, error, loaded } = props.model.tasks;
-  const running = data.filter(v => !isTerminal(v.task.state)).length;
+  const { model } = props;
+  const { data, error, loaded } = model.tasks;
+  const listed = [...data, ...model.olderTasks];
+  const running = listed.filter(v => !isTerminal(v.task.state)).length;
   return (
     <Section
       title="Tasks"
       name="tasks"
       count={running}
-      countLabel={`${running} unfinished of the ${data.length} newest tasks`}
-      countText={`${running} unfinished · ${data.length - running} finished`}
+      countLabel={`${running} unfinished of the ${listed.length} tasks listed`}
+      countText={`${running} unfinished · ${listed.length - running} finished`}
       error={error}
     >
-      {data.length ? (
+      {listed.length ? (
         <ul className="jp-LMSP-list">
-          {data.map(view => (
-            <TaskRow key={view.task.id} view={view} model={props.model} openLog={props.openLog} />
+          {listed.map(view => (
+            <TaskRow key={view.task.id} view={view} model={model} openLog={props.openLog} />
           ))}
         </ul>
       ) : loaded ? (
         <Empty text="No tasks yet." />
+      ) : null}
+      {model.moreTasks ? (
+        <div className="jp-LMSP-more">
+          <Button
+            name="older-tasks"
+            label="Older tasks"
+            title="List the next page of older tasks"
+            disabled={model.busy.has('older-tasks')}
+            onClick={() => void model.loadOlderTasks()}
+          />
+        </div>
       ) : null}
     </Section>
   );
