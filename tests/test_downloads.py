@@ -74,6 +74,7 @@ def hub(big_model: Path, test_model_dir: Path):
         "lmsp-test/slow": big_model,
         "lmsp-test/bad": test_model_dir,
         "lmsp-test/huge": test_model_dir,
+        "lmsp-test/small": test_model_dir,
     }
     with LoopbackHub(repos) as served:
         yield served
@@ -276,3 +277,25 @@ def test_a_repo_over_the_size_limit_is_refused_before_any_byte(site, hub, tmp_pa
     assert last["error"]["code"] == "model_too_large", run.stdout + run.stderr
     assert str(hub.size("lmsp-test/huge")) in last["error"]["message"]
     assert hub.total_served("lmsp-test/huge") == 0
+
+
+def test_cli_pull(site, test_model_dir, capsys):
+    """`jupyter lmsp models pull` against the running server: progress on stderr, the model
+    and its digest on stdout."""
+    from jupyter_lmsp import cli
+
+    def main(argv: list[str]) -> int:
+        try:
+            return cli.main(argv)
+        finally:  # in-process: the apps are traitlets singletons
+            for app in (cli.LMSPApp, cli.ModelsCommand, cli.ModelsPullCommand):
+                app.clear_instance()
+
+    common = ["--url", site.server.origin, "--token", site.server.token]
+    assert main(["models", "pull", "hf://lmsp-test/small", "--id", "small-pulled", *common]) == 0
+    out, err = capsys.readouterr()
+    digest = model_digest(file_digests(test_model_dir))
+    assert out.strip() == f"small-pulled: available  {digest}"
+    assert "downloading" in err and "files" in err
+    assert main(["models", "pull", "hf://lmsp-test/small", "--id", "small-pulled", *common]) == 1
+    assert "model_exists" in capsys.readouterr().err
