@@ -5,6 +5,7 @@
     jupyter lmsp clients list|revoke CLIENT_ID
     jupyter lmsp models list|import-demo               the models (and the default one); the demo
     jupyter lmsp models load|unload ID [--url --token] into / out of the running server's worker
+    jupyter lmsp models pull hf://ORG/NAME[@REV] [--id]  download and register, through the server
     jupyter lmsp purge [--retention-seconds=S]         apply the retention period now
     jupyter lmsp backup PATH                           copy the database, online and consistent
     jupyter lmsp restore PATH [--force]                replace the database with a backup
@@ -351,12 +352,63 @@ class ModelsUnloadCommand(_RunningServerCommand):
         return self.answer(lambda client: client.unload_model(model_id))
 
 
+class ModelsPullCommand(_RunningServerCommand):
+    name = "jupyter lmsp models pull"
+    description = (
+        "Download a model from the hub (hf://ORG/NAME[@REVISION]) and register it, as a task of "
+        "the running server: it resumes after a restart, and Ctrl-C only stops following it."
+    )
+    model_id = Unicode("", help="The model's id (default: the repo's name).").tag(config=True)
+    aliases = {
+        "url": "ModelsPullCommand.url",
+        "token": "ModelsPullCommand.token",
+        "id": "ModelsPullCommand.model_id",
+    }
+
+    def run(self) -> int:
+        from .client.errors import LMSPClientError
+
+        source = self.positional("models pull hf://ORG/NAME[@REVISION]")
+        try:
+            with self.client() as client:
+                task = client.register_model(source, self.model_id or None)
+                print(f"{task.id}: registering {task.model} from {source}", file=sys.stderr)
+                last = None
+                for event in client.follow(task.id):
+                    last = event
+                    if event.type == "task.progress":
+                        print(_pull_progress(event.data), file=sys.stderr)
+        except LMSPClientError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        if last is None or last.type != "task.completed":
+            error = (last.data.get("error") if last is not None else None) or {}
+            state = last.type.removeprefix("task.") if last is not None else "unfinished"
+            print(f"error: {state}: {error.get('code')}: {error.get('message')}", file=sys.stderr)
+            return 1
+        model = last.data["result"]["model"]
+        print(f"{model['id']}: {model['state']}  {model['digest']}")
+        return 0
+
+
+def _pull_progress(data: dict[str, Any]) -> str:
+    """One line of a registration's progress."""
+    if data.get("bytes_total") is None:
+        return f"  {data['stage']} {data['fraction']:.0%}"
+    return (
+        f"  {data['stage']} {data['bytes_done'] / 1e6:.1f}/{data['bytes_total'] / 1e6:.1f} MB, "
+        f"{data['files_done']}/{data['files_total']} files, "
+        f"{(data.get('bytes_per_second') or 0) / 1e6:.1f} MB/s"
+    )
+
+
 class ModelsCommand(Command):
     name = "jupyter lmsp models"
-    description = "Models: list, import-demo, load, unload."
+    description = "Models: list, import-demo, pull, load, unload."
     subcommands = {
         "list": (ModelsListCommand, ModelsListCommand.description),
         "import-demo": (ImportDemoCommand, ImportDemoCommand.description),
+        "pull": (ModelsPullCommand, ModelsPullCommand.description),
         "load": (ModelsLoadCommand, ModelsLoadCommand.description),
         "unload": (ModelsUnloadCommand, ModelsUnloadCommand.description),
     }

@@ -185,6 +185,15 @@ class Client:
     def model(self, model_id: str) -> Model:
         return Model.from_wire(self._request("GET", f"/models/{model_id}"))
 
+    def register_model(self, source: str, model_id: str | None = None) -> Task:
+        """Start registering a model (`POST /models`): a local folder, a cached repo id, a GGUF
+        file, or `hf://ORG/NAME[@REVISION]` to download; the registration task (follow it
+        for `task.progress`, `wait()` for its end)."""
+        body: dict[str, Any] = {"source": source}
+        if model_id is not None:
+            body["id"] = model_id
+        return Task.from_wire(self._request("POST", "/models", json_body=body), self)
+
     def load_model(self, model_id: str, keep_alive: float | None = None) -> Model:
         """Load a model into the server's inference worker now (`state` becomes `loaded`);
         `keep_alive`: seconds it stays loaded once idle (0: not kept; negative: until evicted)."""

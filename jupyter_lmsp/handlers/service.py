@@ -84,7 +84,7 @@ class ModelsHandler(LMSPHandler):
 
     @operation(
         "registerModel",
-        "Register a model (a task: files are hashed, GGUF is converted)",
+        "Register a model (a task: files are downloaded from a hub, hashed, GGUF converted)",
         "models",
         access="models:write",
         replies={

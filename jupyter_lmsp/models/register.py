@@ -4,32 +4,49 @@
         [--max-bytes N] [--allowed FOLDER ...]
 
 It resolves the source (with `--allowed`, only inside those folders: a paired client's
-request), converts a GGUF file into DIR/ID, checks and hashes every file (see
-`digests.model_files`), and writes JSON lines on stdout: `{"progress": {"stage", "fraction"}}`
-while working, then one `{"model": {...}}` or `{"error": {"code", "message"}}`. A process of
-its own keeps conversion and hashing off the server's event loop, and a crash in it cannot take
-the server down. A conversion it made is removed again if the model is then refused.
+request), downloads an `hf://` source into the Hugging Face cache (see `hub`), converts a GGUF
+file into DIR/ID, checks and hashes every file (see `digests.model_files`; a download's files
+also against the hub's hashes), and writes JSON lines on stdout: `{"progress": {"stage",
+"fraction", ...}}` while working, then one `{"model": {...}}` or `{"error": {"code",
+"message"}}`. A process of its own keeps downloading, conversion and hashing off the server's
+event loop, and a crash in it cannot take the server down; it dies with the server (so a
+restarted server's retry is the only one running). A conversion it made is removed again if
+the model is then refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import signal
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import managed
+from . import hub, managed
 from .digests import DEFAULT_MAX_BYTES, ModelFileError, file_digests, model_digest
 from .gguf import GGUFConversionError
-from .sources import Allowed, SourceError, materialize, resolve_source
+from .sources import Allowed, SourceError, hf_cache_dir, materialize, resolve_source
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when the server dies (kill -9 included): a download
+    left running would race the one the restarted server takes up."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: a write to the closed pipe ends it instead
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,9 +68,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             _emit({"progress": {"stage": stage, "fraction": round(fraction, 4)}})
 
     made: Path | None = None
+    shown_source = args.source
+    _die_with_parent()
     try:
         source = resolve_source(args.source, allowed)
-        path = materialize(source, Path(args.model_dir), args.id, progress, args.task_id)
+        fetched: list[hub.HubFile] | None = None
+        if source.kind == "hf_download":
+            assert source.repo is not None and source.revision is not None
+            path, fetched, commit = hub.download(
+                source.repo,
+                source.revision,
+                hf_cache_dir(),
+                lambda p: _emit({"progress": p}),
+                max_bytes=args.max_bytes,
+            )
+            # Recorded at the commit it was fetched at, so the model says what it is.
+            shown_source = f"hf://{source.repo}@{commit}"
+        else:
+            path = materialize(source, Path(args.model_dir), args.id, progress, args.task_id)
         if source.kind == "gguf":
             made = path
         files = file_digests(
@@ -62,10 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             root=source.root if source.kind != "gguf" else path,
             max_bytes=args.max_bytes,
         )
-    except (SourceError, ModelFileError, GGUFConversionError) as e:
+        if fetched is not None:
+            hub.verify(path, fetched, {f["path"]: f["sha256"] for f in files})
+    except (SourceError, ModelFileError, GGUFConversionError, hub.DownloadError) as e:
         if made is not None:
             managed.remove(made, args.id, Path(args.model_dir))
-        code = e.code if isinstance(e, SourceError | ModelFileError) else "conversion_failed"
+        code = (
+            e.code
+            if isinstance(e, SourceError | ModelFileError | hub.DownloadError)
+            else "conversion_failed"
+        )
         _emit({"error": {"code": code, "message": str(e)}})
         return 1
     except BaseException:
@@ -79,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "format": "mlx",
                 "path": str(path),
                 # A repo id as given; a path as resolved (never relative to some folder).
-                "source": args.source if source.kind == "hf_cache" else str(source.path),
+                "source": (
+                    shown_source if source.kind in ("hf_cache", "hf_download") else str(source.path)
+                ),
                 "source_kind": source.kind,
                 "managed": made is not None,
                 "files": files,

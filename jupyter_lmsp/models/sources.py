@@ -1,8 +1,9 @@
 """Where a model comes from when it is registered (LMSP B4), and how it becomes an MLX directory.
 
 A source is a local MLX model directory (registered where it is), a Hugging Face repo id found
-in the local Hugging Face cache (never downloaded: no hub is reachable, and a service must not
-fetch weights behind its user's back), or a GGUF file, converted into the service's model store.
+in the local Hugging Face cache (never downloaded: a service must not fetch weights behind its
+user's back), `hf://ORG/NAME[@REVISION]` (downloaded from the hub into that cache on purpose,
+see `hub`), or a GGUF file, converted into the service's model store.
 
 The owner may name any path. A paired client may name only what lies inside `allowed` folders
 (the model folder, the Hugging Face cache, and those the owner configured): `Allowed` checks
@@ -18,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import managed
+from . import hub, managed
 from .gguf import ProgressCallback, convert_gguf
 
 HF_REPO = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -34,11 +35,15 @@ class SourceError(ValueError):
 
 @dataclass
 class Source:
-    kind: str  # "mlx" | "hf_cache" | "gguf"
+    kind: str  # "mlx" | "hf_cache" | "hf_download" | "gguf"
+    # For "hf_download", the repo's folder in the cache (its snapshot is known once fetched).
     path: Path
     suggested_id: str
     # The folder the model's files (and the links among them) must stay inside.
     root: Path | None = None
+    # For "hf_download": the repo id and the revision asked for.
+    repo: str | None = None
+    revision: str | None = None
 
 
 UNUSABLE = (
@@ -90,6 +95,8 @@ def hf_cache_dir() -> Path:
 def resolve_source(source: str, allowed: Allowed | None = None) -> Source:
     """What `source` names. With `allowed` (a paired client's request), only sources inside
     the allowed folders or Hugging Face repo ids, and one error for every refusal."""
+    if source.startswith("hf://"):
+        return _from_hub(source)
     if allowed is not None:
         try:
             if HF_REPO.match(source) and not source.startswith(("/", "~", ".")):
@@ -172,6 +179,24 @@ def model_dir_exists(model_id: str) -> SourceError:
         "model_dir_exists",
         f"The model folder already holds an entry named '{model_id}'; a registration never "
         "writes into something that exists. Choose another 'id'.",
+    )
+
+
+def _from_hub(source: str) -> Source:
+    parsed = hub.parse(source)
+    if parsed is None:
+        raise SourceError(
+            "invalid_source", "A hub source is written 'hf://ORG/NAME' or 'hf://ORG/NAME@REVISION'."
+        )
+    repo_id, revision = parsed
+    folder = hub.repo_folder(hf_cache_dir(), repo_id)
+    return Source(
+        "hf_download",
+        folder,
+        _slug(repo_id.split("/")[1]),
+        root=folder,
+        repo=repo_id,
+        revision=revision,
     )
 
 

@@ -221,11 +221,23 @@ class TaskRunningEvent(_TaskEvent):
 
 
 class TaskProgressEvent(_TaskEvent):
-    """How far a registration got: `stage` (downloading, hashing, …) and its `fraction`."""
+    """How far a registration got: `stage` (downloading, converting, hashing, …) and its
+    `fraction`; a download (`stage: downloading`) also says its bytes and files done."""
 
     type: Literal["task.progress"]
     stage: str
     fraction: Annotated[float, Field(ge=0, le=1)]
+    bytes_done: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="A download's bytes on disk (kept across a restart)."
+    )
+    bytes_total: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="A download's bytes in all, as the hub lists its files."
+    )
+    files_done: Annotated[int, Field(ge=0)] | None = None
+    files_total: Annotated[int, Field(ge=0)] | None = None
+    bytes_per_second: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="What this attempt of the download received, per second so far."
+    )
 
 
 class TaskCancellingEvent(_TaskEvent):

@@ -487,5 +487,7 @@ def _is_repo_id(source: str | None) -> bool:
     # `org/name` as Hugging Face spells repo ids; a path source is stored absolute.
     if not source:
         return False
+    if source.startswith("hf://"):  # a download's `hf://ORG/NAME@COMMIT`
+        source = source[len("hf://") :].split("@", 1)[0]
     parts = source.split("/")
     return len(parts) == 2 and all(parts) and not source.startswith((".", "~", "/"))

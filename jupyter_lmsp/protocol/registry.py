@@ -19,7 +19,8 @@ class RegisterModelRequest(Body):
         Field(
             pattern="\\S",
             description="A local MLX model directory, a Hugging Face repo id found in the local "
-            "cache, or a GGUF file (converted into the model store).",
+            "cache, `hf://ORG/NAME[@REVISION]` (downloaded from the hub into the Hugging Face "
+            "cache), or a GGUF file (converted into the model store).",
         ),
     ]
     id: Annotated[str, Field(pattern=MODEL_ID_PATTERN)] | None = Field(

@@ -53,7 +53,15 @@ Offload = Callable[..., Awaitable[Any]]
 # name host paths (a conversion error, a crash); the server log has the details.
 _OPAQUE_FAILURE = "The model could not be registered; the server's log says why."
 # Codes whose messages name nothing but the model's own files (relative names) or the id.
-_PLAIN_CODES = {"unsafe_model_file", "model_too_large", "model_dir_exists", "source_unusable"}
+_PLAIN_CODES = {
+    "unsafe_model_file",
+    "model_too_large",
+    "model_dir_exists",
+    "source_unusable",
+    # A download's: they name the repo and its files, never a host path.
+    "download_corrupt",
+    "model_not_found",
+}
 
 
 class ModelRegistrar:
@@ -157,6 +165,9 @@ class ModelRegistrar:
                     f"The model folder already holds an entry named '{model_id}'; a "
                     "registration never writes into something that exists. Choose another 'id'.",
                 )
+            return
+        if kind == "hf_download":
+            # Its snapshot folder is known once the hub named the commit: checked at the end.
             return
         taken = self.catalog.registered_as(path)
         if taken is not None:

@@ -35,7 +35,7 @@ export interface paths {
         get: operations["listModels"];
         put?: never;
         /**
-         * Register a model (a task: files are hashed, GGUF is converted)
+         * Register a model (a task: files are downloaded from a hub, hashed, GGUF converted)
          * @description Requires the `models:write` scope.
          */
         post: operations["registerModel"];
@@ -2715,7 +2715,7 @@ export interface components {
         };
         /** RegisterModelRequest */
         RegisterModelRequest: {
-            /** @description A local MLX model directory, a Hugging Face repo id found in the local cache, or a GGUF file (converted into the model store). */
+            /** @description A local MLX model directory, a Hugging Face repo id found in the local cache, `hf://ORG/NAME[@REVISION]` (downloaded from the hub into the Hugging Face cache), or a GGUF file (converted into the model store). */
             source: string;
             /**
              * @description The model's id (derived from the source when absent).
@@ -3313,7 +3313,8 @@ export interface components {
         };
         /**
          * TaskProgressEvent
-         * @description How far a registration got: `stage` (downloading, hashing, …) and its `fraction`.
+         * @description How far a registration got: `stage` (downloading, converting, hashing, …) and its
+         *     `fraction`; a download (`stage: downloading`) also says its bytes and files done.
          */
         TaskProgressEvent: {
             sequence_number: number;
@@ -3325,6 +3326,25 @@ export interface components {
             type: "task.progress";
             stage: string;
             fraction: number;
+            /**
+             * @description A download's bytes on disk (kept across a restart).
+             * @default null
+             */
+            bytes_done: number | null;
+            /**
+             * @description A download's bytes in all, as the hub lists its files.
+             * @default null
+             */
+            bytes_total: number | null;
+            /** @default null */
+            files_done: number | null;
+            /** @default null */
+            files_total: number | null;
+            /**
+             * @description What this attempt of the download received, per second so far.
+             * @default null
+             */
+            bytes_per_second: number | null;
         };
         /** TaskQueuedEvent */
         TaskQueuedEvent: {
