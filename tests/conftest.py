@@ -17,6 +17,12 @@ from jupyter_lmsp.engine.blas import BlasChoice, choose_blas
 from jupyter_lmsp.models.testmodel import make_test_model
 from jupyter_lmsp.store.database import sqlite_url
 
+# No test reaches the real Hugging Face hub: a server a test starts (and its registration
+# processes) inherits this endpoint, a closed port on loopback, so a source the fuzzer makes up
+# (`hf://a/b`) fails at once with download_failed. tests/test_downloads.py gives its servers
+# its own loopback hub.
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+
 # Modules whose PostgreSQL cases are marked `slow`: hundreds of raced transactions against a
 # server over TCP (44 s of the edit loop's 3 minutes); their SQLite cases stay in it.
 SLOW_ON_POSTGRESQL = {"test_cancel_race"}
