@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .errors import RegistrationError
+
 CHUNK = 4 * 1024 * 1024
 # Bookkeeping files that say nothing about the model's behaviour.
 IGNORED = {"conversion.json", ".lock"}
@@ -28,13 +30,8 @@ DEFAULT_MAX_BYTES = 128 * 1024**3
 DEFAULT_MAX_FILES = 10_000
 
 
-class ModelFileError(ValueError):
+class ModelFileError(RegistrationError):
     """A model directory holds something that may not be part of a model."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def model_files(

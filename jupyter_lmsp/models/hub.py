@@ -37,16 +37,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HF_SOURCE = re.compile(r"^hf://([A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@([\w.\-/]+))?$")
+from .digests import CHUNK
+from .errors import RegistrationError
+
+# A Hugging Face repo id (`ORG/NAME`), and an `hf://` source (with a revision or not).
+REPO_ID = r"[A-Za-z0-9][\w.\-]*/[\w.\-]+"
+HF_SOURCE = re.compile(rf"^hf://({REPO_ID})(?:@([\w.\-/]+))?$")
 DEFAULT_REVISION = "main"
-_CHUNK = 4 * 1024 * 1024
 
 
-class DownloadError(ValueError):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class DownloadError(RegistrationError):
+    """A download that could not be done, or whose bytes are not what the hub published."""
 
 
 @dataclass
@@ -284,14 +285,14 @@ def download(
 
 
 def verify(snapshot: Path, files: list[HubFile], sha256s: dict[str, str]) -> None:
-    """Check every file against the hub's hash (`sha256s`: digests already computed, by
-    path, reused); a file that differs is removed from the cache and fails the download."""
+    """Check every file against the hub's hash (`sha256s`: the snapshot's digests, by path,
+    as registration computed them for every file); a file that differs, or is missing, is
+    removed from the cache and fails the download."""
     bad = []
     for f in files:
         path = snapshot / f.path
         if f.sha256 is not None:
-            got = sha256s.get(f.path) or _sha256(path)
-            ok = got == f.sha256
+            ok = sha256s.get(f.path) == f.sha256
         elif f.blob_id is not None:
             ok = _git_blob_id(path) == f.blob_id
         else:
@@ -322,18 +323,10 @@ def _discard(link: Path) -> None:
         pass
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _git_blob_id(path: Path) -> str:
     h = hashlib.sha1(usedforsecurity=False)
     h.update(b"blob %d\0" % os.path.getsize(path))
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(CHUNK):
             h.update(chunk)
     return h.hexdigest()

@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from . import hub, managed
-from .digests import DEFAULT_MAX_BYTES, ModelFileError, file_digests, model_digest
+from .digests import DEFAULT_MAX_BYTES, file_digests, model_digest
+from .errors import RegistrationError
 from .gguf import GGUFConversionError
-from .sources import Allowed, SourceError, hf_cache_dir, materialize, resolve_source
+from .sources import Allowed, hf_cache_dir, materialize, resolve_source
 
 _PR_SET_PDEATHSIG = 1
 
@@ -96,14 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if fetched is not None:
             hub.verify(path, fetched, {f["path"]: f["sha256"] for f in files})
-    except (SourceError, ModelFileError, GGUFConversionError, hub.DownloadError) as e:
+    except (RegistrationError, GGUFConversionError) as e:
         if made is not None:
             managed.remove(made, args.id, Path(args.model_dir))
-        code = (
-            e.code
-            if isinstance(e, SourceError | ModelFileError | hub.DownloadError)
-            else "conversion_failed"
-        )
+        code = e.code if isinstance(e, RegistrationError) else "conversion_failed"
         _emit({"error": {"code": code, "message": str(e)}})
         return 1
     except BaseException:

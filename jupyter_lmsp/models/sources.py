@@ -20,17 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import hub, managed
+from .errors import RegistrationError
 from .gguf import ProgressCallback, convert_gguf
 
-HF_REPO = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+HF_REPO = re.compile(rf"^{hub.REPO_ID}$")
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
 
 
-class SourceError(ValueError):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+class SourceError(RegistrationError):
+    """A source that names no model this service may register."""
 
 
 @dataclass
@@ -201,7 +199,7 @@ def _from_hub(source: str) -> Source:
 
 
 def _from_hf_cache(repo_id: str) -> Source:
-    repo_dir = hf_cache_dir() / f"models--{repo_id.replace('/', '--')}"
+    repo_dir = hub.repo_folder(hf_cache_dir(), repo_id)
     snapshot = _cached_snapshot(repo_dir)
     if snapshot is None:
         raise SourceError(
