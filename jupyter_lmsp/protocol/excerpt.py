@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .stored_request import own_input
 from .tasks import PROMPT_EXCERPT_LENGTH
 
 
@@ -39,10 +40,9 @@ def shorten(text: str, limit: int = PROMPT_EXCERPT_LENGTH) -> str:
 def input_messages(request: dict[str, Any], params: dict[str, Any]) -> list[dict[str, Any]]:
     """The messages of the request's own input (also from rows of the older layout, which kept
     them in the task's params)."""
-    if "conversation" in request:
-        conversation = list(request["conversation"])
-        count = int(request.get("input_count", len(conversation)))
-        return conversation[len(conversation) - count :] if count else []
+    own = own_input(request)
+    if own is not None:
+        return own
     found = params.get("input_messages", params.get("messages", []))
     return list(found) if isinstance(found, list) else []
 

@@ -401,7 +401,20 @@ def input_item(item_id: str, message: dict[str, Any]) -> dict[str, Any]:
     ).wire()
 
 
-def task_object(task: TaskRow, response: ResponseRow | None = None) -> dict[str, Any]:
+class ResponseSummaryRow(Protocol):
+    """The columns of a response a task list reads (`task_object`)."""
+
+    @property
+    def request(self) -> str: ...
+
+    @property
+    def usage(self) -> str | None: ...
+
+    @property
+    def incomplete_reason(self) -> str | None: ...
+
+
+def task_object(task: TaskRow, response: ResponseSummaryRow | None = None) -> dict[str, Any]:
     """The task object; with its response row, also what tells it apart in a list (its prompt's
     start, why it is incomplete, its output tokens)."""
     summary: dict[str, Any] = {}

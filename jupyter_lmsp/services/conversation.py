@@ -1,16 +1,13 @@
-"""Where a response's conversation is stored, and how its prompt is rebuilt from it.
-
-A response stores its conversation once, in its `request` (`conversation`: the earlier turns
-and this request's input; `input_count`: how many of the last messages are this request's
-input; `instructions` apart). The task's `params` hold only how to generate. Rows written
-before this layout kept the messages in the task's `params` (`messages`, `context`,
-`input_messages`, four copies of the input in all); they are still read.
+"""How a stored response's prompt, conversation and own input are rebuilt from its row (the
+layout: `protocol.stored_request`). The task's `params` hold only how to generate; rows written
+before the layout kept the messages there (four copies of the input in all), and are still read.
 """
 
 from __future__ import annotations
 
 import json
 
+from ..protocol.stored_request import own_input
 from ..store.tables import Response, Task
 
 
@@ -40,8 +37,7 @@ def conversation_of(response: Response, task: Task) -> list[dict[str, str]]:
 
 
 def input_messages_of(response: Response, task: Task) -> list[dict[str, str]]:
-    request = json.loads(response.request)
-    if "conversation" in request:
-        count = request.get("input_count", 0)
-        return list(request["conversation"][-count:]) if count else []
+    own = own_input(json.loads(response.request))
+    if own is not None:
+        return own
     return list(json.loads(task.params).get("input_messages", []))

@@ -30,8 +30,10 @@ def list_tasks(
     page = queries.list_tasks(
         ctx.db, states=states, kind=kind, owners=caller.owner_filter, after=after, limit=limit
     )
-    responses = queries.responses_of(ctx.db, [t.response_id for t in page.tasks if t.response_id])
-    data = [task_object(t, responses.get(t.response_id or "")) for t in page.tasks]
+    summaries = queries.response_summaries(
+        ctx.db, [t.response_id for t in page.tasks if t.response_id]
+    )
+    data = [task_object(t, summaries.get(t.response_id or "")) for t in page.tasks]
     return TaskList.model_validate(
         {
             "data": data,
@@ -51,8 +53,8 @@ def _find(ctx: ServiceContext, task_id: str, caller: Caller) -> Task:
 
 def _summarised(ctx: ServiceContext, task: Task) -> dict[str, Any]:
     """The task object with what tells it apart (its response's prompt, outcome, tokens)."""
-    responses = queries.responses_of(ctx.db, [task.response_id] if task.response_id else [])
-    return task_object(task, responses.get(task.response_id or ""))
+    summaries = queries.response_summaries(ctx.db, [task.response_id] if task.response_id else [])
+    return task_object(task, summaries.get(task.response_id or ""))
 
 
 def get_task(ctx: ServiceContext, task_id: str, caller: Caller) -> dict[str, Any]:

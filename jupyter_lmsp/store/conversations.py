@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 from ..protocol.objects import input_items
 from ..protocol.output import Attempt
 from ..protocol.states import TaskState
+from ..protocol.stored_request import own_input
 from .database import Database
 from .records import get, record, table
 from .tables import Conversation, ConversationItem
@@ -171,9 +172,7 @@ def join_turn(conn: Connection, task: Any, response: Any, now: float) -> int:
     conversation = get(conn, Conversation, conversation_id, for_update=True)
     if conversation is None:
         return 0
-    request = json.loads(response.request)
-    count = int(request.get("input_count", 0))
-    messages = list(request.get("conversation", []))[-count:] if count else []
+    messages = own_input(json.loads(response.request)) or []
     choice_of = Attempt.load(task.snapshot).choice_of()
     output = [i for i in json.loads(response.output) if choice_of.get(i.get("id"), 0) == 0]
     items = input_items(response.id, messages) + output

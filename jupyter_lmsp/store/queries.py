@@ -125,13 +125,30 @@ def list_tasks(
         return TaskPage(rows[:limit], len(rows) > limit)
 
 
-def responses_of(db: Database, response_ids: list[str]) -> dict[str, Response]:
-    """The responses of these ids (those that exist), by id: a task list's summaries."""
+@dataclass(frozen=True)
+class ResponseSummary:
+    """What a task list shows of a task's response (`protocol.objects.task_object`)."""
+
+    id: str
+    request: str
+    usage: str | None
+    incomplete_reason: str | None
+
+
+_SUMMARIES = select(
+    _responses.c.id, _responses.c.request, _responses.c.usage, _responses.c.incomplete_reason
+).where(_responses.c.id.in_(bindparam("ids", expanding=True)))
+
+
+def response_summaries(db: Database, response_ids: list[str]) -> dict[str, ResponseSummary]:
+    """The summaries of the responses of these ids (those that exist), by id: only the columns
+    a task list reads, never a response's output (the write rules' full rows are
+    `rules.rows.responses_of`)."""
     if not response_ids:
         return {}
-    query = select(_responses).where(_responses.c.id.in_(response_ids))
     with db.reading() as conn:
-        return {r.id: r for r in records(Response, conn.execute(query))}
+        rows = conn.execute(_SUMMARIES, {"ids": response_ids})
+        return {r.id: ResponseSummary(**r._mapping) for r in rows}
 
 
 def list_events(
