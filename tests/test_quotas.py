@@ -47,15 +47,15 @@ def test_held_counts_the_owners_unfinished_tasks_and_their_budgets(db_url):
     db = open_db(db_url)
     try:
         with db.writing() as conn:
-            assert quotas.held(conn, "client_a") == (0, 0)
+            assert quotas.usage(conn, "client_a").held == (0, 0)
         for state, budget in (("queued", 7), ("running", 11), ("cancelling", 5)):
             _own(db, make_task(db, state), "client_a", budget)
         _own(db, make_task(db, "running"), "client_a")  # no budget: counted, holds nothing
         _own(db, make_task(db, "completed"), "client_a", 1000)  # finished: holds nothing
         _own(db, make_task(db, "running"), "client_b", 1000)  # another owner's
         with db.writing() as conn:
-            assert quotas.held(conn, "client_a") == (4, 23)
-            assert quotas.held(conn, "client_b") == (1, 1000)
+            assert quotas.usage(conn, "client_a").held == (4, 23)
+            assert quotas.usage(conn, "client_b").held == (1, 1000)
     finally:
         db.dispose()
 
@@ -89,7 +89,7 @@ def test_concurrent_creates_of_one_client_never_overshoot_its_tokens(db_url):
         assert len(created) == 5
         assert refused == ["too_many_tokens_in_flight"] * 15
         with db.writing() as conn:
-            assert quotas.held(conn, client.id) == (5, 50)
+            assert quotas.usage(conn, client.id).held == (5, 50)
     finally:
         admission.close()
         db.dispose()
@@ -130,28 +130,16 @@ def test_sub_clients_share_the_quota_of_the_client_the_owner_approved(db_url):
             assert quotas.approval_tree(conn, "sibling") == ("sibling", ["sibling"])
             assert quotas.approval_tree(conn, "stranger") == ("stranger", ["stranger"])
             for member in ("root", "sub", "subsub"):
-                assert quotas.held(conn, member) == (3, 600), member
-            assert quotas.held(conn, "sibling") == (1, 7)
-
-        def create(owner: str, budget: int) -> str:
-            task, response = new_task()
-            assert response is not None
-            task.owner = response.owner = owner
-            task.params = json.dumps({"budget": budget})
-            caller = Caller(owner, frozenset({"responses:write"}))
-            try:
-                rules.create_task(db, task, response, admit=admission.quota(caller, budget))
-            except LMSPError as e:
-                return e.code
-            return "created"
+                assert quotas.usage(conn, member).held == (3, 600), member
+            assert quotas.usage(conn, "sibling").held == (1, 7)
 
         # 600 held: a sub-sub-client's 500 more would pass a quota of its own (1000), not the
         # tree's; 400 fits, then the tree is at 4 tasks and even the root is refused.
-        assert create("subsub", 500) == "too_many_tokens_in_flight"
-        assert create("subsub", 400) == "created"
-        assert create("root", 1) == "too_many_tasks"
-        assert create("sub", 1) == "too_many_tasks"
-        assert create("sibling", 900) == "created"  # its own tree, its own quota
+        assert _create(db, admission, "subsub", 500) == "too_many_tokens_in_flight"
+        assert _create(db, admission, "subsub", 400) == "created"
+        assert _create(db, admission, "root", 1) == "too_many_tasks"
+        assert _create(db, admission, "sub", 1) == "too_many_tasks"
+        assert _create(db, admission, "sibling", 900) == "created"  # its own tree, its own quota
     finally:
         admission.close()
         db.dispose()
@@ -188,7 +176,7 @@ def test_concurrent_creates_across_a_tree_never_overshoot_its_tokens(db_url):
         assert len(created) == 5
         assert refused == ["too_many_tokens_in_flight"] * 15
         with db.writing() as conn:
-            assert quotas.held(conn, "sub") == (5, 50)
+            assert quotas.usage(conn, "sub").held == (5, 50)
     finally:
         admission.close()
         db.dispose()
@@ -225,8 +213,11 @@ def test_a_trees_finished_output_is_bounded_by_its_storage_quota(db_url):
         assert kept > 0
         with db.writing() as conn:
             for member in ("root", "sub", "subsub"):
-                assert quotas.stored(conn, member) == kept, member
-            assert quotas.stored(conn, "sibling") == 0
+                assert quotas.usage(conn, member, stored=True).stored == kept, member
+            assert quotas.usage(conn, "sibling", stored=True).stored == 0
+        # Counted once, into the finished task's row: later checks read it, not the events.
+        ((column,),) = query(db, "SELECT stored_bytes FROM tasks WHERE id = ?", (done,))
+        assert column == kept
 
         at_limit, above, unlimited = (
             Admission(max_tasks=100, max_tokens=1000, max_stored=n) for n in (kept, kept + 1, 0)

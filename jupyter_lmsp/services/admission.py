@@ -212,7 +212,8 @@ class Admission:
         def check(conn: Connection) -> None:
             # Counted in the creating transaction, under the owner's quota lock (see
             # store.quotas): concurrent creates cannot both pass on the same count.
-            tasks, tokens = quotas.held(conn, caller.id)
+            used = quotas.usage(conn, caller.id, stored=max_stored > 0)
+            tasks, tokens = used.held
             if tasks >= max_tasks:
                 raise _too_many(
                     "too_many_tasks",
@@ -227,7 +228,7 @@ class Admission:
                     f"hold {tokens} tokens; this one needs {budget} more, beyond their shared "
                     f"limit of {max_tokens}.",
                 )
-            if max_stored > 0 and (kept := quotas.stored(conn, caller.id)) >= max_stored:
+            if used.stored is not None and (kept := used.stored) >= max_stored:
                 raise LMSPError(
                     403,
                     "storage_quota_exceeded",

@@ -8,9 +8,11 @@ sub-clients never multiplies what a client may hold. A caller that is no paired 
 row in `clients`) is a tree of its own.
 
 A tree's stored output counts too (issue 43): the characters of the events and response
-output of its finished tasks (`stored`: JSON, so bytes for its ASCII text; registrations and
-other tasks without a response count their events). Deleting responses, or their expiry by
-the retention purge, frees it.
+output of its finished tasks (JSON, so bytes for its ASCII text; registrations and other tasks
+without a response count their events). A finished task's are counted once, into its
+`stored_bytes`, the first time a check needs them (its events and output never change again),
+so a check reads the tasks of the tree, not their events. Deleting responses, or their expiry by
+the retention purge, deletes their tasks and frees it.
 
 On PostgreSQL writers run side by side, so the count first takes the advisory lock
 `quota:<root>`: the creates of one tree take turns, and two cannot both count the same
@@ -21,12 +23,13 @@ already.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, bindparam, cast, func, select
+from sqlalchemy import BigInteger, bindparam, cast, func, select, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
-__all__ = ["UNFINISHED", "Connection", "approval_tree", "held", "stored"]
+__all__ = ["UNFINISHED", "Connection", "Usage", "approval_tree", "usage"]
 
 from ..protocol.states import RECOVERY_TABLE, TERMINAL_STATES
 from .records import advisory_lock, table
@@ -39,15 +42,26 @@ _tasks = table(Task)
 _clients = table(Client)
 _events = table(TaskEvent)
 _responses = table(Response)
-_FINISHED_OF = select(_tasks.c.id).where(
-    _tasks.c.owner.in_(bindparam("owners", expanding=True)), _tasks.c.state.in_(FINISHED)
+_FINISHED_OF_TREE = (
+    _tasks.c.owner.in_(bindparam("owners", expanding=True)),
+    _tasks.c.state.in_(FINISHED),
 )
-_STORED_EVENTS = select(
-    cast(func.coalesce(func.sum(func.length(_events.c.data)), 0), BigInteger)
-).where(_events.c.task_id.in_(_FINISHED_OF.scalar_subquery()))
-_STORED_OUTPUT = select(
-    cast(func.coalesce(func.sum(func.length(_responses.c.output)), 0), BigInteger)
-).where(_responses.c.task_id.in_(_FINISHED_OF.scalar_subquery()))
+# Counts what the tree's finished tasks not yet counted keep (each task once: see above).
+_COUNT_STORED = (
+    update(_tasks)
+    .where(*_FINISHED_OF_TREE, _tasks.c.stored_bytes.is_(None))
+    .values(
+        stored_bytes=select(func.coalesce(func.sum(func.length(_events.c.data)), 0))
+        .where(_events.c.task_id == _tasks.c.id)
+        .scalar_subquery()
+        + select(func.coalesce(func.sum(func.length(_responses.c.output)), 0))
+        .where(_responses.c.task_id == _tasks.c.id)
+        .scalar_subquery()
+    )
+)
+_STORED = select(cast(func.coalesce(func.sum(_tasks.c.stored_bytes), 0), BigInteger)).where(
+    *_FINISHED_OF_TREE
+)
 # Every paired client and who approved it: a few rows (clients are paired by hand).
 _APPROVERS = select(_clients.c.id, _clients.c.approved_by)
 
@@ -87,20 +101,29 @@ def approval_tree(conn: Connection, client_id: str) -> tuple[str, list[str]]:
     return root, tree
 
 
-def held(conn: Connection, owner: str) -> tuple[int, int]:
-    """How many unfinished tasks `owner`'s approval tree has, and how many tokens they hold,
-    as committed: in the caller's write transaction, after taking the tree's quota lock
-    (PostgreSQL)."""
+@dataclass(frozen=True)
+class Usage:
+    """What an approval tree holds: unfinished tasks, the tokens they hold, and (when asked
+    for) the characters its finished tasks keep."""
+
+    tasks: int
+    tokens: int
+    stored: int | None = None
+
+    @property
+    def held(self) -> tuple[int, int]:
+        return self.tasks, self.tokens
+
+
+def usage(conn: Connection, owner: str, stored: bool = False) -> Usage:
+    """What `owner`'s approval tree holds, as committed: in the caller's write transaction,
+    after taking the tree's quota lock (PostgreSQL). With `stored`, also what its finished
+    tasks keep (counting those finished since the last check)."""
     root, tree = approval_tree(conn, owner)
     advisory_lock(conn, f"quota:{root}")
     row = conn.execute(_HELD[conn.dialect.name], {"owners": tree}).one()  # type: ignore[call-overload]
-    return int(row[0]), int(row[1])
-
-
-def stored(conn: Connection, owner: str) -> int:
-    """The characters `owner`'s approval tree keeps of its finished tasks: their events'
-    data and their responses' output. Run after `held` (which takes the tree's lock)."""
-    _, tree = approval_tree(conn, owner)
-    events = conn.execute(_STORED_EVENTS, {"owners": tree}).scalar_one()
-    output = conn.execute(_STORED_OUTPUT, {"owners": tree}).scalar_one()
-    return int(events) + int(output)
+    kept = None
+    if stored:
+        conn.execute(_COUNT_STORED, {"owners": tree})
+        kept = int(conn.execute(_STORED, {"owners": tree}).scalar_one())
+    return Usage(int(row[0]), int(row[1]), kept)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Column, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Column, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from . import notify
@@ -169,6 +169,10 @@ class Task(SQLModel, table=True):
     # hint for the shared queue, whose claim (`rules.claim_tasks`) gives a worker the tasks of
     # the keys it served recently first. No index: the claim reads the claimable tasks anyway.
     cache_key: str | None = Field(default=None, sa_column=Column(String(64)))
+    # The characters a finished task keeps (its events' data and its response's output), counted
+    # once, the first time its owner's storage quota is checked after it finished
+    # (`quotas.usage`): a finished task's events and output never change again.
+    stored_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class TaskEvent(SQLModel, table=True):
