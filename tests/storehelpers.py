@@ -262,6 +262,18 @@ def to_running(db: Database, task_id: str, output: bool = True) -> None:
             rules.append_output(db, task_id, token_ids, text)
 
 
+def running_response(db: Database, owner: str, *, background: bool = True) -> tuple[str, str]:
+    """A response task of `owner` (asked for in the background, or not), created and running
+    with OUTPUT written: its task id and response id."""
+    task, response = new_task("fail")
+    assert response is not None
+    task.owner = response.owner = owner
+    response.request = json.dumps({"model": "test-model", "input": "hi", "background": background})
+    rules.create_task(db, task, response)
+    to_running(db, task.id)
+    return task.id, response.id
+
+
 def usage() -> dict[str, Any]:
     """A usage object as the runner reports it (the response object's schema requires it)."""
     return usage_object(3, len(OUTPUT_TOKENS))

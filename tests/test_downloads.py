@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from inprocess_cli import run_cli
 from loopbackhub import SEND, LoopbackHub
 from serverproc import ServerProcess, with_test_model
 
@@ -282,20 +283,11 @@ def test_a_repo_over_the_size_limit_is_refused_before_any_byte(site, hub, tmp_pa
 def test_cli_pull(site, test_model_dir, capsys):
     """`jupyter lmsp models pull` against the running server: progress on stderr, the model
     and its digest on stdout."""
-    from jupyter_lmsp import cli
-
-    def main(argv: list[str]) -> int:
-        try:
-            return cli.main(argv)
-        finally:  # in-process: the apps are traitlets singletons
-            for app in (cli.LMSPApp, cli.ModelsCommand, cli.ModelsPullCommand):
-                app.clear_instance()
-
     common = ["--url", site.server.origin, "--token", site.server.token]
-    assert main(["models", "pull", "hf://lmsp-test/small", "--id", "small-pulled", *common]) == 0
+    assert run_cli(["models", "pull", "hf://lmsp-test/small", "--id", "small-pulled", *common]) == 0
     out, err = capsys.readouterr()
     digest = model_digest(file_digests(test_model_dir))
     assert out.strip() == f"small-pulled: available  {digest}"
     assert "downloading" in err and "files" in err
-    assert main(["models", "pull", "hf://lmsp-test/small", "--id", "small-pulled", *common]) == 1
+    assert run_cli(["models", "pull", "hf://lmsp-test/small", "--id", "small-pulled", *common]) == 1
     assert "model_exists" in capsys.readouterr().err

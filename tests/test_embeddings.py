@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import openai
 import pytest
+from inprocess_cli import run_cli
 from jpserver import BASE_URL, SharedServer, server_config, shared_server
 from serverproc import MODEL, with_test_model
 
@@ -252,20 +253,10 @@ def test_load_unload_and_the_models_list(server: SharedServer) -> None:
 
 def test_cli_load_and_unload(server: SharedServer, capsys: pytest.CaptureFixture[str]) -> None:
     """`jupyter lmsp models load|unload` against the running server."""
-    from jupyter_lmsp import cli
-
-    def main(argv: list[str]) -> int:
-        try:
-            return cli.main(argv)
-        finally:  # in-process: the apps are traitlets singletons
-            for app in (cli.LMSPApp, cli.ModelsCommand, cli.ModelsLoadCommand):
-                app.clear_instance()
-            cli.ModelsUnloadCommand.clear_instance()
-
     url = server.url(BASE_URL)
     common = ["--url", url, "--token", server.token]
-    assert main(["models", "load", EMBED, "--keep-alive", "-1", *common]) == 0
+    assert run_cli(["models", "load", EMBED, "--keep-alive", "-1", *common]) == 0
     assert capsys.readouterr().out.startswith(f"{EMBED}: loaded ")
-    assert main(["models", "unload", EMBED, *common]) == 0
+    assert run_cli(["models", "unload", EMBED, *common]) == 0
     assert capsys.readouterr().out.strip() == f"{EMBED}: available"
-    assert main(["models", "load", "no-such-model", *common]) == 1
+    assert run_cli(["models", "load", "no-such-model", *common]) == 1

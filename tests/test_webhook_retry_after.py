@@ -17,7 +17,7 @@ import time
 from email.utils import formatdate
 
 import pytest
-from storehelpers import new_task, open_db, to_running, usage
+from storehelpers import open_db, running_response, usage
 from webhookreceiver import Receiver
 
 from jupyter_lmsp.services.webhook_delivery import (
@@ -58,13 +58,8 @@ def endpoint_for(db: Database, receiver: Receiver, n: int) -> str:
 
 def complete_one(db: Database) -> None:
     """A background response of OWNER that completes: one delivery to each of its endpoints."""
-    task, response = new_task("fail")
-    assert response is not None
-    task.owner = response.owner = OWNER
-    response.request = json.dumps({"model": "test-model", "input": "hi", "background": True})
-    rules.create_task(db, task, response)
-    to_running(db, task.id)
-    rules.finish(db, task.id, rules.Outcome("completed", usage=usage()))
+    task_id, _ = running_response(db, OWNER)
+    rules.finish(db, task_id, rules.Outcome("completed", usage=usage()))
 
 
 def attempted(db: Database, endpoint_id: str, attempts: int) -> outbox.WebhookDelivery:

@@ -20,7 +20,7 @@ import threading
 import time
 
 import pytest
-from storehelpers import new_task, open_db, to_running, usage
+from storehelpers import open_db, running_response, usage
 
 from jupyter_lmsp.store import rules, runners
 from jupyter_lmsp.store import webhooks as outbox
@@ -55,16 +55,6 @@ def endpoint(db: Database, owner: str, events: list[str], enabled: bool = True) 
     return e.id
 
 
-def task_of(db: Database, owner: str, *, background: bool = True) -> tuple[str, str]:
-    task, response = new_task("fail")
-    assert response is not None
-    task.owner = response.owner = owner
-    response.request = json.dumps({"model": "test-model", "input": "hi", "background": background})
-    rules.create_task(db, task, response)
-    to_running(db, task.id)
-    return task.id, response.id
-
-
 def deliveries(db: Database, endpoint_id: str, owner: str = ALICE) -> list:
     found = outbox.list_deliveries(db, owner, endpoint_id)
     assert found is not None
@@ -83,17 +73,17 @@ def test_terminal_events_write_their_deliveries_in_the_same_transaction(db):
             | {"created_at": time.time(), "paired_by": ALICE},
         )
 
-    tid, rid = task_of(db, ALICE)
+    tid, rid = running_response(db, ALICE)
     rules.finish(db, tid, rules.Outcome("completed", usage=usage()))
-    tid2, rid2 = task_of(db, "client_a")
+    tid2, rid2 = running_response(db, "client_a")
     rules.finish(db, tid2, rules.Outcome("failed", error={"code": "x", "message": "y"}))
-    tid3, _ = task_of(db, ALICE, background=False)  # answered directly: no webhook
+    tid3, _ = running_response(db, ALICE, background=False)  # answered directly: no webhook
     rules.finish(db, tid3, rules.Outcome("completed", usage=usage()))
     # The 11.3 table's `failed` (a running task no live runner holds, policy fail) sends too.
-    _, rid5 = task_of(db, ALICE)
+    _, rid5 = running_response(db, ALICE)
     assert rules.recover_runner(db, None).transitions == {"running->failed": 1}
     # A rule whose transaction rolls back leaves no delivery.
-    tid4, _ = task_of(db, ALICE)
+    tid4, _ = running_response(db, ALICE)
     try:
         with db.writing() as conn:
             rules.finish(_Within(conn), tid4, rules.Outcome("completed", usage=usage()))  # type: ignore[arg-type]
@@ -138,7 +128,7 @@ class _Within:
 
 def _pending(db: Database, n: int, endpoints: list[str]) -> None:
     for _ in range(n):
-        tid, _ = task_of(db, ALICE)
+        tid, _ = running_response(db, ALICE)
         rules.finish(db, tid, rules.Outcome("completed", usage=usage()))
     counts = outbox.counts(db)
     assert counts["pending"] == n * len(endpoints), counts
