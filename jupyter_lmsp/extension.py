@@ -128,6 +128,11 @@ class LMSPExtension(ExtensionApp):
         "gives no 'max_reasoning_tokens': then its end marker is forced and the answer follows. "
         "None: no limit.",
     ).tag(config=True)
+    compaction_summary_tokens = Integer(
+        1024,
+        help="The most tokens the summary of `POST /responses/compact` may take (less where the "
+        "model's window is small: at most a quarter of it).",
+    ).tag(config=True)
     max_choices = Integer(
         4,
         help="Choices a chat completion may ask for ('n'); more get 400. Each choice takes a "
@@ -465,6 +470,7 @@ class LMSPExtension(ExtensionApp):
             max_output_tokens_default=self.max_output_tokens_default,
             max_reasoning_tokens=self.max_reasoning_tokens,
             max_choices=max(1, self.max_choices),
+            compaction_summary_tokens=max(1, self.compaction_summary_tokens),
             keepalive_interval=self.keepalive_interval,
             max_body_bytes=self.max_body_bytes,
             body_timeout=self.body_timeout,

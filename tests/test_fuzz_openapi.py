@@ -5,8 +5,9 @@ requests must get no 5xx, no hang (a per-request timeout), answers that conform 
 
 Bounded in time: few examples per operation, and generations are kept tiny — token limits
 above MAX_TOKENS are lowered to it just before each call (a valid value stays valid), and the
-server's default `max_output_tokens` is small, so POSTs that start generations do not queue
-long work on the serial worker.
+server's default `max_output_tokens` and its compaction summary limit are small, so POSTs that
+start generations do not queue long work on the serial worker (a compaction's summary of up
+to 1,024 tokens made its positive cases half of the fuzz server's time).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 from schemathesis.generation.meta import GenerationMode
 from serverproc import TOKEN, ServerProcess, with_test_model
+
 
 # The whole run of every operation is one test: ~230 s in a full make test on 2 CPUs with the
 # operations of issues 38 and 39 (it timed out at 240 s once).
@@ -46,7 +48,10 @@ def server(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> An
     data = tmp_path_factory.mktemp("fuzz")
     with_test_model(data, test_model_dir)
     with ServerProcess(
-        data, max_output_tokens_default=MAX_TOKENS, keepalive_interval=1.0
+        data,
+        max_output_tokens_default=MAX_TOKENS,
+        compaction_summary_tokens=MAX_TOKENS,
+        keepalive_interval=1.0,
     ) as server:
         yield server
 

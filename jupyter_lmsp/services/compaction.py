@@ -35,8 +35,6 @@ from .response_spec import ResponseSpec
 from .responses import context_before, create_response, discard_unstored, wait_for_response
 from .summaries import KIND, SUMMARY_PREFIX, is_summary, open_compactions
 
-# The summary's output limit (less where the window is small: at most a quarter of it).
-SUMMARY_TOKENS = 1024
 INSTRUCTIONS = (
     "You compact conversations. Summarise the conversation below so that it can be continued "
     "from your summary alone: the user's goals and constraints, what was done and decided, the "
@@ -77,7 +75,8 @@ async def _fitted(ctx: ServiceContext, model: Model, lines: list[str]) -> tuple[
     """The transcript's newest lines whose prompt leaves room for the summary, and the
     summary's output limit."""
     window = ctx.admission.window(model)
-    limit = SUMMARY_TOKENS if window is None else max(1, min(SUMMARY_TOKENS, window // 4))
+    most = ctx.compaction_summary_tokens
+    limit = most if window is None else max(1, min(most, window // 4))
     if window is None:
         return lines, limit
     while len(lines) > 1:

@@ -66,6 +66,8 @@ class ServiceContext:
     max_output_tokens_default: int = 0
     # The thinking budget of a request that asks for none (None: no limit).
     max_reasoning_tokens: int | None = None
+    # The summary's output limit in `POST /responses/compact` (at most a quarter of a window).
+    compaction_summary_tokens: int = 1024
     # The most choices (`n`) a chat completion may ask for.
     max_choices: int = 4
     keepalive_interval: float = 15.0
