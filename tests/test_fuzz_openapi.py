@@ -27,6 +27,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.generation.meta import GenerationMode
 from serverproc import TOKEN, ServerProcess, with_test_model
 
+from jupyter_lmsp.handlers.pairing import PairingsHandler
 
 # The whole run of every operation is one test: ~230 s in a full make test on 2 CPUs with the
 # operations of issues 38 and 39 (it timed out at 240 s once).
@@ -333,7 +334,14 @@ def test_hostile_bodies_are_refused_as_errors(server, document, real_ids, data):
             headers={"Content-Type": "application/json"},
         )
     _assert_lmsp_4xx(response)
-    assert response.status_code in (400, 404, 409, 429), response.text[:300]
+    if response.status_code == 413:
+        # Only the unauthenticated pairing start caps bodies below these values' sizes
+        # (a few KiB, read before parsing: issue 43); every other route takes them whole.
+        assert (method, path) == ("POST", "/pairings"), (method, path)
+        assert len(body) > PairingsHandler.body_limit, len(body)
+        assert response.json()["error"]["code"] == "request_too_large", response.text
+    else:
+        assert response.status_code in (400, 404, 409, 429), response.text[:300]
 
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
