@@ -7,8 +7,8 @@ real inference worker: an LMSP extension field of `POST /responses` and `POST
 - `keep_alive: -1` keeps a model loaded past the server's keep-alive: on a server whose
   keep-alive is one second, a second model used *after* it, without the field, is unloaded for
   idleness while the first stays loaded;
-- the value is what the task's stored params give the worker's job (what a task taken up
-  after a restart runs with);
+- the value is stored in the task's params: a response whose server was killed mid-generation
+  still unloads its model when the next server has finished it;
 - anything but a number is a 400 naming `keep_alive`.
 
 Nothing here is timed: the tests wait for states the server reports.
@@ -94,8 +94,8 @@ def test_keep_alive_zero_unloads_the_model_when_the_response_is_done(patient: An
 
 
 def test_the_stored_params_carry_keep_alive_to_the_job(patient: Any) -> None:
-    """What the worker's job is built from when a task is run, also after a restart: its
-    params as stored (`Generation.from_params` feeds `job_for`)."""
+    """What the worker's job is built from when a task is run: its params as stored
+    (`Generation.from_params` feeds `job_for`)."""
     from storehelpers import open_db
 
     from jupyter_lmsp.store import queries
@@ -112,6 +112,51 @@ def test_the_stored_params_carry_keep_alive_to_the_job(patient: Any) -> None:
             assert generation.keep_alive == expected
     finally:
         db.dispose()
+
+
+def test_keep_alive_survives_a_restart(
+    tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path
+) -> None:
+    """A background response with `keep_alive: 0`, its server killed mid-generation, is taken
+    up by the next server (`on_restart: resume`) and, once done, its model is unloaded, though
+    that server's keep-alive is 300 s: the new job had the stored value."""
+    root = tmp_path_factory.mktemp("restart")
+    # Slow tokens, so the kill comes mid-generation; frequent snapshots to resume from.
+    server = start(root, test_model_dir, engine_token_delay=0.05, snapshot_interval=0.02)
+    try:
+        with server.client() as c:
+            r = c.post(
+                "/responses",
+                json={
+                    "input": "Tell me a story about a robot.",
+                    "background": True,
+                    "max_output_tokens": 60,
+                    "temperature": 0,
+                    "on_restart": "resume",
+                    "keep_alive": 0,
+                },
+            )
+            assert r.status_code == 202, r.text
+            task_id = r.json()["task_id"]
+            deadline = time.monotonic() + 120
+            while c.get(f"/tasks/{task_id}").json()["last_sequence_number"] < 10:
+                assert time.monotonic() < deadline, "the response never got going"
+                time.sleep(0.05)
+    finally:
+        server.kill()
+    server = ServerProcess(root).start()
+    try:
+        with server.client() as c:
+            deadline = time.monotonic() + 120
+            while (task := c.get(f"/tasks/{task_id}").json())["state"] != "completed":
+                assert task["state"] not in ("failed", "cancelled"), task
+                assert time.monotonic() < deadline, task
+                time.sleep(0.05)
+            # Taken up once after the kill (the first run counts none).
+            assert task["attempts"] == 1, task
+            wait_for_state(c, MODEL, "available")
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("value", ["forever", None, [1], {"s": 1}, True])
