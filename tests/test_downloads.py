@@ -24,6 +24,7 @@ from loopbackhub import SEND, LoopbackHub
 from serverproc import ServerProcess, with_test_model
 
 from jupyter_lmsp.models.digests import file_digests, model_digest
+from jupyter_lmsp.protocol.events import TaskProgressEvent
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -182,6 +183,12 @@ def test_download_killed_half_way_resumes_after_restart(site, hub, big_model):
         assert resumed["bytes_total"] == size and resumed["files_total"] == len(hub.repos[repo])
         last = [e for e in log if e["type"] == "task.progress" and e["stage"] == "downloading"][-1]
         assert last["bytes_done"] == size and last["files_done"] == last["files_total"]
+        # Every progress event has every field the OpenAPI document lists (a download's are
+        # null while hashing), so the sidebar's generated types hold.
+        required = set(TaskProgressEvent.model_json_schema(mode="serialization")["required"])
+        progress = [e for e in log if e["type"] == "task.progress"]
+        assert {e["stage"] for e in progress} == {"downloading", "hashing"}
+        assert all(required <= set(e) for e in progress), progress
 
         assert log[-1]["type"] == "task.completed"
         model = log[-1]["result"]["model"]

@@ -53,9 +53,9 @@ export function registrationAfter(
   switch (event.type) {
     case 'task.progress': {
       const next: IRegistration = { ...base, stage: event.stage, fraction: event.fraction };
-      // Only a download's events carry these; the hashing that follows keeps its figures.
-      // Other stages' events leave them out (absent, though the schema lists them as
-      // nullable), hence `typeof` and `?? null`.
+      // Only a download's events carry these (null in other stages'); the hashing that
+      // follows keeps the download's figures. Events stored before the server wrote the nulls
+      // leave them out, hence `typeof` and `?? null`.
       if (typeof event.bytes_total === 'number') {
         next.bytesDone = event.bytes_done ?? null;
         next.bytesTotal = event.bytes_total;
