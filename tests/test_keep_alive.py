@@ -121,7 +121,8 @@ def test_keep_alive_survives_a_restart(
     up by the next server (`on_restart: resume`) and, once done, its model is unloaded, though
     that server's keep-alive is 300 s: the new job had the stored value."""
     root = tmp_path_factory.mktemp("restart")
-    # Slow tokens, so the kill comes mid-generation; frequent snapshots to resume from.
+    # Slow tokens (200 of them, ~10 s), so the kill comes mid-generation even on a loaded
+    # machine; frequent snapshots to resume from.
     server = start(root, test_model_dir, engine_token_delay=0.05, snapshot_interval=0.02)
     try:
         with server.client() as c:
@@ -130,7 +131,7 @@ def test_keep_alive_survives_a_restart(
                 json={
                     "input": "Tell me a story about a robot.",
                     "background": True,
-                    "max_output_tokens": 60,
+                    "max_output_tokens": 200,
                     "temperature": 0,
                     "on_restart": "resume",
                     "keep_alive": 0,
