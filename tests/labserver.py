@@ -20,8 +20,8 @@ from jupyter_lmsp.client.sandbox import LMSPServerProcess
 
 
 class LabServer(LMSPServerProcess):
-    """`models` (name → model directory) are linked in; extra keyword arguments become
-    `--LMSPExtension.<name>=<value>` options."""
+    """`models` (name → model directory) are linked in; `env` is added to its environment;
+    extra keyword arguments become `--LMSPExtension.<name>=<value>` options."""
 
     start_timeout = 120.0
     # Shutting its kernels down first takes a while.
@@ -33,6 +33,7 @@ class LabServer(LMSPServerProcess):
         *,
         default_model: str = "tiny",
         models: Mapping[str, str | Path] | None = None,
+        env: Mapping[str, str] | None = None,
         **traits: Any,
     ) -> None:
         self.root = Path(root)
@@ -55,6 +56,7 @@ class LabServer(LMSPServerProcess):
             root_dir=self.notebooks,
             runtime_dir=self.root / "runtime",
             log_path=self.root / "lab.log",
+            env=env,
         )
         self.notebooks.mkdir(parents=True, exist_ok=True)
         (self.data / "models").mkdir(parents=True, exist_ok=True)

@@ -63,6 +63,18 @@ class LoopbackHub:
         self.gate_reached.clear()
         self.gate = (repo, path, offset)
 
+    def client_env(self, home: Path) -> dict[str, str]:
+        """The environment a server's `huggingface_hub` needs to download from this hub into
+        the Hugging Face home `home` (its cache `home/hub`), and nowhere else."""
+        return {
+            "HF_ENDPOINT": self.url,
+            "HF_HOME": str(home),
+            "HF_HUB_CACHE": str(home / "hub"),
+            "HF_HUB_OFFLINE": "0",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_XET": "1",
+        }
+
     def size(self, repo: str) -> int:
         return sum(len(b) for b in self.repos[repo].values())
 

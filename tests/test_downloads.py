@@ -17,55 +17,23 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from bigmodel import GATE, SHARD1, SHARD2, MiB, write_big_model
 from inprocess_cli import run_cli
 from loopbackhub import SEND, LoopbackHub
 from serverproc import ServerProcess, with_test_model
 
 from jupyter_lmsp.models.digests import file_digests, model_digest
-from jupyter_lmsp.models.testmodel import CONFIG, EOS_TOKEN, write_model_dir
+from jupyter_lmsp.protocol.events import TaskProgressEvent
 
 pytestmark = pytest.mark.timeout(600)
-
-MiB = 1024 * 1024
-SHARD1 = "model-00001-of-00002.safetensors"
-SHARD2 = "model-00002-of-00002.safetensors"
-# huggingface_hub 2.x reads a download's body in 10 MiB pieces and writes each whole: the hub
-# stops sending the second shard a little past one piece, so that piece reaches the disk.
-GATE = 10 * MiB + 256 * 1024
 
 
 @pytest.fixture(scope="module")
 def big_model(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Path:
-    """The test llama with wide MLP layers (~32 MB in two shards, the second ~25 MB), its
-    tokenizer the test model's: big enough that a download has a middle to be killed in."""
-    import mlx.core as mx
-
-    from jupyter_lmsp.models.testmodel import _random_weights
-
-    tokenizer_json = (test_model_dir / "tokenizer.json").read_text()
-    vocab = json.loads(tokenizer_json)["model"]["vocab"]
-    config = {
-        **CONFIG,
-        "num_hidden_layers": 5,
-        "intermediate_size": 8192,
-        "vocab_size": len(vocab),
-        "eos_token_id": vocab[EOS_TOKEN],
-        "bos_token_id": None,
-    }
-    weights = _random_weights(config, seed=3)
-    folder = write_model_dir(
-        tmp_path_factory.mktemp("big") / "big", tokenizer_json, config, weights
-    )
-    (folder / "model.safetensors").unlink()
-    first = {k: w for k, w in weights.items() if not k.startswith("model.layers.") or ".0." in k}
-    second = {k: w for k, w in weights.items() if k not in first}
-    for name, part in ((SHARD1, first), (SHARD2, second)):
-        arrays = {k: mx.array(np.asarray(w)) for k, w in part.items()}
-        mx.save_safetensors(str(folder / name), arrays, metadata={"format": "mlx"})
-    assert (folder / SHARD2).stat().st_size > 2 * GATE
-    return folder
+    """The test llama with wide MLP layers (tests/bigmodel.py): big enough that a download has
+    a middle to be killed in."""
+    return write_big_model(tmp_path_factory.mktemp("big") / "big", test_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +57,7 @@ class Site:
         self.data.mkdir()
         with_test_model(self.data, test_model_dir)
         self.cache = root / "hf-home" / "hub"
-        self.env = {
-            "HF_ENDPOINT": hub.url,
-            "HF_HOME": str(root / "hf-home"),
-            "HF_HUB_CACHE": str(self.cache),
-            "HF_HUB_OFFLINE": "0",
-            "HF_HUB_DISABLE_TELEMETRY": "1",
-            "HF_HUB_DISABLE_XET": "1",
-        }
+        self.env = hub.client_env(root / "hf-home")
         self.server = ServerProcess(self.data, env=self.env).start()
 
     def restart_after_kill(self) -> None:
@@ -222,6 +183,12 @@ def test_download_killed_half_way_resumes_after_restart(site, hub, big_model):
         assert resumed["bytes_total"] == size and resumed["files_total"] == len(hub.repos[repo])
         last = [e for e in log if e["type"] == "task.progress" and e["stage"] == "downloading"][-1]
         assert last["bytes_done"] == size and last["files_done"] == last["files_total"]
+        # Every progress event has every field the OpenAPI document lists (a download's are
+        # null while hashing), so the sidebar's generated types hold.
+        required = set(TaskProgressEvent.model_json_schema(mode="serialization")["required"])
+        progress = [e for e in log if e["type"] == "task.progress"]
+        assert {e["stage"] for e in progress} == {"downloading", "hashing"}
+        assert all(required <= set(e) for e in progress), progress
 
         assert log[-1]["type"] == "task.completed"
         model = log[-1]["result"]["model"]

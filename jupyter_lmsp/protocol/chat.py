@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, Tag, model_validator
 
 from .fields import (
+    KEEP_ALIVE_DOC,
     Body,
+    KeepAlive,
     Label,
     Metadata,
     Neutral,
@@ -243,6 +245,7 @@ class CreateChatCompletionRequest(Body):
     presence_penalty: Penalty | None = None
     reasoning_effort: ReasoningEffort | None = None
     max_reasoning_tokens: ReasoningBudget | None = None
+    keep_alive: KeepAlive | None = Field(None, description=KEEP_ALIVE_DOC)
     # Accepted only with neutral values, most significant first.
     functions: Annotated[Any, Neutral([])] = None
     function_call: Annotated[Any, Neutral("none", "auto")] = None

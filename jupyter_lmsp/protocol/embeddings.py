@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
-from .fields import Body, WireObject, refuse
+from .fields import KEEP_ALIVE_DOC, Body, KeepAlive, WireObject, refuse
 
 # OpenAI's own limit on inputs per request.
 MAX_INPUTS = 2048
@@ -51,12 +51,7 @@ class CreateEmbeddingRequest(Body):
         "again); only for an embedding model, up to its vector size.",
     )
     user: str | None = Field(None, description="Accepted and ignored, as OpenAI's end-user id.")
-    keep_alive: float | None = Field(
-        None,
-        description="Seconds the model stays loaded once idle after this request, as Ollama's "
-        "`keep_alive` (0: unloaded when done; negative: until evicted for room; absent: the "
-        "server's `keep_alive`).",
-    )
+    keep_alive: KeepAlive | None = Field(None, description=KEEP_ALIVE_DOC)
 
     @field_validator("input", mode="before")
     @classmethod

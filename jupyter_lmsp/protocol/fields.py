@@ -241,6 +241,17 @@ ReasoningBudget = Annotated[
         "follows. Default: the service's `max_reasoning_tokens` (none: no limit).",
     ),
 ]
+# Ollama's per-request `keep_alive`, in seconds (Ollama also takes "5m"; LMSP only numbers). An
+# LMSP extension on generation and embeddings: OpenAI's APIs have no such field. Its description
+# goes on each request's field (`Field(None, description=KEEP_ALIVE_DOC)`): on the number inside
+# `anyOf: [number, null]` the OpenAPI document's readers do not show it.
+KeepAlive = Annotated[float, Field(allow_inf_nan=False)]
+KEEP_ALIVE_DOC = (
+    "LMSP extension (as Ollama's `keep_alive`; OpenAI's API has no such field): seconds the "
+    "model stays loaded once idle after this request. 0: unloaded as soon as the request is "
+    "done; negative: kept until evicted for room or unloaded on request; absent: the server's "
+    "`keep_alive` (300 s by default)."
+)
 # Sequence numbers in queries and headers: -1 (before the first event) up to what SQLite's
 # 64-bit integers hold, so a huge value is a 400, not an overflow.
 SequenceNumber = Annotated[int, Field(ge=-1, le=2**63 - 1)]

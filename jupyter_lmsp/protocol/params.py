@@ -44,6 +44,8 @@ class TaskParams(BaseModel):
     # thinking budget (None: none).
     reasoning_effort: str | None = None
     max_reasoning_tokens: int | None = None
+    # Seconds the model stays loaded once idle after the task (None: the worker's keep-alive).
+    keep_alive: float | None = None
     # `FormatSpec.to_json()` / `ToolsSpec.to_json()`.
     format: dict[str, Any] | None = None
     tools: dict[str, Any] | None = None

@@ -15,7 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, Strict, Tag, model_validator
 
 from .fields import (
+    KEEP_ALIVE_DOC,
     Body,
+    KeepAlive,
     Label,
     Metadata,
     Neutral,
@@ -274,6 +276,7 @@ class CreateResponseRequest(Body):
     frequency_penalty: Penalty | None = None
     reasoning: Reasoning | None = None
     max_reasoning_tokens: ReasoningBudget | None = None
+    keep_alive: KeepAlive | None = Field(None, description=KEEP_ALIVE_DOC)
     conversation: ConversationParam | None = Field(
         None,
         description='The conversation this response belongs to (its id, or `{"id"}`): its '

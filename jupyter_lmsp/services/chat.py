@@ -87,6 +87,7 @@ def spec_of(request: CreateChatCompletionRequest, max_choices: int) -> ResponseS
             chat=True,
             effort=request.reasoning_effort,
             max_reasoning_tokens=request.max_reasoning_tokens,
+            keep_alive=request.keep_alive,
         ),
         service_tier=request.service_tier if request.service_tier in ("priority", "flex") else None,
         echo=_echo(request),

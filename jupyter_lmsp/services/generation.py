@@ -48,6 +48,10 @@ class Generation:
     # the most tokens a choice thinks before its block is closed (None: no limit).
     effort: str | None = None
     max_reasoning_tokens: int | None = None
+    # Seconds the model stays loaded once idle after this request (issue 39, Ollama's
+    # `keep_alive`; None: the worker's). Not a feature of the text, but carried with them so
+    # it is stored in the task's params and a restarted task's job has it too.
+    keep_alive: float | None = None
 
     @property
     def effort_param(self) -> str:
@@ -77,6 +81,8 @@ class Generation:
             out["reasoning_effort"] = self.effort
         if self.max_reasoning_tokens is not None:
             out["max_reasoning_tokens"] = self.max_reasoning_tokens
+        if self.keep_alive is not None:
+            out["keep_alive"] = self.keep_alive
         return out
 
     @classmethod
@@ -90,6 +96,7 @@ class Generation:
             tools=params.tools_spec(),
             effort=params.reasoning_effort,
             max_reasoning_tokens=params.max_reasoning_tokens,
+            keep_alive=params.keep_alive,
         )
 
     def engine_format(self) -> ResponseFormat | None:
@@ -238,4 +245,5 @@ def job_for(
         tools=generation.engine_tools(),
         reasoning_effort=generation.effort,
         max_reasoning_tokens=generation.max_reasoning_tokens,
+        keep_alive=generation.keep_alive,
     )

@@ -32,6 +32,7 @@ from ..models import managed
 from ..models.digests import DEFAULT_MAX_BYTES
 from ..models.sources import MODEL_ID, Allowed, SourceError, resolve_source
 from ..protocol.errors import LMSPError, conflict, invalid
+from ..protocol.events import TaskProgressEvent
 from ..protocol.ids import new_id
 from ..protocol.objects import model_object, task_object
 from ..protocol.registry import RegisterModelRequest
@@ -43,6 +44,13 @@ from . import metrics
 from .admission import Admission
 from .bus import EventBus
 from .catalog import ModelCatalog
+
+# A download's fields of `task.progress`, null in the events of the other stages (converting,
+# hashing): the OpenAPI document lists every field of an event as present (nullable), so
+# readers of the generated types can rely on that.
+_PROGRESS_NULLS: dict[str, None] = {
+    name: None for name, f in TaskProgressEvent.model_fields.items() if not f.is_required()
+}
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +297,7 @@ class ModelRegistrar:
                             rules.append_events,
                             self.db,
                             task_id,
-                            self._event("task.progress", **line["progress"]),
+                            self._event("task.progress", **{**_PROGRESS_NULLS, **line["progress"]}),
                             only_from=[TaskState.RUNNING],
                             runner_id=self.runner_id(),
                         )

@@ -113,6 +113,7 @@ def spec_of(request: CreateResponseRequest) -> ResponseSpec:
             tools=tools,
             effort=request.reasoning.effort if request.reasoning is not None else None,
             max_reasoning_tokens=request.max_reasoning_tokens,
+            keep_alive=request.keep_alive,
         ),
         service_tier=tier,
         echo=echo,

@@ -14,6 +14,8 @@ import type { ISignal } from '@lumino/signaling';
 import { LMSPClient } from './api';
 import { parseExposition, pointsOf, scrapeOf, startupRecovery } from './metrics';
 import type { IPoint, IRecovered, IScrape } from './metrics';
+import { registrationAfter } from './registration';
+import type { IRegistration } from './registration';
 import { LifecycleFollower, TaskFollower } from './sse';
 import type { FollowMode } from './sse';
 import { isTerminal, stateAfterEvent } from './taskstate';
@@ -54,9 +56,9 @@ export interface ITaskView {
   mode: FollowMode;
   /** The last sequence number delivered by its event stream (-1: none yet). */
   seen: number;
-  /** From `task.progress` events (model registration): what it does, how far (0–1). */
-  stage: string | null;
-  fraction: number | null;
+  /** A model registration's stage, progress and outcome (`registration.ts`), from its
+   * events; null for other tasks, and for one not followed from this sidebar. */
+  registration: IRegistration | null;
 }
 
 export interface IMessage {
@@ -341,8 +343,7 @@ export class SidebarModel {
         tokens: null,
         mode: 'idle',
         seen: -1,
-        stage: null,
-        fraction: null
+        registration: null
       };
       this.views.set(task.id, fresh);
       return fresh;
@@ -436,9 +437,8 @@ export class SidebarModel {
     ) {
       view.chars = (view.chars ?? 0) + event.delta.length;
     }
-    if (event.type === 'task.progress') {
-      view.stage = event.stage;
-      view.fraction = event.fraction;
+    if (view.task.kind === 'model') {
+      view.registration = registrationAfter(view.registration, event);
     }
     const tokens = 'response' in event ? event.response.usage?.output_tokens : undefined;
     if (typeof tokens === 'number') {
@@ -470,7 +470,10 @@ export class SidebarModel {
   async registerModel(source: string): Promise<boolean> {
     const path = source.trim();
     if (!path) {
-      this.message = { kind: 'error', text: 'Give the path of a model directory or file.' };
+      this.message = {
+        kind: 'error',
+        text: 'Give the path of a model directory or file, or hf://org/name.'
+      };
       this.emit();
       return false;
     }

@@ -1373,6 +1373,11 @@ export interface components {
             /** @default null */
             max_reasoning_tokens?: number | null;
             /**
+             * @description LMSP extension (as Ollama's `keep_alive`; OpenAI's API has no such field): seconds the model stays loaded once idle after this request. 0: unloaded as soon as the request is done; negative: kept until evicted for room or unloaded on request; absent: the server's `keep_alive` (300 s by default).
+             * @default null
+             */
+            keep_alive?: number | null;
+            /**
              * @description Accepted only with these values (they change nothing).
              * @default null
              */
@@ -1475,7 +1480,7 @@ export interface components {
              */
             user?: string | null;
             /**
-             * @description Seconds the model stays loaded once idle after this request, as Ollama's `keep_alive` (0: unloaded when done; negative: until evicted for room; absent: the server's `keep_alive`).
+             * @description LMSP extension (as Ollama's `keep_alive`; OpenAI's API has no such field): seconds the model stays loaded once idle after this request. 0: unloaded as soon as the request is done; negative: kept until evicted for room or unloaded on request; absent: the server's `keep_alive` (300 s by default).
              * @default null
              */
             keep_alive?: number | null;
@@ -1598,6 +1603,11 @@ export interface components {
             reasoning?: components["schemas"]["Reasoning"] | null;
             /** @default null */
             max_reasoning_tokens?: number | null;
+            /**
+             * @description LMSP extension (as Ollama's `keep_alive`; OpenAI's API has no such field): seconds the model stays loaded once idle after this request. 0: unloaded as soon as the request is done; negative: kept until evicted for room or unloaded on request; absent: the server's `keep_alive` (300 s by default).
+             * @default null
+             */
+            keep_alive?: number | null;
             /**
              * @description The conversation this response belongs to (its id, or `{"id"}`): its items come before `input`, and the input and output items join it when the response completes. Not with `previous_response_id`.
              * @default null

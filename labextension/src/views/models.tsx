@@ -1,10 +1,12 @@
-/** Models: name, size, digest, state; register one from a local path (POST /models). */
+/** Models: name, size, digest, state; register one from a local path or download one from the
+ * hub (POST /models), its progress shown live (`registrations.tsx`). */
 
 import * as React from 'react';
 
 import { shortDigest, size } from '../format';
 import type { SidebarModel } from '../model';
 import { Button, Empty, Section, StateBadge } from './common';
+import { RegistrationsView } from './registrations';
 
 function RegisterForm(props: { model: SidebarModel }): React.ReactElement {
   const [path, setPath] = React.useState('');
@@ -28,8 +30,8 @@ function RegisterForm(props: { model: SidebarModel }): React.ReactElement {
         className="jp-LMSP-input"
         name="source"
         type="text"
-        placeholder="/path/to/model (MLX folder or .gguf)"
-        aria-label="Model path"
+        placeholder="/path/to/model (MLX folder or .gguf) or hf://org/name"
+        aria-label="Model path or hub source"
         value={path}
         onChange={event => setPath(event.target.value)}
       />
@@ -68,6 +70,7 @@ export function ModelsView(props: { model: SidebarModel }): React.ReactElement {
       ) : loaded ? (
         <Empty text="No models." />
       ) : null}
+      <RegistrationsView model={props.model} />
       <RegisterForm model={props.model} />
     </Section>
   );

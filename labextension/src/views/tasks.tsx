@@ -6,6 +6,7 @@ import * as React from 'react';
 
 import { age, duration, localTime } from '../format';
 import type { ITaskView, SidebarModel } from '../model';
+import { registrationText } from '../registration';
 import { isTerminal, outcome } from '../taskstate';
 import { Button, Empty, Section } from './common';
 
@@ -19,8 +20,9 @@ function progress(view: ITaskView): string {
   if (view.task.kind === 'response' && view.chars !== null) {
     return `${view.chars} chars`;
   }
-  if (view.fraction !== null && !isTerminal(view.task.state)) {
-    return `${view.stage ?? ''} ${Math.round(view.fraction * 100)}%`.trim();
+  const registration = view.registration;
+  if (registration && registration.fraction !== null && !isTerminal(view.task.state)) {
+    return `${registration.stage ?? ''} ${registrationText(registration).percent}`.trim();
   }
   return `${view.task.last_sequence_number + 1} events`;
 }
