@@ -162,8 +162,9 @@ class RevisionServer(ServerProcess):
 
     def command(self) -> list[str]:
         args = super().command()
-        assert args[1:3] == ["-m", "jupyter_server"], args[:3]
-        return [args[0], "-c", BOOTSTRAP, *args[3:]]
+        # Not through jupyter_lmsp.launch: an older revision may not have it.
+        assert args[1:4] == ["-m", "jupyter_lmsp.launch", "jupyter_server"], args[:4]
+        return [args[0], "-c", BOOTSTRAP, *args[4:]]
 
     def start(self, timeout: float | None = None) -> RevisionServer:
         began = time.perf_counter()

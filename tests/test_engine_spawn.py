@@ -87,8 +87,8 @@ class ScriptServer(ServerProcess):
 
     def command(self) -> list[str]:
         args = super().command()
-        assert args[1:3] == ["-m", "jupyter_server"], args
-        return [str(Path(sys.executable).parent / "jupyter-server"), *args[3:]]
+        assert args[1:4] == ["-m", "jupyter_lmsp.launch", "jupyter_server"], args
+        return [str(Path(sys.executable).parent / "jupyter-server"), *args[4:]]
 
 
 def mapped_files(pid: int) -> set[str]:

@@ -5,6 +5,7 @@ jsonschema."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -49,3 +50,41 @@ def test_iri_checks_answer_the_same_with_the_grammar_deferred() -> None:
     assert eager["answers"]["http://exa mple.com"] == [False, False]
     # The first check imported the real module.
     assert deferred["real_module_loaded"] and eager["real_module_loaded"]
+
+
+PROBE_APP = textwrap.dedent(
+    """
+    import json, sys
+    import jupyter_server.serverapp  # what `python -m jupyter_server` imports first
+    print(json.dumps({
+        "name": __name__,
+        "argv": sys.argv[1:],
+        "grammar_built": "rfc3987_syntax.syntax_helpers" in sys.modules,
+    }))
+    """
+)
+
+
+def test_servers_launched_through_the_sandbox_defer_the_grammar(tmp_path) -> None:
+    """`python -m jupyter_lmsp.launch APP ARGS` runs APP as `python -m APP ARGS` does, with the
+    stand-in registered first (the sandbox starts every test and benchmark server so)."""
+    (tmp_path / "probe_app.py").write_text(PROBE_APP)
+    result = subprocess.run(
+        [sys.executable, "-m", "jupyter_lmsp.launch", "probe_app", "--port=1", "x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    assert seen == {"name": "__main__", "argv": ["--port=1", "x"], "grammar_built": False}
+    # Without it the same import builds the grammar (so the assertion above can fail).
+    plain = subprocess.run(
+        [sys.executable, "-m", "probe_app"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert json.loads(plain.stdout)["grammar_built"] is True, plain.stderr

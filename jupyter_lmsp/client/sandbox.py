@@ -111,6 +111,8 @@ class LMSPServerProcess:
         args = [
             sys.executable,
             "-m",
+            # `python -m <app>`, with an import that costs every start a second deferred.
+            "jupyter_lmsp.launch",
             self.app,
             "--no-browser",
             *(["--allow-root"] if hasattr(os, "getuid") and os.getuid() == 0 else []),
