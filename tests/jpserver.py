@@ -74,6 +74,8 @@ async def call(
     try:
         response = await jp_fetch("lmsp", "v1", *path.split("/"), **kwargs)
     except HTTPClientError as e:
+        if e.response is None:  # no answer at all (599: the client's timeout)
+            raise
         return e.code, json.loads(e.response.body), e.response.headers
     text = response.body.decode()
     return response.code, text if raw else json.loads(text), response.headers
@@ -224,7 +226,9 @@ class SharedClient:
         path_url = url_escape(url_path_join(*parts), plus=False)
         url = url_path_join(BASE_URL, path_url) + "?" + urllib.parse.urlencode(params or {})
         headers.setdefault("Authorization", f"token {self.server.token}")
-        request_timeout = kwargs.pop("request_timeout", 20)
+        # Generous: a request waits its turn behind model loads and grammar compiles, which
+        # take many times longer on a loaded machine (issue 43: make test beside a CPU hog).
+        request_timeout = kwargs.pop("request_timeout", 120)
         return self.client.fetch(url, headers=headers, request_timeout=request_timeout, **kwargs)
 
     def close(self) -> None:

@@ -70,4 +70,5 @@ class LabServer(LMSPServerProcess):
         return f"{self.origin}/"
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api, headers=self.headers, timeout=30)
+        # Generous: see ServerProcess.client.
+        return httpx.Client(base_url=self.api, headers=self.headers, timeout=120)

@@ -61,4 +61,8 @@ class ServerProcess(LMSPServerProcess):
         return self.origin
 
     def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.api, headers=self.headers, timeout=30, **kw)
+        # Generous: a request may wait behind model loads and grammar compiles, many times
+        # slower on a loaded machine (issue 43: make test passes beside a CPU hog). A test that
+        # needs a short timeout passes its own.
+        kw.setdefault("timeout", 120)
+        return httpx.Client(base_url=self.api, headers=self.headers, **kw)

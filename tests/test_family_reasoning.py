@@ -388,8 +388,16 @@ def test_thinking_then_a_call_resumed_after_kill(tmp_path: Path) -> None:
             tasks, seen = {}, {}
             with server.client() as c:
                 for model in pair:
-                    # Loaded first: a response that waited for its model could start too late.
-                    warm = {"model": model, "input": "Hi", "max_output_tokens": 1}
+                    # Loaded first, its tool grammar compiled (and cached) too: a create that
+                    # waits for either lets the one before it run to its end (make test under
+                    # load: the second create's compile outlasted the first's whole run).
+                    family = "mistral" if model == HARMONY_MODEL else model
+                    warm = {
+                        "model": model,
+                        "input": "Hi",
+                        "max_output_tokens": 1,
+                        "tools": [_tool(family)],
+                    }
                     assert c.post("/responses", json=warm).status_code == 200
                 for model in pair:
                     family = "mistral" if model == HARMONY_MODEL else model

@@ -408,7 +408,14 @@ def test_no_secret_in_the_database_file(server, matrix):
 def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
     with_test_model(tmp_path, test_model_dir)
     with (
-        ServerProcess(tmp_path, pairing_poll_burst=12, pairing_poll_rate_per_minute=30) as server,
+        # Buckets that refill once in ten minutes: the counts below are the bursts, however
+        # slowly a loaded machine sends the requests (at 30 a minute one refilled mid-count).
+        ServerProcess(
+            tmp_path,
+            pairing_poll_burst=12,
+            pairing_poll_rate_per_minute=0.1,
+            pairing_rate_per_minute=0.1,
+        ) as server,
         httpx.Client(base_url=server.api, timeout=30) as anon,
     ):
         p = anon.post("/pairings", json={"client_name": "victim", "scopes": ["tasks:read"]}).json()
