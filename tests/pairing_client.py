@@ -36,8 +36,8 @@ def main() -> int:
             elif error != "authorization_pending":
                 print(json.dumps({"error": error}), flush=True)
                 return 1
-    client = openai.OpenAI(base_url=api, api_key=token["access_token"])
-    response = client.responses.create(input="Hello from a paired client", max_output_tokens=5)
+    with openai.OpenAI(base_url=api, api_key=token["access_token"]) as client:
+        response = client.responses.create(input="Hello from a paired client", max_output_tokens=5)
     print(
         json.dumps(
             {

@@ -47,8 +47,9 @@ def server(tmp_path_factory, test_model_dir) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def sdk(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.api, api_key=TOKEN, max_retries=0)
+def sdk(server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=server.api, api_key=TOKEN, max_retries=0) as client:
+        yield client
 
 
 @pytest.fixture

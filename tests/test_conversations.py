@@ -38,10 +38,11 @@ def server(tmp_path_factory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture
-def sdk(server) -> openai.OpenAI:
-    return openai.OpenAI(
+def sdk(server) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
         base_url=server.api, api_key=TOKEN, max_retries=0, _strict_response_validation=True
-    )
+    ) as client:
+        yield client
 
 
 @pytest.fixture
@@ -222,32 +223,31 @@ def _pair(http: httpx.Client, server: ServerProcess, scopes: list[str]) -> opena
 
 
 def test_a_paired_client_owns_its_conversations(sdk, http, server):
-    client = _pair(
-        http,
-        server,
-        ["responses:read", "responses:write", "conversations:read", "conversations:write"],
-    )
-    reader = _pair(http, server, ["responses:write", "conversations:read"])
-    mine = client.conversations.create(items=[{"role": "user", "content": REMEMBER}])
-    owners = sdk.conversations.create()
-    for call in (
-        lambda: client.conversations.retrieve(owners.id),
-        lambda: client.conversations.items.list(owners.id),
-        lambda: client.conversations.delete(owners.id),
-        lambda: client.responses.create(input="x", conversation=owners.id, **GREEDY),
-        lambda: reader.conversations.retrieve(mine.id),
+    scopes = ["responses:read", "responses:write", "conversations:read", "conversations:write"]
+    with (
+        _pair(http, server, scopes) as client,
+        _pair(http, server, ["responses:write", "conversations:read"]) as reader,
     ):
-        with pytest.raises(openai.NotFoundError):
-            call()
-    # The owner (the Jupyter user) sees the conversations of the clients it paired.
-    assert sdk.conversations.retrieve(mine.id).id == mine.id
-    answer = client.responses.create(input="And?", conversation=mine.id, **GREEDY)
-    assert answer.output_text == ANSWER_TEXT
-    # Writing a turn into a conversation needs `conversations:write`.
-    with pytest.raises(openai.PermissionDeniedError):
-        reader.conversations.create()
-    with pytest.raises(openai.PermissionDeniedError):
-        reader.responses.create(input="x", conversation=mine.id, **GREEDY)
+        mine = client.conversations.create(items=[{"role": "user", "content": REMEMBER}])
+        owners = sdk.conversations.create()
+        for call in (
+            lambda: client.conversations.retrieve(owners.id),
+            lambda: client.conversations.items.list(owners.id),
+            lambda: client.conversations.delete(owners.id),
+            lambda: client.responses.create(input="x", conversation=owners.id, **GREEDY),
+            lambda: reader.conversations.retrieve(mine.id),
+        ):
+            with pytest.raises(openai.NotFoundError):
+                call()
+        # The owner (the Jupyter user) sees the conversations of the clients it paired.
+        assert sdk.conversations.retrieve(mine.id).id == mine.id
+        answer = client.responses.create(input="And?", conversation=mine.id, **GREEDY)
+        assert answer.output_text == ANSWER_TEXT
+        # Writing a turn into a conversation needs `conversations:write`.
+        with pytest.raises(openai.PermissionDeniedError):
+            reader.conversations.create()
+        with pytest.raises(openai.PermissionDeniedError):
+            reader.responses.create(input="x", conversation=mine.id, **GREEDY)
 
 
 def test_openai_agents_conversations_session_remembers_the_first_turn(server):

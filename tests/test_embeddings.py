@@ -83,10 +83,11 @@ def server(
 
 
 @pytest.fixture(scope="module")
-def client(server: SharedServer) -> openai.OpenAI:
-    return openai.OpenAI(
+def client(server: SharedServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
         base_url=server.url(BASE_URL + "lmsp/v1"), api_key=server.token, max_retries=0
-    )
+    ) as client:
+        yield client
 
 
 def direct(tiny: tuple[Any, Any], texts: list[str], pooling: str) -> np.ndarray:

@@ -85,11 +85,11 @@ def test_the_kept_token_lasts_and_a_server_without_flags_answers_with_the_demo_m
     with server.start():
         service = httpx.get(f"{server.api}/service", headers=server.headers, timeout=30).json()
         assert service["default_model"] == DEMO_MODEL_ID
-        client = openai.OpenAI(base_url=server.api, api_key=token)
         # The README's first question, as it asks it: no model, temperature 0.
-        answer = client.responses.create(
-            input="What is the capital of France?", temperature=0, max_output_tokens=24
-        )
+        with openai.OpenAI(base_url=server.api, api_key=token) as client:
+            answer = client.responses.create(
+                input="What is the capital of France?", temperature=0, max_output_tokens=24
+            )
         assert answer.model == DEMO_MODEL_ID and "Paris" in answer.output_text
         # Only the kept token opens it; the next start (same file, same token) is the same.
         wrong = httpx.get(f"{server.api}/service", headers={"Authorization": "token nope"})

@@ -269,8 +269,10 @@ def test_credentials_come_before_the_upgrade(server):
 def test_the_openai_sdk_websocket_client_works_as_it_is(server):
     """`client.responses.connect()` of the openai SDK (3.57), unmodified: it sends
     `response.create` and parses every event the socket carries."""
-    client = openai.OpenAI(base_url=server.api, api_key=TOKEN, max_retries=0)
-    with client.responses.connect() as conn:
+    with (
+        openai.OpenAI(base_url=server.api, api_key=TOKEN, max_retries=0) as client,
+        client.responses.connect() as conn,
+    ):
         conn.response.create(input="Hello", **SHORT)
         types = []
         for event in conn:
