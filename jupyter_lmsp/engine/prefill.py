@@ -30,7 +30,8 @@ slower, with no one to be fair to.
 one thread, in CPU time (the machine was shared): chunks of 1 to 128 tokens at contexts 0 to
 6,000 fitted K between 790 and 930 and S about 150 (`DEFAULT_BREAK_EVEN`, `DEFAULT_PASS_SPAN`);
 the chunks this sizes then cost 0.54-0.55 s predicted against 0.515 s measured for the designed
-one. On the CPU the attention's FLOPs are ~5x less efficient than the weights' matmuls
+one. In the worker, beside a decoding row, they cost within ~15% of each other along a 6,000-token
+prompt (dearest between 1,000 and 3,000 positions). On the CPU the attention's FLOPs are ~5x less efficient than the weights' matmuls
 (softmax and masks over every position): a count of FLOPs alone would put K near 3,900. Other
 models and devices have other constants; these are the defaults. A chunk never goes below
 `MIN_CHUNK` tokens: a pass is then mostly its fixed and per-pass parts and the prompt would
