@@ -517,6 +517,7 @@ def test_batched_prefill_is_one_chunk_per_step_and_a_cancel_stops_it(test_model_
     from schedrun import add, collect, job, scheduler
     from test_choices import Recording
 
+    from jupyter_lmsp.engine.prefill import chunk_tokens
     from jupyter_lmsp.engine.speculative import OFF
 
     model, tok = load(str(test_model_dir))
@@ -532,8 +533,14 @@ def test_batched_prefill_is_one_chunk_per_step_and_a_cancel_stops_it(test_model_
     recording.calls.clear()
     for _ in range(3):
         collect(results, sched.step())
-    # Per step: the runner's decode step, and one 16-token chunk of the long prompt.
-    assert recording.calls == [(1, 1), (1, 16)] * 3
+    # Per step: the runner's decode step, and one chunk of the long prompt, sized for its cost
+    # beside a decoding row (16 tokens at first, fewer as the context grows: `prefill`).
+    chunks, read = [], 0
+    for _ in range(3):
+        chunks.append(chunk_tokens(read, 16))
+        read += chunks[-1]
+    assert chunks[0] == 16 and chunks[-1] < 16
+    assert recording.calls == [call for size in chunks for call in [(1, 1), (1, size)]]
     assert sched.cancel("long") == 0 and sched.cancel("long") is None
     recording.calls.clear()
     collect(results, sched.step())

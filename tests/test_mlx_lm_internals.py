@@ -396,12 +396,21 @@ def test_batch_generator_takes_what_batching_passes() -> None:
     PromptProcessingBatch = internal("mlx_lm.generate", "PromptProcessingBatch")
 
     fields = {f.name for f in dataclasses.fields(PromptProcessingBatch.Response)}
-    wanted = {"uid", "end_of_segment", "end_of_prompt"}
+    wanted = {"uid", "progress", "end_of_segment", "end_of_prompt"}
     require(
         wanted <= fields,
         "PromptProcessingBatch.Response",
         BATCHING,
         f"no {sorted(wanted - fields)} (the prefill progress batching.py reads)",
+    )
+    # batching.py sets it before each step for that step's chunks (cost-sized: prefill.py);
+    # tests/test_prefill_fairness.py sees whether the step still reads it.
+    source = inspect.getsource(BatchGenerator._next)
+    require(
+        "self.prefill_step_size" in source,
+        "BatchGenerator._next",
+        BATCHING,
+        "no longer reads self.prefill_step_size for each step's prompt chunks",
     )
 
 

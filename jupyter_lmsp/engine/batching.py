@@ -14,9 +14,12 @@ generates several answers to one prompt); each choice is one row of its model's 
    max_tokens or a cancel, and each choice leaves the batch as soon as it ends.
 
 Each step is one decode step of the running rows plus one prefill chunk of the waiting ones,
-so running jobs keep decoding while prompts are read, and a cancel (handled between steps)
-takes effect within one step: a row being decoded is gone before the next decode step, a
-prompt being read is abandoned before its next chunk. A step in flight can itself be
+so running jobs keep decoding while prompts are read. While rows decode, the chunk is sized
+for its cost (`prefill`: fewer tokens as the context read grows), so a long prompt pauses the
+others by about the same at its end as at its start; read alone, a prompt takes full
+`prefill_step` chunks. A cancel (handled between steps) takes effect within one step: a row
+being decoded is gone before the next decode step, a prompt being read is abandoned before its
+next chunk. A step in flight can itself be
 abandoned part-way (`interrupt`, at the worker's request, when every job in it is being
 cancelled): `abandon` then drops every batch, keeping in the prompt cache the context each
 row had read before the step. The KV cache of every prompt, once prefilled, and of every
@@ -68,6 +71,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_lmsp.engine.interrupt import StepAbandoned
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
+from jupyter_lmsp.engine.prefill import DEFAULT_BREAK_EVEN, chunk_tokens
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
 from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats, StepCosts
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
@@ -89,8 +93,9 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_SIZE = 8
 # Prompt tokens per job prefilled in one step. A step prefills this much of every waiting prompt
 # at once, so it bounds how long new prompts stall the running jobs (and a cancel waits): one
-# 128-token chunk of SmolLM2-135M takes ~0.6 s on one CPU core with OpenBLAS. Larger chunks are
-# barely faster on a CPU (128 vs 2048 within noise).
+# 128-token chunk of SmolLM2-135M takes ~0.6 s on one CPU core with OpenBLAS at the start of a
+# prompt (further in, chunks beside decoding rows get fewer tokens for the same cost: `prefill`).
+# Larger chunks are barely faster on a CPU (128 vs 2048 within noise).
 DEFAULT_PREFILL_STEP = 128
 
 Sampler = Callable[["mx.array"], "mx.array"]
@@ -184,6 +189,7 @@ class _BatchDecoder:
         prefill_step: int,
         speculation: SpeculationSettings | None = None,
         costs: StepCosts | None = None,
+        break_even: int = DEFAULT_BREAK_EVEN,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -204,6 +210,11 @@ class _BatchDecoder:
             )
             self._generator._generation_batch = self.speculative
         self._uids: set[int] = set()
+        self._step = prefill_step
+        self._break_even = break_even
+        # The rows whose context is still being read: the positions each had cached when it
+        # was inserted, and how many of its context tokens the generator has read since.
+        self._reading: dict[int, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self._uids)
@@ -227,12 +238,14 @@ class _BatchDecoder:
             logits_processors=[list(processors)],
         )
         self._uids.add(uid)
+        self._reading[uid] = [len(cache_tokens), 0]
         return uid
 
     def remove(self, uid: int) -> tuple[list[Any], list[int]] | None:
         if uid not in self._uids:
             return None
         self._uids.discard(uid)
+        self._reading.pop(uid, None)
         found = self._generator.remove([uid], return_prompt_caches=True).get(uid)
         if found is None:
             return None
@@ -240,7 +253,14 @@ class _BatchDecoder:
         return list(cache), list(tokens)
 
     def next(self) -> tuple[list[_Prefilled], list[_Token]]:
+        # Read by the generator's step for this step's chunk of every prompt being read.
+        self._generator.prefill_step_size = self._chunk()
         progress, responses = self._generator.next()
+        for r in progress:
+            if r.end_of_prompt:
+                self._reading.pop(r.uid, None)
+            elif r.uid in self._reading:
+                self._reading[r.uid][1] = r.progress[0]
         if progress and self.speculative is not None:
             # A prefill chunk was queued behind this step's decode step.
             self.speculative.skip_timing()
@@ -253,6 +273,7 @@ class _BatchDecoder:
         for response in responses:
             if response.finish_reason is not None:
                 self._uids.discard(response.uid)
+                self._reading.pop(response.uid, None)
             tokens.append(
                 _Token(
                     response.uid,
@@ -265,6 +286,14 @@ class _BatchDecoder:
                 )
             )
         return prefilled, tokens
+
+    def _chunk(self) -> int:
+        """This step's prefill chunk: cost-sized for the longest context being read while
+        other rows decode (`prefill`), the full step when no row decodes beside the prompts."""
+        if not self._reading or len(self._reading) == len(self._uids):
+            return self._step
+        context = max(cached + read for cached, read in self._reading.values())
+        return chunk_tokens(context, self._step, self._break_even)
 
     def close(self) -> None:
         self._generator.close()
@@ -484,10 +513,13 @@ class BatchScheduler:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         prefill_step: int = DEFAULT_PREFILL_STEP,
         speculation: SpeculationSettings | None = None,
+        prefill_break_even: int = DEFAULT_BREAK_EVEN,
     ) -> None:
         self.prompt_cache = prompt_cache
         self.max_batch_size = max(1, max_batch_size)
         self.prefill_step = max(1, prefill_step)
+        # The cost model's K for the chunks read beside decoding rows (`prefill`).
+        self.prefill_break_even = max(1, prefill_break_even)
         self.speculation = speculation if speculation is not None else SpeculationSettings()
         # Speculation counters of the batches let go of (see `speculation_stats`), and each
         # model's step costs as learned (a model's batch is let go of whenever it is idle).
@@ -861,7 +893,13 @@ class BatchScheduler:
                 if costs is None:
                     costs = self._step_costs[model_key] = StepCosts(speculation)
             decoder = _BatchDecoder(
-                model, eos_ids, self.max_batch_size, self.prefill_step, speculation, costs
+                model,
+                eos_ids,
+                self.max_batch_size,
+                self.prefill_step,
+                speculation,
+                costs,
+                self.prefill_break_even,
             )
         else:
             log.info("model %s cannot batch; its jobs decode one at a time", model_key)

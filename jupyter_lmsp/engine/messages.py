@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_lmsp.engine.grammars import ResponseFormat, ToolSpec
+from jupyter_lmsp.engine.prefill import DEFAULT_BREAK_EVEN
 from jupyter_lmsp.engine.speculative import SpeculationSettings
 from jupyter_lmsp.engine.thinking import Thinking
 
@@ -56,6 +57,10 @@ class WorkerSettings:
     # memory), and how long an idle one stays loaded (seconds; negative: until evicted).
     max_loaded_bytes: int = 0
     keep_alive: float = 300.0
+    # The prefill cost model's K (`prefill`): how fast a long prompt's chunks shrink while
+    # other rows decode. A huge value keeps every chunk at the full step (the benchmark's
+    # comparison).
+    prefill_break_even: int = DEFAULT_BREAK_EVEN
 
 
 @dataclass

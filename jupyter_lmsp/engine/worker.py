@@ -97,6 +97,7 @@ from jupyter_lmsp.engine.messages import (
     WorkerSettings,
 )
 from jupyter_lmsp.engine.penalties import PENALTY_LIMIT
+from jupyter_lmsp.engine.prefill import DEFAULT_BREAK_EVEN
 from jupyter_lmsp.engine.prompt_cache import DEFAULT_PROMPT_CACHE_BYTES, PromptCache
 from jupyter_lmsp.engine.reasoning import after_thinking, effort_args
 from jupyter_lmsp.engine.residency import Residency, model_bytes
@@ -312,6 +313,7 @@ class Worker:
         gather_limit: float = GATHER_LIMIT,
         speculation: SpeculationSettings | None = None,
         residency: Residency | None = None,
+        prefill_break_even: int = DEFAULT_BREAK_EVEN,
     ) -> None:
         self._conn = conn
         # Which models stay loaded: the memory budget and idle unload (`residency`).
@@ -331,6 +333,7 @@ class Worker:
             max_batch_size=max_batch_size,
             prefill_step=prefill_step,
             speculation=speculation,
+            prefill_break_even=prefill_break_even,
         )
         self._running: dict[str, _Running] = {}
         self._shutdown = False
@@ -1158,6 +1161,7 @@ def worker_main(
             gather_limit=settings.gather_limit,
             speculation=settings.speculation,
             residency=Residency(settings.max_loaded_bytes, settings.keep_alive),
+            prefill_break_even=settings.prefill_break_even,
         ).serve()
     except _ParentGone:
         pass
