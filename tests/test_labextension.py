@@ -241,6 +241,34 @@ def test_activity_sparklines_from_the_metrics(lab: LabServer, page: Any):
     shot(page, "activity")
 
 
+def test_the_queue_line_follows_transitions_not_the_refresh(lab: LabServer, page: Any):
+    """The Activity section's queue line ("N waiting, M running") is read again on each
+    transition the lifecycle stream brings (issue 40: it lagged the task rows by up to a
+    refresh period). With the periodic refresh stopped (it skips while the document is hidden),
+    the line still follows a task to running and back."""
+    from playwright.sync_api import expect
+
+    show_panel(page)
+    expect(page.locator(".jp-LMSP-sidebar")).to_have_attribute(
+        "data-task-list", "lifecycle", timeout=20_000
+    )
+    queue = page.locator(f"{SIDEBAR} [data-section=activity] [data-field=queue]")
+    expect(queue).to_have_text("0 waiting, 0 running", timeout=30_000)
+    page.evaluate(
+        "() => Object.defineProperty(document, 'visibilityState',"
+        " {configurable: true, get: () => 'hidden'})"
+    )
+    try:
+        response = start_background(lab, "Queue line.", 200)
+        expect(queue).to_have_text("0 waiting, 1 running", timeout=60_000)
+        row = task_row(page, response["task_id"])
+        expect(row).to_have_attribute("data-state", "completed", timeout=60_000)
+        expect(queue).to_have_text("0 waiting, 0 running", timeout=30_000)
+    finally:
+        # The document's own getter again (from its prototype): the refresh resumes.
+        page.evaluate("() => delete document.visibilityState")
+
+
 def test_new_tasks_arrive_through_the_lifecycle_stream_without_polling(lab: LabServer, page: Any):
     """While the panel is shown, the task list is listed once and then follows GET /lifecycle:
     a task created elsewhere appears and reaches its end with no request to list /tasks."""

@@ -12,6 +12,7 @@ import { Signal } from '@lumino/signaling';
 import type { ISignal } from '@lumino/signaling';
 
 import { LMSPClient } from './api';
+import { Coalesced } from './coalesce';
 import { parseExposition, pointsOf, scrapeOf, startupRecovery } from './metrics';
 import type { IPoint, IRecovered, IScrape } from './metrics';
 import { registrationAfter } from './registration';
@@ -105,6 +106,10 @@ export class SidebarModel {
    * while it is connected. */
   private lifecycle: LifecycleFollower | null = null;
   private lifecycleConnected = false;
+  /** The metrics read again after a task transition (the queue line). */
+  private readonly activityFollows = new Coalesced(async () => {
+    await this.load('activity', () => this.scrapeMetrics());
+  });
   private readonly seenPairings = new Set<string>();
   private active = false;
   private pairingFailures = 0;
@@ -280,6 +285,8 @@ export class SidebarModel {
 
   /** A transition of one of the caller's tasks (the lifecycle stream). */
   private onLifecycle(event: ILifecycleEvent): void {
+    // The queue line counts what the service holds: read it as the rows change.
+    this.activityFollows.request();
     const view = this.views.get(event.task_id);
     const listed = view !== undefined && this.tasks.data.includes(view);
     if (!view || !listed) {
