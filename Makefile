@@ -6,7 +6,7 @@ PORT ?= 8888
 LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 
 .PHONY: install serve lab test test-fast lint format clean chromium postgresql labextension lint-ts types \
-	node-clients
+	node-clients jupyter-ai
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -119,6 +119,21 @@ $(NODE_CLIENTS): tests/node/package.json tests/node/package-lock.json
 
 node-clients: $(NODE_CLIENTS)
 
+# Jupyter AI (tests/test_jupyter_ai.py): a real `jupyter server` with jupyter-ai 3.2.0 and its
+# Jupyternaut persona, in a virtual environment of its own (its tree, litellm and langchain among
+# it, is not the project's), pinned whole in tests/jupyter-ai-requirements.txt and made anew
+# when the pins change. If that is impossible here the test skips and says why (and fails when
+# `CI` is set: tests/jupyterai.py).
+JAI_VENV := .venv-jupyter-ai
+JAI_PINS := tests/jupyter-ai-requirements.txt
+$(JAI_VENV)/.installed: $(JAI_PINS)
+	@rm -rf $(JAI_VENV); \
+	if python3 -m venv $(JAI_VENV) && $(JAI_VENV)/bin/pip install --quiet -r $(JAI_PINS); then \
+		cp $(JAI_PINS) $@; \
+	else echo "jupyter-ai: could not make $(JAI_VENV); the Jupyter AI test will be skipped"; fi
+
+jupyter-ai: $(JAI_VENV)/.installed
+
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one of them
 # (--dist loadfile: a module's shared server or engine is started once, and the tests of a
 # file never race each other). Most of a test's time is spent waiting on the servers and MLX
@@ -126,7 +141,7 @@ node-clients: $(NODE_CLIENTS)
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 
-test: install lint labextension lint-ts chromium postgresql node-clients
+test: install lint labextension lint-ts chromium postgresql node-clients jupyter-ai
 	$(VENV)/bin/pytest $(PYTEST_PARALLEL) -ra --durations=30
 
 # The edit loop (a developer's target, not a set-up step): the tests neither marked slow (no
@@ -138,4 +153,4 @@ test-fast: install
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache
 	rm -rf labextension/node_modules labextension/lib labextension/.yarn jupyter_lmsp/labextension
-	rm -rf tests/node/node_modules
+	rm -rf tests/node/node_modules .venv-jupyter-ai
