@@ -158,13 +158,22 @@ async def test_message_forms(jp_fetch):
     plain = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0}
     parts = {
         "messages": [
-            {"role": "developer", "content": [{"type": "text", "text": "You are terse."}]},
+            # Anthropic-style caching marks (LiteLLM's, for Jupyter AI): accepted, no effect.
+            {
+                "role": "developer",
+                "content": [{"type": "text", "text": "You are terse."}],
+                "cache_control": {"type": "ephemeral"},
+            },
             {
                 "role": "user",
                 "name": "ann",
                 "content": [
                     {"type": "text", "text": "Say "},
-                    {"type": "text", "text": "something."},
+                    {
+                        "type": "text",
+                        "text": "something.",
+                        "cache_control": {"type": "ephemeral", "ttl": "1h"},
+                    },
                 ],
             },
         ],
@@ -348,6 +357,11 @@ BAD_REQUESTS = [
         "stream_options",
     ),
     ({"messages": MESSAGES, "colour": "blue"}, "unknown_parameter", "colour"),
+    (
+        {"messages": [{"role": "user", "content": "x", "cache_control": {"type": "forever"}}]},
+        "invalid_value",
+        "messages[0].cache_control.type",
+    ),
     ({"messages": MESSAGES, "metadata": {"k": 1}}, "invalid_value", "metadata"),
 ]
 

@@ -67,11 +67,9 @@ def jupyter_ai(lmsp, tmp_path_factory) -> Iterator[JupyterAIServer]:
             "model_parameters": {
                 model_id: {
                     "api_base": lmsp.api,
+                    # Jupyternaut's defaults otherwise, its Anthropic-style `cache_control`
+                    # mark on the system message included (accepted, no effect).
                     "temperature": 0,
-                    # Jupyternaut asks LiteLLM to mark its system message for Anthropic-style
-                    # prompt caching; the service refuses the unknown `cache_control` field of
-                    # a message, and this turns the marking off (the README says so too).
-                    "model_kwargs": {"cache_control_injection_points": []},
                 }
             },
         }

@@ -70,9 +70,26 @@ def _text_parts_only(value: Any) -> Any:
     return value
 
 
+class CacheControl(Body):
+    """Anthropic-style prompt-caching mark, as LiteLLM adds it (Jupyter AI's Jupyternaut marks
+    its system message so by default). Accepted and without effect: this service keeps the
+    prefixes of recent prompts by itself (docs/protocol.md, Chat Completions)."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+CACHE_CONTROL = Field(
+    None,
+    description='Anthropic-style prompt-caching mark (`{"type": "ephemeral"}`), as LiteLLM '
+    "sends it: accepted, no effect (this service caches prompt prefixes by itself).",
+)
+
+
 class ChatTextPart(Body):
     type: Literal["text"]
     text: str
+    cache_control: CacheControl | None = CACHE_CONTROL
 
 
 class ToolCallFunction(Body):
@@ -120,6 +137,7 @@ class ChatMessage(Body):
         Field(None, description="Assistant messages: the calls the model made.")
     )
     tool_call_id: str | None = Field(None, description="Tool messages: the call answered.")
+    cache_control: CacheControl | None = CACHE_CONTROL
     # What the openai SDK's typed assistant messages may carry, accepted only when empty.
     function_call: Annotated[Any, Neutral([])] = None
     refusal: Annotated[Any, Neutral([])] = None

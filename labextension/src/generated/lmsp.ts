@@ -844,6 +844,18 @@ export interface components {
             };
         };
         /**
+         * CacheControl
+         * @description Anthropic-style prompt-caching mark, as LiteLLM adds it (Jupyter AI's Jupyternaut marks
+         *     its system message so by default). Accepted and without effect: this service keeps the
+         *     prefixes of recent prompts by itself (docs/protocol.md, Chat Completions).
+         */
+        CacheControl: {
+            /** @constant */
+            type: "ephemeral";
+            /** @default null */
+            ttl?: ("5m" | "1h") | null;
+        };
+        /**
          * @description The event types that move a task to `cancelled`.
          * @enum {string}
          */
@@ -975,6 +987,11 @@ export interface components {
              */
             tool_call_id?: string | null;
             /**
+             * @description Anthropic-style prompt-caching mark (`{"type": "ephemeral"}`), as LiteLLM sends it: accepted, no effect (this service caches prompt prefixes by itself).
+             * @default null
+             */
+            cache_control?: components["schemas"]["CacheControl"] | null;
+            /**
              * @description Accepted only with these values (they change nothing).
              * @default null
              */
@@ -1014,6 +1031,11 @@ export interface components {
             /** @constant */
             type: "text";
             text: string;
+            /**
+             * @description Anthropic-style prompt-caching mark (`{"type": "ephemeral"}`), as LiteLLM sends it: accepted, no effect (this service caches prompt prefixes by itself).
+             * @default null
+             */
+            cache_control?: components["schemas"]["CacheControl"] | null;
         };
         /** ChatTool */
         ChatTool: {
@@ -5129,6 +5151,7 @@ export const allowedToolsModeValues: ReadonlyArray<FlattenedDeepRequired<compone
 export const allowedToolsEchoModeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["AllowedToolsEcho"]["mode"]> = ["auto", "required"];
 export const blasStateValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["Blas"]["state"]> = ["choosing", "chosen"];
 export const blasCandidateVerdictValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["BlasCandidate"]["verdict"]> = ["accepted", "rejected", "skipped"];
+export const cacheControlTtlAnyOf0Values: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CacheControl"]["ttl"]> = ["5m", "1h"];
 export const cancelledEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CancelledEventType"]> = ["response.cancelled", "task.cancelled"];
 export const cancellingEventTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["CancellingEventType"]> = ["response.cancelling", "task.cancelling"];
 export const chatFormatJSONSchemaTypeValues: ReadonlyArray<FlattenedDeepRequired<components>["schemas"]["ChatFormatJSONSchema"]["type"]> = ["json_schema"];
