@@ -51,6 +51,27 @@ def chromium_page(width: int, height: int) -> Iterator[Any]:
             browser.close()
 
 
+# The LMSP sidebar's plugin id, and its panel's DOM id.
+PLUGIN = "jupyter-lmsp-labextension:sidebar"
+SIDEBAR = "#jp-lmsp-sidebar"
+
+
+@contextmanager
+def lab_page(url: str, token: str, width: int, height: int, script: str) -> Iterator[Any]:
+    """JupyterLab at `url` in a fresh page, restored, the sidebar's plugin loaded and `script`
+    evaluated; on leaving, no page error may have named LMSP."""
+    with chromium_page(width, height) as page:
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(f"{url}lab?token={token}")
+        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+        page.evaluate("() => window.jupyterapp.restored.then(() => true)")
+        assert page.evaluate(f"() => window.jupyterapp.hasPlugin('{PLUGIN}')"), errors
+        page.evaluate(script)
+        yield page
+        assert not [e for e in errors if "lmsp" in e.lower()], errors
+
+
 @pytest.fixture
 def jp_asyncio_loop() -> Iterator[asyncio.AbstractEventLoop]:
     """Overrides pytest-jupyter's autouse fixture of this name.

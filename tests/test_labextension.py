@@ -32,9 +32,10 @@ from typing import Any
 
 import pytest
 from labbrowser import (  # the two fixtures override pytest-jupyter's
-    chromium_page,
+    SIDEBAR,
     jp_asyncio_loop,  # noqa: F401
     jp_server_cleanup,  # noqa: F401
+    lab_page,
     require_browser,
 )
 from labserver import LabServer
@@ -44,8 +45,6 @@ from webhookreceiver import Receiver
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "labextension"
-PLUGIN = "jupyter-lmsp-labextension:sidebar"
-SIDEBAR = "#jp-lmsp-sidebar"
 # Records every state a task row shows, in order, so a test can tell a live change from a jump.
 STATE_RECORDER = """() => {
   window.__lmspStates = {};
@@ -91,16 +90,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory, test_model_dir: Path) -> Itera
 
 @pytest.fixture(scope="module")
 def page(lab: LabServer) -> Iterator[Any]:
-    with chromium_page(1400, 900) as page:
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{lab.url}lab?token={TOKEN}")
-        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-        page.evaluate("() => window.jupyterapp.restored.then(() => true)")
-        assert page.evaluate(f"() => window.jupyterapp.hasPlugin('{PLUGIN}')"), errors
-        page.evaluate(STATE_RECORDER)
+    with lab_page(lab.url, TOKEN, 1400, 900, STATE_RECORDER) as page:
         yield page
-        assert not [e for e in errors if "lmsp" in e.lower()], errors
 
 
 def shot(page: Any, name: str) -> None:

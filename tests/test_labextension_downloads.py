@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 from bigmodel import GATE, SHARD2, write_big_model
 from labbrowser import (  # the two fixtures override pytest-jupyter's
-    chromium_page,
+    SIDEBAR,
     jp_asyncio_loop,  # noqa: F401
     jp_server_cleanup,  # noqa: F401
+    lab_page,
     require_browser,
 )
 from labserver import LabServer
@@ -33,8 +34,6 @@ from serverproc import TOKEN
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "labextension-downloads"
-PLUGIN = "jupyter-lmsp-labextension:sidebar"
-SIDEBAR = "#jp-lmsp-sidebar"
 REPO = "lmsp-test/big"
 # Records every stage and percent a registration row shows, in order ("downloading 42%").
 PERCENT_RECORDER = """() => {
@@ -76,18 +75,10 @@ def lab(
 @pytest.fixture(scope="module")
 def page(lab: LabServer) -> Iterator[Any]:
     # Narrow, as a sidebar is: the figures must fit its width.
-    with chromium_page(1100, 800) as page:
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.goto(f"{lab.url}lab?token={TOKEN}")
-        page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-        page.evaluate("() => window.jupyterapp.restored.then(() => true)")
-        assert page.evaluate(f"() => window.jupyterapp.hasPlugin('{PLUGIN}')"), errors
-        page.evaluate(PERCENT_RECORDER)
+    with lab_page(lab.url, TOKEN, 1100, 800, PERCENT_RECORDER) as page:
         page.locator(f'.jp-SideBar.jp-mod-left li[data-id="{SIDEBAR[1:]}"]').click()
         page.locator(SIDEBAR).wait_for(state="visible")
         yield page
-        assert not [e for e in errors if "lmsp" in e.lower()], errors
 
 
 def shot(page: Any, name: str) -> None:

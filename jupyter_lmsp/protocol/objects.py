@@ -54,24 +54,28 @@ __all__ = [
 ]
 
 
-class ResponseRow(Protocol):
-    @property
-    def id(self) -> str: ...
+class ResponseSummaryRow(Protocol):
+    """The columns of a response a task list reads (`task_object`)."""
 
     @property
     def request(self) -> str: ...
-
-    @property
-    def output(self) -> str: ...
-
-    @property
-    def error(self) -> str | None: ...
 
     @property
     def usage(self) -> str | None: ...
 
     @property
     def incomplete_reason(self) -> str | None: ...
+
+
+class ResponseRow(ResponseSummaryRow, Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def output(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
 
     @property
     def model(self) -> str: ...
@@ -399,19 +403,6 @@ def input_item(item_id: str, message: dict[str, Any]) -> dict[str, Any]:
             else InputText(text=message["content"] or "")
         ],
     ).wire()
-
-
-class ResponseSummaryRow(Protocol):
-    """The columns of a response a task list reads (`task_object`)."""
-
-    @property
-    def request(self) -> str: ...
-
-    @property
-    def usage(self) -> str | None: ...
-
-    @property
-    def incomplete_reason(self) -> str | None: ...
 
 
 def task_object(task: TaskRow, response: ResponseSummaryRow | None = None) -> dict[str, Any]:
