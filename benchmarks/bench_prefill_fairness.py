@@ -17,10 +17,12 @@ B's first 5 chunks minus one decode step, so the bound is "one decode step more 
 pauses at the start of the prompt": the pauses may not grow as the prompt is read.
 
 The machine may be shared: every gap is also measured in the worker's CPU time (its
-/proc/<pid>/stat utime + stime when each of A's tokens arrives), which other processes do
+CPU-time clock, read when each of A's tokens arrives), which other processes do
 not stretch, and the load average is recorded. `--compare` runs a worker with fixed
 128-token chunks too (the engine before cost-sized chunks: `prefill_break_even` huge), its
-rounds interleaved with the others', so both see the same load.
+rounds interleaved with the others', so both see the same load; it and `--model-only` also run
+the cost model's chunks without the pacer (`prefill.ChunkPacer`: chunk sizes corrected by
+what the chunks measured).
 
 Writes `benchmarks/results/prefill_fairness.md` and `.json`. Options: `--help`.
 """
@@ -28,6 +30,8 @@ Writes `benchmarks/results/prefill_fairness.md` and `.json`. Options: `--help`.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import itertools
 import json
 import os
@@ -50,8 +54,27 @@ TICK = os.sysconf("SC_CLK_TCK")
 EARLY = 5  # B's first chunks: the designed chunk's cost
 
 
+class _Timespec(ctypes.Structure):
+    _fields_ = [("seconds", ctypes.c_long), ("nanoseconds", ctypes.c_long)]
+
+
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_CLOCKS: dict[int, int] = {}
+
+
 def cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU time so far."""
+    """A process's CPU time so far (all its threads), to the nanosecond: its CPU-time clock
+    (`clock_getcpuclockid`); /proc/<pid>/stat's utime + stime (10 ms ticks, coarser than
+    the differences this benchmark compares) where that clock cannot be read."""
+    clock = _CLOCKS.get(pid)
+    if clock is None:
+        found = ctypes.c_int()
+        if _LIBC.clock_getcpuclockid(pid, ctypes.byref(found)) == 0:
+            clock = _CLOCKS[pid] = found.value
+    if clock is not None:
+        now = _Timespec()
+        if _LIBC.clock_gettime(clock, ctypes.byref(now)) == 0:
+            return now.seconds + now.nanoseconds / 1e9
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
 
@@ -216,6 +239,11 @@ def main() -> None:
     parser.add_argument(
         "--compare", action="store_true", help="also fixed 128-token chunks, interleaved"
     )
+    parser.add_argument(
+        "--model-only",
+        action="store_true",
+        help="also cost-sized chunks without pacing (the cost model alone), interleaved",
+    )
     parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache/jupyter-lmsp")
     args = parser.parse_args()
 
@@ -226,9 +254,13 @@ def main() -> None:
 
     model = ensure_demo_model(args.model_dir / "models")
     blas = choose_blas(threads=1)
-    configs = {"cost-sized chunks": WorkerSettings()}
+    configs = {"cost-sized chunks, paced": WorkerSettings()}
+    if args.compare or args.model_only:
+        configs["cost-sized chunks, the model alone"] = WorkerSettings(prefill_pacing=False)
     if args.compare:
-        configs["fixed 128-token chunks"] = WorkerSettings(prefill_break_even=10**12)
+        configs["fixed 128-token chunks"] = WorkerSettings(
+            prefill_break_even=10**12, prefill_pacing=False
+        )
     rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for i in range(args.rounds):
         for name, settings in configs.items():

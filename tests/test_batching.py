@@ -523,7 +523,7 @@ def test_batched_prefill_is_one_chunk_per_step_and_a_cancel_stops_it(test_model_
     model, tok = load(str(test_model_dir))
     recording = Recording(model)
     # Counts the model's calls by shape: no verify steps (speculation) among them.
-    sched = scheduler(prefill_step=16, speculation=OFF)
+    sched = scheduler(prefill_step=16, speculation=OFF, prefill_pacing=False)
     results: dict = {}
     long_prompt = [{"role": "user", "content": " ".join(QUESTIONS) * 4}]
     add(sched, recording, tok, results, [job("runner", max_tokens=200)])

@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jupyter_lmsp.engine.interrupt import StepAbandoned
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
-from jupyter_lmsp.engine.prefill import DEFAULT_BREAK_EVEN, chunk_tokens
+from jupyter_lmsp.engine.prefill import DEFAULT_BREAK_EVEN, ChunkPacer, chunk_tokens
 from jupyter_lmsp.engine.prompt_cache import PromptCache, is_reusable, prefix_view
 from jupyter_lmsp.engine.speculative import SpeculationSettings, SpeculationStats, StepCosts
 from jupyter_lmsp.engine.stops import StopSequences, TextStream
@@ -190,6 +190,7 @@ class _BatchDecoder:
         speculation: SpeculationSettings | None = None,
         costs: StepCosts | None = None,
         break_even: int = DEFAULT_BREAK_EVEN,
+        pacer: ChunkPacer | None = None,
     ) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -212,6 +213,10 @@ class _BatchDecoder:
         self._uids: set[int] = set()
         self._step = prefill_step
         self._break_even = break_even
+        # Chunk sizes corrected by what they cost (`prefill.ChunkPacer`); None: the model's.
+        self._pacer = pacer
+        # A row moved into decoding in the last step (its prompt's last token read then).
+        self._joined = False
         # The rows whose context is still being read: the positions each had cached when it
         # was inserted, and how many of its context tokens the generator has read since.
         self._reading: dict[int, list[int]] = {}
@@ -254,8 +259,23 @@ class _BatchDecoder:
 
     def next(self) -> tuple[list[_Prefilled], list[_Token]]:
         # Read by the generator's step for this step's chunk of every prompt being read.
-        self._generator.prefill_step_size = self._chunk()
+        chunk = self._chunk()
+        self._generator.prefill_step_size = chunk
+        if self.speculative is not None:
+            # A step that reads prompt tokens (a chunk, or a prompt's last token as it moves
+            # into decoding) verifies no drafts: its decoding rows already wait for one piece
+            # of extra work, and a verify step over a long new row's context costs more than
+            # a designed chunk (issue 43: the pause that ended with its first token).
+            self.speculative.plain = bool(self._reading) or self._joined
+        paced = self._paced()
+        started = self._pacer.clock() if paced is not None and self._pacer else 0.0
         progress, responses = self._generator.next()
+        self._joined = any(r.end_of_prompt for r in progress)
+        if paced is not None and self._pacer is not None:
+            uid, context = paced
+            read = next((r.progress[0] for r in progress if r.uid == uid), None)
+            if read is not None and not self._joined and read - self._reading[uid][1] == chunk:
+                self._pacer.measured(chunk, context, self._pacer.clock() - started)
         for r in progress:
             if r.end_of_prompt:
                 self._reading.pop(r.uid, None)
@@ -293,7 +313,17 @@ class _BatchDecoder:
         if not self._reading or len(self._reading) == len(self._uids):
             return self._step
         context = max(cached + read for cached, read in self._reading.values())
+        if self._pacer is not None:
+            return self._pacer.tokens(context)
         return chunk_tokens(context, self._step, self._break_even)
+
+    def _paced(self) -> tuple[int, int] | None:
+        """The (uid, context) of the one prompt this step reads a chunk of beside decoding
+        rows, whose cost the pacer learns from; None when there is none, or several."""
+        if len(self._reading) != 1 or len(self._uids) < 2:
+            return None
+        ((uid, (cached, read)),) = self._reading.items()
+        return uid, cached + read
 
     def close(self) -> None:
         self._generator.close()
@@ -514,12 +544,17 @@ class BatchScheduler:
         prefill_step: int = DEFAULT_PREFILL_STEP,
         speculation: SpeculationSettings | None = None,
         prefill_break_even: int = DEFAULT_BREAK_EVEN,
+        prefill_pacing: bool = True,
     ) -> None:
         self.prompt_cache = prompt_cache
         self.max_batch_size = max(1, max_batch_size)
         self.prefill_step = max(1, prefill_step)
         # The cost model's K for the chunks read beside decoding rows (`prefill`).
         self.prefill_break_even = max(1, prefill_break_even)
+        # Whether chunk sizes follow what chunks cost (`prefill.ChunkPacer`), each model's
+        # pacer kept from batch to batch as its step costs are.
+        self.prefill_pacing = prefill_pacing
+        self._pacers: dict[Hashable, ChunkPacer] = {}
         self.speculation = speculation if speculation is not None else SpeculationSettings()
         # Speculation counters of the batches let go of (see `speculation_stats`), and each
         # model's step costs as learned (a model's batch is let go of whenever it is idle).
@@ -542,9 +577,10 @@ class BatchScheduler:
         return job_id in self._jobs
 
     def forget_model(self, model_key: Hashable) -> None:
-        """A model was unloaded: drop its prompt-cache entries and learned step costs."""
+        """A model was unloaded: drop its prompt-cache entries, learned step and chunk costs."""
         self.prompt_cache.clear(model_key)
         self._step_costs.pop(model_key, None)
+        self._pacers.pop(model_key, None)
 
     def step_costs(self, model_key: Hashable) -> StepCosts | None:
         """What speculative decoding has learned of a model's step costs (None: nothing)."""
@@ -900,6 +936,7 @@ class BatchScheduler:
                 speculation,
                 costs,
                 self.prefill_break_even,
+                self._pacer_for(model_key),
             )
         else:
             log.info("model %s cannot batch; its jobs decode one at a time", model_key)
@@ -907,6 +944,14 @@ class BatchScheduler:
         batch = _ModelBatch(model_key, model, tokenizer, decoder, is_reusable(layers))
         self._batches[model_key] = batch
         return batch
+
+    def _pacer_for(self, model_key: Hashable) -> ChunkPacer | None:
+        if not self.prefill_pacing:
+            return None
+        pacer = self._pacers.get(model_key)
+        if pacer is None:
+            pacer = self._pacers[model_key] = ChunkPacer(self.prefill_step, self.prefill_break_even)
+        return pacer
 
     def _drop_if_idle(self, batch: _ModelBatch) -> None:
         """Let go of a model's batch (and its reference to the model) once it has no jobs."""

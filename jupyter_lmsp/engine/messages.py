@@ -61,6 +61,9 @@ class WorkerSettings:
     # other rows decode. A huge value keeps every chunk at the full step (the benchmark's
     # comparison).
     prefill_break_even: int = DEFAULT_BREAK_EVEN
+    # Whether chunk sizes follow what the chunks cost when read (`prefill.ChunkPacer`); off,
+    # the cost model alone sizes them (the benchmark's comparisons).
+    prefill_pacing: bool = True
 
 
 @dataclass

@@ -41,6 +41,10 @@ take many times longer. So past about 8,000 positions with the defaults, chunks 
 from __future__ import annotations
 
 import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
 
 # The context (positions in the KV cache) at which attention costs a prompt token as much as
 # the rest of the model does; measured for the demo model on the CPU (see the docstring).
@@ -69,17 +73,89 @@ def chunk_tokens(
     step: int,
     break_even: int = DEFAULT_BREAK_EVEN,
     pass_span: int = DEFAULT_PASS_SPAN,
+    budget: float = 1.0,
 ) -> int:
     """Tokens for the next chunk of a prompt with `context` positions already in its cache, so
     the chunk costs about what a `step`-token chunk from position 0 does (at least
-    `MIN_CHUNK`, at most `step`)."""
+    `MIN_CHUNK`, at most `step`). `budget` scales that cost (`ChunkPacer`'s correction)."""
     if step <= MIN_CHUNK:
         return step
     context = max(0, context)
     reach = break_even + context
+    if budget != 1.0:
+        # The same root in floating point: the budget is a measured ratio, not an integer.
+        spare = 2 * (budget * designed_cost(step, break_even) - break_even * context / pass_span)
+        if spare <= 0:
+            return MIN_CHUNK
+        return max(MIN_CHUNK, min(step, int(math.sqrt(reach * reach + spare) - reach)))
     # The positive root of n^2 / 2 + reach * n + K * c / S = designed cost, times two (twice
     # the designed cost is an integer; the per-pass part is rounded up: never over budget).
     room = step * (2 * break_even + step) + (-2 * break_even * context) // pass_span
     if room <= 0:
         return MIN_CHUNK
     return max(MIN_CHUNK, min(step, math.isqrt(reach * reach + room) - reach))
+
+
+class ChunkPacer:
+    """Chunk sizes from the cost model, corrected by what the chunks cost when read.
+
+    The constants of `chunk_cost` are one model's on one device; another model, another
+    device or another BLAS puts the dearest chunks elsewhere (the demo model's cost-sized
+    chunks still cost ~15% more between 1,000 and 3,000 positions than at the start). So
+    the pacer measures: the step that reads the first chunk of a prompt (context under
+    `step`) beside decoding rows sets the *target* (the median of the last few prompts',
+    each scaled to a designed chunk: a decode step plus a designed chunk), and every step that reads a
+    whole chunk beside decoding rows moves `budget` (the multiple of the designed cost the
+    next chunk is sized for) by the square root of target / measured: half-way, in ratio,
+    to the budget that would have made that step cost the target. At the fixed point every
+    step costs the target, whatever the model's real curve; the square root damps the noise
+    of single measurements. The clock is the worker's CPU time (`time.process_time`), which
+    other processes do not stretch. Until a target is measured (a prompt that starts from a
+    cached prefix), the model alone sizes the chunks.
+    """
+
+    def __init__(
+        self,
+        step: int,
+        break_even: int = DEFAULT_BREAK_EVEN,
+        pass_span: int = DEFAULT_PASS_SPAN,
+        clock: Callable[[], float] = time.process_time,
+        low: float = 0.25,
+        high: float = 1.5,
+    ) -> None:
+        self.step = step
+        self.break_even = max(1, break_even)
+        self.pass_span = max(1, pass_span)
+        self.clock = clock
+        self.budget = 1.0
+        self._low, self._high = low, high
+        self._designed: deque[float] = deque(maxlen=5)
+
+    @property
+    def target(self) -> float | None:
+        """What a decode step plus a designed chunk costs, once measured (seconds)."""
+        return statistics.median(self._designed) if self._designed else None
+
+    def tokens(self, context: int) -> int:
+        """The next chunk's tokens for a prompt with `context` positions cached."""
+        return chunk_tokens(context, self.step, self.break_even, self.pass_span, self.budget)
+
+    def measured(self, tokens: int, context: int, seconds: float) -> None:
+        """A step read `tokens` prompt tokens after `context` cached positions, beside
+        decoding rows, and cost `seconds`."""
+        if tokens <= 0 or seconds <= 0:
+            return
+        used = chunk_cost(tokens, context, self.break_even, self.pass_span)
+        designed = designed_cost(self.step, self.break_even)
+        if context < self.step:
+            # A prompt's first chunk: what a designed chunk costs (scaled to one, if the
+            # budget had sized this chunk otherwise). Only the first: further in, the cost
+            # already depends on the context, as the model may have it wrong.
+            self._designed.append(seconds * designed / used)
+        target = self.target
+        if target is None:
+            return
+        # The budget that would have made this step cost the target.
+        wanted = target / seconds * used / designed
+        budget = math.sqrt(self.budget * wanted)
+        self.budget = min(self._high, max(self._low, budget))

@@ -329,6 +329,9 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self._rows: dict[int, _Row] = {}
         # The verify step in flight, by uid (rows that joined after it was queued have none).
         self._flight: dict[int, _InFlight] = {}
+        # Set by the scheduler for a step that shares the model with prompt reading: an
+        # ordinary step, no drafts verified (`batching._BatchDecoder.next`).
+        self.plain = False
 
     # --- rows ------------------------------------------------------------------------------
 
@@ -411,7 +414,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
             # A batch too large to verify (`max_rows`) does not look: looking stalls the
             # pipeline for nothing.
             wide = len(self.uids) > settings.max_rows
-            eligible = self._eligible() if settings.active and not wide else []
+            eligible = self._eligible() if settings.active and not wide and not self.plain else []
             if not eligible or not self._worth_looking(eligible):
                 for i in eligible:  # not looked at: what it may find drifts back to the prior
                     row = self._rows[self.uids[i]]
@@ -429,7 +432,7 @@ class SpeculativeGenerationBatch(GenerationBatch):
         self.stats.looked += 1
         self._begin_grammars(inputs, kept)
         proposals: dict[int, Proposal] = {}
-        for i in self._eligible() if settings.active else []:
+        for i in self._eligible() if settings.active and not self.plain else []:
             row = self._rows[self.uids[i]]
             found = None
             if inputs[i] not in self.stop_tokens:

@@ -314,6 +314,7 @@ class Worker:
         speculation: SpeculationSettings | None = None,
         residency: Residency | None = None,
         prefill_break_even: int = DEFAULT_BREAK_EVEN,
+        prefill_pacing: bool = True,
     ) -> None:
         self._conn = conn
         # Which models stay loaded: the memory budget and idle unload (`residency`).
@@ -334,6 +335,7 @@ class Worker:
             prefill_step=prefill_step,
             speculation=speculation,
             prefill_break_even=prefill_break_even,
+            prefill_pacing=prefill_pacing,
         )
         self._running: dict[str, _Running] = {}
         self._shutdown = False
@@ -1162,6 +1164,7 @@ def worker_main(
             speculation=settings.speculation,
             residency=Residency(settings.max_loaded_bytes, settings.keep_alive),
             prefill_break_even=settings.prefill_break_even,
+            prefill_pacing=settings.prefill_pacing,
         ).serve()
     except _ParentGone:
         pass
