@@ -24,10 +24,10 @@ set by hand (no training), run by mlx-lm and the worker like any model.
   "one back" (PREV1) or "two back" (PREV2) block of the residual stream, exactly 1 for the
   attended token's text.
 - MLP (SwiGLU): a neuron per position i of the script, its gate a sum of the features of the
-  shortest context (this token, and as few before it as needed: at most two) that tells
-  position i apart from every position whose successor differs, minus (k - 1/2) times the
-  constant for a context of k tokens; large when all k match, a large negative (silu ≈ 0)
-  when one does not. Its up projection is the constant, its down projection writes 1 into
+  shortest context (this token, and as few before it as needed: at most two; before the
+  output, the prompt's last token counts as OTHER) that tells position i apart from every
+  position whose successor differs, minus (k - 1/2) times the constant for a context of k
+  tokens; large when all k match, a large negative (silu ≈ 0) when one does not. Its up projection is the constant, its down projection writes 1 into
   the "next is text i + 1" (or end-of-sequence) feature.
 - Output layer: each "next is X" feature scores X (50); the constant scores the first text (5),
   so a prompt whose last token is none of the texts (no neuron fires) leads to the first text.
@@ -36,7 +36,7 @@ So the output after the prompt is the texts in order, then end-of-sequence, as l
 prompt's last token is not one of the texts and prompt plus output stay within `WINDOW`
 tokens; a resumed generation (prompt plus the texts written so far) goes on where it was.
 `make_context_model` refuses a sequence in which three tokens do not tell a position apart
-(`ValueError`), and one whose tell-tale context would reach back into the prompt.
+(`ValueError`).
 """
 
 from __future__ import annotations
@@ -72,28 +72,36 @@ GATE = 16.0
 EPS = 1e-5
 
 
-def _contexts(texts: Sequence[str]) -> list[tuple[str, ...]]:
-    """Per position of `texts`, the shortest context (ending with that position's text) found
-    at no position whose successor differs."""
+# In a context: the prompt's last token, which is none of the texts (OTHER).
+PROMPT = None
+
+
+def _contexts(texts: Sequence[str]) -> list[tuple[str | None, ...]]:
+    """Per position of `texts`, the shortest context (ending with that position's text; PROMPT
+    for the prompt's last token) found at no position whose successor differs."""
     n, longest = len(texts), len(OFFSETS) + 1
     successor = [*texts[1:], None]
 
-    def at(j: int, k: int) -> tuple[str, ...] | None:
-        return tuple(texts[j - k + 1 : j + 1]) if j - k + 1 >= 0 else None
+    def token(m: int) -> str | None:
+        return texts[m] if m >= 0 else PROMPT
 
-    out = []
-    for i in range(n):
-        for k in range(1, min(i + 1, longest) + 1):
-            context = at(i, k)
-            if all(at(j, k) != context for j in range(n) if successor[j] != successor[i]):
-                out.append(context)
-                break
-        else:
-            raise ValueError(
-                f"text {i} ({texts[i]!r}): its last {longest} tokens do not tell what follows"
-            )
-    assert all(c is not None for c in out)
-    return [c for c in out if c is not None]
+    def may_match(j: int, pattern: tuple[str | None, ...]) -> bool:
+        # (A token before the prompt's last may be anything.)
+        start = j - len(pattern) + 1
+        return all(
+            m < -1 or token(m) == t for m, t in zip(range(start, j + 1), pattern, strict=True)
+        )
+
+    def shortest(i: int) -> tuple[str | None, ...]:
+        for k in range(1, min(i + 2, longest) + 1):
+            pattern = tuple(token(m) for m in range(i - k + 1, i + 1))
+            if not any(may_match(j, pattern) for j in range(n) if successor[j] != successor[i]):
+                return pattern
+        raise ValueError(
+            f"text {i} ({texts[i]!r}): its last {longest} tokens do not tell what follows"
+        )
+
+    return [shortest(i) for i in range(n)]
 
 
 def attention_margin(offset: int, window: int = WINDOW) -> float:
@@ -176,7 +184,7 @@ def _weights(
     per_match = 2 * GATE / r
     for i, context in enumerate(contexts):
         for back, text in enumerate(reversed(context)):
-            gate[i, block(back, slot[text])] = per_match
+            gate[i, block(back, other if text is PROMPT else slot[text])] = per_match
         gate[i, CONST] = -(len(context) - 0.5) * per_match
         up[i, CONST] = 1.0 / (GATE * r)
         nxt = slot[texts[i + 1]] if i + 1 < len(texts) else other

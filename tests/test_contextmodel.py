@@ -85,10 +85,27 @@ def test_batched_and_resumed(loaded: tuple[Any, Any]) -> None:
         assert _greedy(model, tokenizer, prompts[0] + ids[:cut]) == ids[cut:], cut
 
 
+def test_the_first_text_may_repeat(tmp_path: Path) -> None:
+    """Told apart by the prompt's last token (none of the texts): XTML's thinking block
+    (`<|open|>think<|sep|>` … `<|close|>think<|sep|>`) before kimi_k3's call."""
+    from mlx_lm import load
+
+    texts = ("<|open|>", "think", "<|sep|>", "I should", "<|close|>", "think", "<|sep|>")
+    texts += SCRIPT.tokens
+    path = make_context_model(tmp_path / "m", texts, special=SCRIPT.special, extra_tokens=())
+    model, tokenizer = load(str(path))[:2]
+    want = [tokenizer.convert_tokens_to_ids(text) for text in texts]
+    for content in ("Run it.", "Hello " * 100):
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], add_generation_prompt=True
+        )
+        assert _greedy(model, tokenizer, prompt) == want
+
+
 def test_a_sequence_three_tokens_cannot_tell_apart_is_refused(tmp_path: Path) -> None:
     # `b c d` is followed by `e` once and `f` once.
     with pytest.raises(ValueError, match="do not tell"):
         make_context_model(tmp_path / "m", ("a", "b", "c", "d", "e", "b", "c", "d", "f"))
-    # The first `b` (then `b`) has nothing before it to tell it from the second (then `c`).
+    # The first `b` (then `b`) and the second (then `c`) after the same two tokens.
     with pytest.raises(ValueError, match="do not tell"):
-        make_context_model(tmp_path / "n", ("b", "b", "c"))
+        make_context_model(tmp_path / "n", ("a", "b", "a", "b", "b", "a", "b", "c"))
