@@ -7,7 +7,8 @@ results as `<tool_response>` blocks).
 the family's special tokens, and its template) and loads it with mlx-lm's own loader, which
 infers the tool parser from the template as it does for a real checkpoint. `family_script(name)`
 is the token sequence in which a scripted model (tests/scriptedmodel.py) writes the call
-`exec_command(cmd="echo scripted-hi")` in the family's format.
+`exec_command(cmd="echo scripted-hi")` in the family's format (kimi_k3's repeats tokens: a
+context model, tests/contextmodel.py, writes it; tests/scriptedmodel.py writes the others).
 """
 
 from __future__ import annotations
@@ -182,8 +183,8 @@ def chat_template(family: str) -> str:
 
 
 # The families whose quote is a token (gemma4's `<|"|>`, function_gemma's `<escape>`) write a
-# string value between two of them: a scripted model cannot repeat a token, so their scripted
-# call takes an integer (`COUNT_TOOL`).
+# string value between two of them: tests/scriptedmodel.py cannot repeat a token, so their
+# scripted call takes an integer (`COUNT_PARAMETERS`; tests/contextmodel.py could write either).
 COUNT_PARAMETERS = {
     "type": "object",
     "properties": {"n": {"type": "integer"}},
@@ -198,8 +199,9 @@ SHELL_PARAMETERS = {
 
 @dataclass(frozen=True)
 class Script:
-    """A scripted first turn: the tokens (`tokens`, `special` among them) and their text; the
-    call's tool parameters and its arguments."""
+    """A scripted first turn: the tokens (`tokens`) and their text, the tokenizer's special
+    tokens (`special`: those among `tokens`, and any the tokenizer needs besides); the call's
+    tool parameters and its arguments."""
 
     tokens: tuple[str, ...]
     special: tuple[str, ...]
@@ -327,12 +329,44 @@ def family_script(family: str) -> Script:
             COUNT_PARAMETERS,
             {"n": 7},
         )
-    # kimi_k3 repeats its markers (`<|open|>`, `<|sep|>`) within one call: not scriptable here.
+    if family == "kimi_k3":
+        # Its markers repeat within one call (`<|open|>` three times, `<|sep|>` seven): only
+        # a context model (tests/contextmodel.py) writes it. The index a token of its own, as
+        # qwen3_coder's string value (a lexeme of variable length: `/[0-9]{1,4}/`).
+        open_, close, sep = "<|open|>", "<|close|>", "<|sep|>"
+        return Script(
+            (
+                open_,
+                "tools",
+                sep,
+                open_,
+                f'call tool="{CALL_NAME}" index="',
+                "0",
+                '"',
+                sep,
+                open_,
+                'argument key="cmd" type="string"',
+                sep,
+                cmd,
+                close,
+                "argument",
+                sep,
+                close,
+                "call",
+                sep,
+                close,
+                "tools",
+                sep,
+            ),
+            # (`<|end_of_msg|>` too, not written: mlx-lm tells an XTML vocabulary by it.)
+            SPECIAL["kimi_k3"],
+        )
     raise KeyError(family)
 
 
-# The families a scripted model can write a call in (tests/test_family_reasoning.py).
-SCRIPTED = tuple(f for f in FAMILIES if f != "kimi_k3")
+# The families a scripted model writes a call in (tests/test_family_reasoning.py): all of them,
+# kimi_k3 only by a context model (its markers repeat within a call).
+SCRIPTED = FAMILIES
 
 
 def family_tokenizer(family: str, path: Path) -> Any:

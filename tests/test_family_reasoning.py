@@ -1,31 +1,33 @@
-"""Issue 37's "must show", for every tool-call family a scripted model can write (tests/
-familymodels.py `SCRIPTED`: all of engine/callformats.py but kimi_k3, whose markers repeat
-within a call): a response with thinking and a tool call comes out as a `reasoning` item plus a
-`function_call` (Responses) and `reasoning_content` plus `tool_calls` (Chat), streamed and not,
-the events in order (every streamed Responses event validated with the openai SDK), and forced
-by a grammar in the family's syntax after free thinking (batched, for three of them). One
-server serves a model per family.
+"""Issue 37's "must show", for every tool-call family of engine/callformats.py (tests/
+familymodels.py `SCRIPTED`): a response with thinking and a tool call comes out as a
+`reasoning` item plus a `function_call` (Responses) and `reasoning_content` plus `tool_calls`
+(Chat), streamed and not, the events in order (every streamed Responses event validated with
+the openai SDK), and forced by a grammar in the family's syntax after free thinking (batched,
+for three of them). One server serves a model per family: a context model (tests/
+contextmodel.py), which writes a fixed token sequence with repeats (kimi_k3's call writes
+`<|open|>` three times).
 
 The same server serves two gpt-oss-shaped models (tests/harmonymodel.py): thinking in the
 analysis channel then a call to `functions.NAME`, and a final answer (in a schema when asked).
 
 Then, on that server: a tool whose schema compiles in the generic grammar but not in the
 family's (a `$ref` from one parameter to another, compiled alone there) is a 400 at admission
-naming the parameter, in both APIs. And a thinking-then-call response killed (kill -9) in its
-thinking and resumed ends as an uninterrupted run (the same reasoning, call and token counts,
-every event once), for mistral and for harmony.
+naming the parameter, in both APIs. And thinking-then-call responses of every family and of
+harmony, fourteen in flight on one worker, killed (kill -9) in their thinking and resumed, end
+as uninterrupted runs (the same reasoning, call and token counts, every event once).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from chainmodel import make_chain_model
+from contextmodel import make_context_model
 from familymodels import SCRIPTED, chat_template, family_script
 from harmonymodel import (
     ANSWER,
@@ -38,12 +40,11 @@ from harmonymodel import (
 from harmonymodel import (
     THINKING as HARMONY_THINKING,
 )
-from scriptedmodel import CALL_ARGUMENTS, CALL_NAME, make_scripted_model
+from scriptedmodel import CALL_ARGUMENTS, CALL_NAME
 from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(600)
 
-# (tests/scriptedmodel.py takes at most 13 distinct tokens: glm47's call is 9 of them.)
 THINKING = ("I should", " run it")
 # The two harmony models the server serves beside the families' (tests/harmonymodel.py).
 HARMONY_MODEL, FINAL_MODEL = "gpt-oss", "gpt-oss-final"
@@ -58,20 +59,25 @@ def _tool(family: str) -> dict[str, Any]:
     }
 
 
+def _family_model(path: Path, family: str, thinking: tuple[str, ...]) -> Path:
+    """A context model (tests/contextmodel.py) that thinks `thinking` in a `<think>` block,
+    then calls `exec_command` in `family`'s format."""
+    script = family_script(family)
+    return make_context_model(
+        path,
+        ("<think>", *thinking, "</think>", *script.tokens),
+        special=("<think>", "</think>", *script.special),
+        template=chat_template(family),
+    )
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     data = tmp_path_factory.mktemp("families-server")
     (data / "models").mkdir()
     root = tmp_path_factory.mktemp("family-models")
     for family in SCRIPTED:
-        script = family_script(family)
-        model_dir = make_scripted_model(
-            root / family,
-            script=("<think>", *THINKING, "</think>", *script.tokens),
-            special=("<think>", "</think>", *script.special),
-            chat_template=chat_template(family),
-        )
-        (data / "models" / family).symlink_to(model_dir)
+        (data / "models" / family).symlink_to(_family_model(root / family, family, THINKING))
     harmony = make_harmony_model(root / "gpt-oss", CALL_SCRIPT, OPENED)
     (data / "models" / HARMONY_MODEL).symlink_to(harmony)
     (data / "models" / FINAL_MODEL).symlink_to(make_harmony_model(root / "final", FINAL_SCRIPT))
@@ -158,8 +164,6 @@ def test_thinking_then_a_call_through_both_apis(server: ServerProcess, family: s
 def test_thinking_then_a_forced_call_batched(server: ServerProcess, model: str) -> None:
     """Several forced requests at once (rows of one batch, each with its grammar after the
     thinking block): each its reasoning and its call."""
-    from concurrent.futures import ThreadPoolExecutor
-
     family = "mistral" if model == HARMONY_MODEL else model
     body = {
         "model": model,
@@ -344,79 +348,84 @@ def test_harmony_final_answer_and_structured_output(server: ServerProcess) -> No
 
 # --- kill -9 and resume ----------------------------------------------------------------------
 
-# Chain models (tests/chainmodel.py: distinct texts, up to 31, whatever the prompt) think in 16
-# tokens, then call in their family's format (harmony: its template opens the analysis block,
-# so the thinking needs no start marker). Two at a time: a worker keeps two models loaded.
+# Every family's model thinks in 16 tokens, then calls in its format; harmony's (a chain model,
+# tests/chainmodel.py: its template opens the analysis block, so the thinking needs no start
+# marker) thinks the same words, then calls. All fourteen run at once on one worker: it keeps any
+# number of models loaded while their weights fit `max_loaded_bytes` (by default half the
+# machine's memory; these take well under a megabyte each) and steps every loaded model's batch
+# in turn, `max_batch_size` rows in all (8 by default: 16 here).
 WORDS = tuple(f" w{i}" for i in range(16))
-ROUNDS = (("mistral", HARMONY_MODEL), ("glm47", "minimax_m2"))
 CHAINS = {
     **{
         family: ("<think>", *WORDS, "</think>", *family_script(family).tokens)
-        for family in (f for pair in ROUNDS for f in pair if f != HARMONY_MODEL)
+        for family in SCRIPTED
     },
     HARMONY_MODEL: (*WORDS, *CALL_SCRIPT[1:]),
 }
+ROWS = {"max_batch_size": 16}
 
 
 @pytest.mark.slow
 def test_thinking_then_a_call_resumed_after_kill(tmp_path: Path) -> None:
-    """Responses killed (kill -9) in their thinking and resumed by the next server: each ends
-    as an uninterrupted run would."""
+    """Responses of every family, in flight together, killed (kill -9) in their thinking and
+    resumed by the next server: each ends as an uninterrupted run would."""
     from test_crash_recovery import SLOW, TERMINAL, check_log, create, read_sse, wait_for
 
     data = tmp_path / "data"
     (data / "models").mkdir(parents=True)
-    for model, texts in CHAINS.items():
+    for model in CHAINS:
         if model == HARMONY_MODEL:
-            made = make_harmony_chain(tmp_path / model, texts, OPENED)
+            made = make_harmony_chain(tmp_path / model, CHAINS[model], OPENED)
         else:
-            made = make_chain_model(tmp_path / model, texts, template=chat_template(model))
+            made = _family_model(tmp_path / model, model, WORDS)
         (data / "models" / model).symlink_to(made)
 
     def thinking(task: dict[str, Any], log: list[dict[str, Any]]) -> bool:
         deltas = [e for e in log if e["type"] == "response.reasoning_text.delta"]
         return len("".join(e["delta"] for e in deltas)) >= 12
 
-    # Slow enough that both of a round are in their thinking at the kill (the second model's
-    # load and first step must not outlast the first's whole run).
-    # 0.4 s a token: at 0.15 s the first of a pair once ended before the second's thinking
-    # had begun (make test, 2 CPUs under load).
-    slow: dict[str, Any] = {**SLOW, "engine_token_delay": 0.4}
+    # Slow enough that every one is in its thinking at the kill (the last created must get
+    # there before the first has thought its 16 tokens).
+    slow: dict[str, Any] = {**SLOW, "engine_token_delay": 0.4, **ROWS}
     server = ServerProcess(data, default_model="mistral", name="0", **slow).start()
     try:
-        for n, pair in enumerate(ROUNDS, start=1):
-            tasks, seen = {}, {}
-            with server.client() as c:
-                for model in pair:
-                    # Loaded first, its tool grammar compiled (and cached) too: a create that
-                    # waits for either lets the one before it run to its end (make test under
-                    # load: the second create's compile outlasted the first's whole run).
-                    family = "mistral" if model == HARMONY_MODEL else model
-                    warm = {
-                        "model": model,
-                        "input": "Hi",
-                        "max_output_tokens": 1,
-                        "tools": [_tool(family)],
-                    }
-                    assert c.post("/responses", json=warm).status_code == 200
-                for model in pair:
-                    family = "mistral" if model == HARMONY_MODEL else model
-                    tasks[model] = create(
-                        c,
-                        model=model,
-                        temperature=0,
-                        on_restart="resume",
-                        tools=[_tool(family)],
-                        max_output_tokens=64,
-                    )["task_id"]
-                for model, task_id in tasks.items():
-                    seen[model] = wait_for(c, task_id, thinking)[1]
-            server.kill()
-            # (The last server only finishes what was killed: at full speed.)
-            traits: dict[str, Any] = slow if n < len(ROUNDS) else {}
-            server = ServerProcess(data, default_model="mistral", name=str(n), **traits).start()
+        tasks, seen = {}, {}
+        with server.client() as c:
+
+            def warm(model: str) -> int:
+                family = "mistral" if model == HARMONY_MODEL else model
+                body = {
+                    "model": model,
+                    "input": "Hi",
+                    "max_output_tokens": 1,
+                    "tools": [_tool(family)],
+                }
+                with server.client() as each:
+                    return each.post("/responses", json=body).status_code
+
+            # Each model loaded first, its tool grammar compiled (and cached) too: a create that
+            # waits for either lets the ones before it run to their end (make test under load:
+            # a create's compile outlasted another's whole run). All at once: one at a time
+            # takes a few steps of 0.4 s each.
+            with ThreadPoolExecutor(len(CHAINS)) as pool:
+                assert set(pool.map(warm, CHAINS)) == {200}
+            for model in CHAINS:
+                family = "mistral" if model == HARMONY_MODEL else model
+                tasks[model] = create(
+                    c,
+                    model=model,
+                    temperature=0,
+                    on_restart="resume",
+                    tools=[_tool(family)],
+                    max_output_tokens=64,
+                )["task_id"]
             for model, task_id in tasks.items():
-                _check_resumed(server, model, task_id, seen[model], TERMINAL, check_log, read_sse)
+                seen[model] = wait_for(c, task_id, thinking)[1]
+        server.kill()
+        # (The next server only finishes what was killed: at full speed.)
+        server = ServerProcess(data, default_model="mistral", name="1", **ROWS).start()
+        for model, task_id in tasks.items():
+            _check_resumed(server, model, task_id, seen[model], TERMINAL, check_log, read_sse)
     finally:
         # Also when a check fails: a server left running would be collected, still running, in
         # a later test of this worker (a ResourceWarning, an error there).
@@ -433,6 +442,8 @@ def _check_resumed(
     read_sse: Any,
 ) -> None:
     assert not any(e["type"] in terminal for e in before), f"{model} ended before the kill"
+    done = "response.reasoning_text.done"
+    assert not any(e["type"] == done for e in before), f"{model} had thought before the kill"
     rest = read_sse(server, f"/tasks/{task_id}/events", before[-1]["sequence_number"])
     log = before + rest
     final = check_log(log)["response"]
