@@ -18,6 +18,14 @@ from jupyter_lmsp.client.sandbox import LMSPServerProcess
 TOKEN = "lmsp-test-token"
 # The name the test model is served under (every test server's default model).
 MODEL = "tiny"
+# Options for a server that loads no server extension but LMSP: the venv enables JupyterLab's
+# (which runs `node yarn config` at every start), jupyter-lsp's, the terminals' and
+# notebook_shim's, about 0.9 s of CPU per start here, and a test that only speaks the LMSP API
+# never uses them. The crash tests start a server two or three times per case.
+ONLY_LMSP = [
+    f"--ServerApp.jpserver_extensions={name}=False"
+    for name in ("jupyterlab", "jupyter_lsp", "jupyter_server_terminals", "notebook_shim")
+]
 
 
 def with_test_model(data_dir: Path, test_model_dir: Path) -> Path:
