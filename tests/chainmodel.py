@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llamaweights import one_layer_llama
 
 from jupyter_lmsp.models.testmodel import (
     CHAT_TEMPLATE,
@@ -94,23 +95,7 @@ def _weights(vocab_size: int, ids: dict[str, int], texts: Sequence[str]) -> dict
         embed[ids[text], i] = 1.0
         successor = ids[texts[i]] if i < len(texts) else ids[EOS_TOKEN]
         head[successor, i] = 50.0
-    zero = np.zeros((d, d), np.float32)
-    ff = CONFIG["intermediate_size"]
-    p = "model.layers.0."
-    return {
-        "model.embed_tokens.weight": embed,
-        "model.norm.weight": np.ones(d, np.float32),
-        "lm_head.weight": head,
-        p + "input_layernorm.weight": np.ones(d, np.float32),
-        p + "post_attention_layernorm.weight": np.ones(d, np.float32),
-        p + "self_attn.q_proj.weight": zero,
-        p + "self_attn.k_proj.weight": zero,
-        p + "self_attn.v_proj.weight": zero,
-        p + "self_attn.o_proj.weight": zero,
-        p + "mlp.gate_proj.weight": np.zeros((ff, d), np.float32),
-        p + "mlp.up_proj.weight": np.zeros((ff, d), np.float32),
-        p + "mlp.down_proj.weight": np.zeros((d, ff), np.float32),
-    }
+    return one_layer_llama(embed, head, intermediate=CONFIG["intermediate_size"])
 
 
 def make_chain_model(

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llamaweights import one_layer_llama
 
 from jupyter_lmsp.models.testmodel import (
     CHAT_TEMPLATE,
@@ -196,21 +197,9 @@ def _weights(
         head[ids[text], block(next_block, u)] = 50.0
     head[ids[EOS_TOKEN], block(next_block, other)] = 50.0
 
-    p = "model.layers.0."
-    weights = {
-        "model.embed_tokens.weight": embed,
-        "model.norm.weight": np.ones(hidden, np.float32),
-        "lm_head.weight": head,
-        p + "input_layernorm.weight": np.ones(hidden, np.float32),
-        p + "post_attention_layernorm.weight": np.ones(hidden, np.float32),
-        p + "self_attn.q_proj.weight": q,
-        p + "self_attn.k_proj.weight": k,
-        p + "self_attn.v_proj.weight": v,
-        p + "self_attn.o_proj.weight": o,
-        p + "mlp.gate_proj.weight": gate,
-        p + "mlp.up_proj.weight": up,
-        p + "mlp.down_proj.weight": down,
-    }
+    weights = one_layer_llama(
+        embed, head, intermediate=len(texts), attention=(q, k, v, o), mlp=(gate, up, down)
+    )
     config = {
         "model_type": "llama",
         "architectures": ["LlamaForCausalLM"],

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llamaweights import one_layer_llama
 
 from jupyter_lmsp.models.testmodel import (
     CHAT_TEMPLATE,
@@ -150,22 +151,9 @@ def _weights(
     head[ids[ANSWER_TEXT], SAW_RESULT] = 20.0
     head[ids[EOS_TOKEN], IS_SCRIPTED] = 40.0
 
-    ff = CONFIG["intermediate_size"]
-    p = "model.layers.0."
-    return {
-        "model.embed_tokens.weight": embed,
-        "model.norm.weight": np.ones(d, np.float32),
-        "lm_head.weight": head,
-        p + "input_layernorm.weight": np.ones(d, np.float32),
-        p + "post_attention_layernorm.weight": np.ones(d, np.float32),
-        p + "self_attn.q_proj.weight": q,
-        p + "self_attn.k_proj.weight": k,
-        p + "self_attn.v_proj.weight": v,
-        p + "self_attn.o_proj.weight": o,
-        p + "mlp.gate_proj.weight": np.zeros((ff, d), np.float32),
-        p + "mlp.up_proj.weight": np.zeros((ff, d), np.float32),
-        p + "mlp.down_proj.weight": np.zeros((d, ff), np.float32),
-    }
+    return one_layer_llama(
+        embed, head, intermediate=CONFIG["intermediate_size"], attention=(q, k, v, o)
+    )
 
 
 def make_scripted_model(

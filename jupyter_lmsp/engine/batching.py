@@ -267,15 +267,15 @@ class _BatchDecoder:
             # of extra work, and a verify step over a long new row's context costs more than
             # a designed chunk (issue 43: the pause that ended with its first token).
             self.speculative.plain = bool(self._reading) or self._joined
-        paced = self._paced()
-        started = self._pacer.clock() if paced is not None and self._pacer else 0.0
+        pacer, paced = self._pacer, self._paced()
+        started = pacer.clock() if pacer is not None and paced is not None else 0.0
         progress, responses = self._generator.next()
         self._joined = any(r.end_of_prompt for r in progress)
-        if paced is not None and self._pacer is not None:
+        if pacer is not None and paced is not None:
             uid, context = paced
             read = next((r.progress[0] for r in progress if r.uid == uid), None)
             if read is not None and not self._joined and read - self._reading[uid][1] == chunk:
-                self._pacer.measured(chunk, context, self._pacer.clock() - started)
+                pacer.measured(chunk, context, pacer.clock() - started)
         for r in progress:
             if r.end_of_prompt:
                 self._reading.pop(r.uid, None)
