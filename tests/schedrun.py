@@ -13,7 +13,14 @@ from typing import Any
 from jupyter_lmsp.engine.batching import BatchScheduler, Update
 from jupyter_lmsp.engine.messages import GenerateJob, TokenLogprob
 from jupyter_lmsp.engine.prompt_cache import PromptCache
+from jupyter_lmsp.engine.speculative import SpeculationSettings
 from jupyter_lmsp.engine.worker import encode_chat
+
+# A verify step whenever any row has a proposal, as wide as the proposals go: the cost model
+# says every step costs the same, and it learns nothing from timing.
+FORCED = SpeculationSettings(
+    verify_cost=(0.0, 0.0), sync_cost=0.0, learn_costs=False, max_rows=1 << 16
+)
 
 CHAT = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -22,7 +22,7 @@ import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from schedrun import CHAT, Result, job, run, run_one, scheduler, streamed_text
+from schedrun import CHAT, FORCED, Result, job, run, run_one, scheduler, streamed_text
 from sdkserver import MODEL, sdk_server
 from serverproc import ServerProcess
 from test_engine import Engine, new_id, start_engine
@@ -31,7 +31,7 @@ from jupyter_lmsp.engine.constraints import Constraint, ll_tokenizer
 from jupyter_lmsp.engine.grammars import ResponseFormat, build_grammar
 from jupyter_lmsp.engine.messages import JobFailed, JobFinished
 from jupyter_lmsp.engine.sampling import make_sampler
-from jupyter_lmsp.engine.speculative import OFF, SpeculationSettings
+from jupyter_lmsp.engine.speculative import OFF
 from jupyter_lmsp.engine.worker import encode_chat
 from jupyter_lmsp.protocol.params import TaskParams
 
@@ -40,11 +40,6 @@ pytestmark = pytest.mark.timeout(300)
 # Long enough for the unpenalized greedy run of the test model to fall into a loop.
 LONG = 160
 SEEDED = {"temperature": 0.8, "top_p": 0.95, "seed": 4321}
-# A verify step whenever a row has a proposal (as in test_speculative): the unpenalized rows
-# of a batch speculate beside the penalized ones.
-FORCED = SpeculationSettings(
-    verify_cost=(0.0, 0.0), sync_cost=0.0, learn_costs=False, max_rows=1 << 16
-)
 # Penalties exactly representable in binary, so the hand-made reference computes the same
 # float32 numbers as the engine.
 CASES = {

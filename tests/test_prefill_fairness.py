@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from schedrun import Result, add, collect, job, scheduler
+from schedrun import FORCED, Result, add, collect, job, scheduler
 from test_choices import Recording
 
 from jupyter_lmsp.engine.prefill import (
@@ -51,12 +51,6 @@ def planned(context_tokens: int, decoding: bool) -> list[int]:
         chunks.append(size)
         read += size
     return chunks
-
-
-# A verify step whenever a row has a proposal (the test model repeats itself: it has).
-FORCED = SpeculationSettings(
-    verify_cost=(0.0, 0.0), sync_cost=0.0, learn_costs=False, max_rows=1 << 16
-)
 
 
 class Counting(Recording):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from schedrun import CHAT, Result, add, collect, job, run, scheduler, streamed_text
+from schedrun import CHAT, FORCED, Result, add, collect, job, run, scheduler, streamed_text
 
 from jupyter_lmsp.engine.messages import WorkerSettings
 from jupyter_lmsp.engine.speculative import (
@@ -37,11 +37,6 @@ from jupyter_lmsp.engine.speculative import (
 
 pytestmark = pytest.mark.timeout(300)
 
-# A verify step whenever any row has a proposal, as wide as the proposals go: the cost model
-# says every step costs the same, and it learns nothing from timing.
-FORCED = SpeculationSettings(
-    verify_cost=(0.0, 0.0), sync_cost=0.0, learn_costs=False, max_rows=1 << 16
-)
 # Settings that let eight rows verify (the default `max_rows` does not), for the tests of the
 # cost model and the planner at eight rows.
 EIGHT = SpeculationSettings(max_rows=8)
