@@ -369,6 +369,38 @@ def family_script(family: str) -> Script:
 SCRIPTED = FAMILIES
 
 
+@dataclass(frozen=True)
+class Markers:
+    """A family's thinking markers as its models write them: the start and end markers' tokens,
+    the special tokens among them, and the tokens the vocabulary needs besides (mlx-lm finds a
+    `<think>` pair there)."""
+
+    start: tuple[str, ...]
+    end: tuple[str, ...]
+    special: tuple[str, ...]
+    extra: tuple[str, ...]
+
+    @property
+    def text(self) -> tuple[str, str]:
+        return "".join(self.start), "".join(self.end)
+
+
+_THINK = Markers(("<think>",), ("</think>",), ("<think>", "</think>"), ())
+# The multi-token markers mlx-lm infers from these vocabularies (`_infer_thinking`): Gemma's
+# `<|channel>thought` .. `<channel|>`; an XTML vocabulary's (Kimi K3's) `<|open|>think<|sep|>`
+# .. `<|close|>think<|sep|>`, whose `think` is a text token.
+_NATIVE = {
+    "gemma4": Markers(("<|channel>", "thought"), ("<channel|>",), ("<|channel>", "<channel|>"), ()),
+    "kimi_k3": Markers(("<|open|>", "think", "<|sep|>"), ("<|close|>", "think", "<|sep|>"), (), ()),
+}
+
+
+def thinking_markers(family: str) -> Markers:
+    """The thinking markers a scripted model of `family` writes: the family's own multi-token
+    ones for gemma4 and kimi_k3, `<think>` / `</think>` for the others."""
+    return _NATIVE.get(family, _THINK)
+
+
 def family_tokenizer(family: str, path: Path) -> Any:
     """mlx-lm's `TokenizerWrapper` for a tokenizer of `family` written at `path`."""
     from mlx_lm.tokenizer_utils import load

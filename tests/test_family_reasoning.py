@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 from contextmodel import make_context_model
-from familymodels import SCRIPTED, chat_template, family_script
+from familymodels import SCRIPTED, chat_template, family_script, thinking_markers
 from harmonymodel import (
     ANSWER,
     CALL_SCRIPT,
@@ -60,14 +60,17 @@ def _tool(family: str) -> dict[str, Any]:
 
 
 def _family_model(path: Path, family: str, thinking: tuple[str, ...]) -> Path:
-    """A context model (tests/contextmodel.py) that thinks `thinking` in a `<think>` block,
-    then calls `exec_command` in `family`'s format."""
+    """A context model (tests/contextmodel.py) that thinks `thinking` between the family's
+    thinking markers (`<think>` .. `</think>`; Gemma's and Kimi K3's own multi-token ones), then
+    calls `exec_command` in `family`'s format."""
     script = family_script(family)
+    markers = thinking_markers(family)
     return make_context_model(
         path,
-        ("<think>", *thinking, "</think>", *script.tokens),
-        special=("<think>", "</think>", *script.special),
+        (*markers.start, *thinking, *markers.end, *script.tokens),
+        special=(*markers.special, *script.special),
         template=chat_template(family),
+        extra_tokens=markers.extra,
     )
 
 
@@ -357,7 +360,12 @@ def test_harmony_final_answer_and_structured_output(server: ServerProcess) -> No
 WORDS = tuple(f" w{i}" for i in range(16))
 CHAINS = {
     **{
-        family: ("<think>", *WORDS, "</think>", *family_script(family).tokens)
+        family: (
+            *thinking_markers(family).start,
+            *WORDS,
+            *thinking_markers(family).end,
+            *family_script(family).tokens,
+        )
         for family in SCRIPTED
     },
     HARMONY_MODEL: (*WORDS, *CALL_SCRIPT[1:]),
@@ -463,5 +471,7 @@ def _check_resumed(
     usage = final["usage"]
     harmony = model == HARMONY_MODEL
     assert usage["output_tokens"] == len(CHAINS[model]) - harmony, (model, usage)
-    reasoning_tokens = len(WORDS) + (1 if harmony else 2)
+    reasoning_tokens = len(WORDS) + (
+        1 if harmony else len(thinking_markers(model).start) + len(thinking_markers(model).end)
+    )
     assert usage["output_tokens_details"]["reasoning_tokens"] == reasoning_tokens, model

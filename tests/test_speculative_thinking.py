@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from contextmodel import make_context_model
-from familymodels import chat_template, family_script
+from familymodels import chat_template, family_script, thinking_markers
 from schedrun import FORCED, Result, collect, job, scheduler
 from scriptedmodel import CALL_NAME
 
@@ -35,18 +35,9 @@ from jupyter_lmsp.engine.worker import call_format_of, encode_chat
 
 pytestmark = pytest.mark.timeout(300)
 
-# family -> (the start marker's tokens, the end marker's, the special tokens they add, the
-# tokens added to the vocabulary besides the script's: `<think>` pairs are found there).
-MARKERS: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = {
-    "qwen3_coder": (("<think>",), ("</think>",), ("<think>", "</think>"), ()),
-    "gemma4": (
-        ("<|channel>", "thought"),
-        ("<channel|>",),
-        ("<|channel>", "<channel|>"),
-        (),
-    ),
-    "kimi_k3": (("<|open|>", "think", "<|sep|>"), ("<|close|>", "think", "<|sep|>"), (), ()),
-}
+# One family per shape of thinking markers: single tokens, a two-token start (Gemma's), three
+# tokens each way with a text token among them (Kimi K3's).
+FAMILIES = ("qwen3_coder", "gemma4", "kimi_k3")
 # Thinking that repeats itself, so the drafter has something to propose inside it too.
 THINKING = ("I should", " run it", ",", " so", " I should", " run it")
 
@@ -54,17 +45,17 @@ THINKING = ("I should", " run it", ",", " so", " I should", " run it")
 def _model(root: Path, family: str) -> tuple[Any, Any]:
     import mlx_lm
 
-    start, end, special, extra = MARKERS[family]
+    markers = thinking_markers(family)
     script = family_script(family)
     path = make_context_model(
         root / family,
-        (*start, *THINKING, *end, *script.tokens),
-        special=(*special, *script.special),
+        (*markers.start, *THINKING, *markers.end, *script.tokens),
+        special=(*markers.special, *script.special),
         template=chat_template(family),
-        extra_tokens=extra,
+        extra_tokens=markers.extra,
     )
     model, tokenizer = mlx_lm.load(str(path))
-    assert tokenizer.think_start == "".join(start) and tokenizer.think_end == "".join(end)
+    assert (tokenizer.think_start, tokenizer.think_end) == markers.text
     return model, tokenizer
 
 
@@ -96,13 +87,13 @@ def _run(model: Any, tokenizer: Any, family: str, choice: str, speculation: Any)
     return results[("t", 0)]
 
 
-@pytest.mark.parametrize("family", list(MARKERS))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_thinking_call_is_the_same_with_every_step_speculated(
     tmp_path: Path, family: str
 ) -> None:
     model, tokenizer = _model(tmp_path, family)
-    start, end, *_ = MARKERS[family]
-    expected = "".join((*start, *THINKING, *end, *family_script(family).tokens))
+    markers = thinking_markers(family)
+    expected = "".join((*markers.start, *THINKING, *markers.end, *family_script(family).tokens))
     for choice in ("auto", "required"):
         off = _run(model, tokenizer, family, choice, OFF)
         on = _run(model, tokenizer, family, choice, FORCED)
