@@ -287,6 +287,10 @@ class StepTokens:
     """
 
     rows: list[JobTokens]
+    # The worker's CPU time (all its threads, `time.process_time`) as it sent them: how much
+    # CPU the worker spent between two of a row's steps, read where it was spent rather than
+    # where a busy reader got round to the message (benchmarks/bench_prefill_fairness.py).
+    cpu_time: float | None = None
 
 
 @dataclass

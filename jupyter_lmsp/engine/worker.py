@@ -1030,7 +1030,7 @@ class Worker:
             if (message := outbox.take()) is not None
         ]
         if rows:
-            self._send(StepTokens(rows))
+            self._send(StepTokens(rows, time.process_time()))
 
     def _flush_outbox(self, outbox: _Outbox) -> None:
         message = outbox.take()
