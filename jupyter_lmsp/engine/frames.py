@@ -1,0 +1,67 @@
+"""Reading the worker's messages off the pipe in large reads (issue 42).
+
+`multiprocessing.Connection.recv` reads each message with two system calls (its 4-byte length,
+then its bytes), one message at a time: for a small model, whose worker sends a message per
+decode step, hundreds a second, those reads were most of the engine reader thread's CPU.
+`FrameReader` reads whatever the pipe holds (up to `CHUNK` bytes) in one call and cuts it into
+the same frames `Connection.send_bytes` writes: a signed 4-byte big-endian length, or -1 and an
+8-byte length for a message over 2 GiB, then the pickled message. Messages that piled up while
+the reader was busy come out of one read.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+
+CHUNK = 1 << 20
+_LENGTH = struct.Struct("!i")
+_LONG_LENGTH = struct.Struct("!Q")
+
+
+class Unreadable(Exception):
+    """One frame whose message could not be unpickled (the frames after it are read on)."""
+
+
+class FrameReader:
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def read(self) -> list[object | Unreadable]:
+        """The next messages, in order, at least one: each frame complete in what was read so
+        far (an `Unreadable` in place of one that does not unpickle). Blocks until a frame is
+        complete; EOFError when the pipe closes."""
+        while True:
+            messages = self._frames()
+            if messages:
+                return messages
+            chunk = os.read(self.fd, CHUNK)
+            if not chunk:
+                raise EOFError
+            self._buffer += chunk
+
+    def _frames(self) -> list[object | Unreadable]:
+        buffer = self._buffer
+        messages: list[object | Unreadable] = []
+        start = 0
+        while len(buffer) - start >= _LENGTH.size:
+            (size,) = _LENGTH.unpack_from(buffer, start)
+            head = _LENGTH.size
+            if size == -1:
+                if len(buffer) - start < head + _LONG_LENGTH.size:
+                    break
+                (size,) = _LONG_LENGTH.unpack_from(buffer, start + head)
+                head += _LONG_LENGTH.size
+            end = start + head + size
+            if len(buffer) < end:
+                break
+            try:
+                messages.append(pickle.loads(buffer[start + head : end]))
+            except Exception as exc:
+                messages.append(Unreadable(str(exc)))
+            start = end
+        if start:
+            del buffer[:start]
+        return messages
