@@ -314,6 +314,23 @@ def service_run(
 # --- rounds -----------------------------------------------------------------------------------
 
 
+def pooled(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Runs of one side pooled (`--repeat`): all tokens / all wall time, figures per token
+    weighted by tokens, per step and TTFT averaged."""
+    if len(runs) == 1:
+        return runs[0]
+    tokens = sum(r["tokens"] for r in runs)
+    out = {"tokens": tokens, "tps": tokens / sum(r["tokens"] / r["tps"] for r in runs)}
+    for key in runs[0]:
+        if key in out:
+            continue
+        if key.endswith("_per_tok"):
+            out[key] = sum(r[key] * r["tokens"] for r in runs) / max(tokens, 1)
+        else:
+            out[key] = statistics.mean(r[key] for r in runs)
+    return out
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -347,13 +364,18 @@ def run_round(
                 messages = [prompt(f"{name} r{r} {variant} {n} {label}", i) for i in range(n)]
                 sides = ["bare", "service"] if (r + n) % 2 == 0 else ["service", "bare"]
                 got: dict[str, Any] = {}
-                for side in sides:
-                    if side == "bare":
-                        got["bare"] = bare.run(messages, args.tokens)
-                    else:
-                        got["service"] = service_run(
-                            server, clients[label][:n], name, messages, args.tokens, variant
-                        )
+                runs: dict[str, list[dict[str, float]]] = {"bare": [], "service": []}
+                for k in range(args.repeat):
+                    for side in sides if k % 2 == 0 else sides[::-1]:
+                        if side == "bare":
+                            runs["bare"].append(bare.run(messages, args.tokens))
+                        else:
+                            runs["service"].append(
+                                service_run(
+                                    server, clients[label][:n], name, messages, args.tokens, variant
+                                )
+                            )
+                got["bare"], got["service"] = pooled(runs["bare"]), pooled(runs["service"])
                 got["ratio"] = got["service"]["tps"] / got["bare"]["tps"]
                 got["worker_overhead_ms_per_step"] = (
                     got["service"]["worker_cpu_ms_per_step"] - got["bare"]["cpu_ms_per_step"]
@@ -387,6 +409,12 @@ def main() -> int:
     parser.add_argument("--variants", default="plain,spec,grammar,logprobs")
     parser.add_argument("--out", type=Path, default=RESULTS / "pipeline")
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each side per round and stream count, pooled (the order alternating)",
+    )
+    parser.add_argument(
         "--revisions",
         default=".",
         help="comma-separated revisions served side by side in each round (`.`: this tree)",
@@ -406,6 +434,10 @@ def main() -> int:
             sha, tree = unpack(rev)
             revisions[f"{rev} ({sha[:7]})"] = tree
     base = Path(tempfile.mkdtemp(prefix="lmsp-pipeline-"))
+    # The servers' `python -c` puts the working directory first on sys.path, ahead of a
+    # revision's tree: run them from a folder with no `jupyter_lmsp` in it.
+    args.out = args.out.resolve()
+    os.chdir(base)
     paths: dict[str, Path] = {}
     for name in args.models.split(","):
         if name == "tiny":
