@@ -50,6 +50,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -420,6 +421,8 @@ def main() -> int:
         help="comma-separated revisions served side by side in each round (`.`: this tree)",
     )
     args = parser.parse_args()
+    # A SIGTERM stops the servers too (their `stop` runs on the way out), not only this script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     streams = [int(s) for s in args.streams.split(",")]
     variants = args.variants.split(",")
     # Every server (and the bare child) names its threads: see `thread_cpu`.
