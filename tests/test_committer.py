@@ -120,3 +120,45 @@ def test_jobs_waiting_together_commit_as_one_group_each_rule_alone_in_it(tmp_pat
     with db.reading() as conn:
         assert sorted(conn.execute(text("SELECT n FROM marks")).scalars()) == [1, 3]
     db.dispose()
+
+
+def test_a_job_locked_in_a_group_runs_alone_after_those_before_it_commit(tmp_path):
+    """A job of a group that finds the database locked stops the group there: the jobs
+    before it commit, it runs again alone (and again while locked), then the rest."""
+    from sqlalchemy import text
+
+    from jupyter_lmsp.store.database import Database, sqlite_url
+
+    db = Database(sqlite_url(tmp_path / "locked.sqlite"))
+    with db.writing() as conn:
+        conn.execute(text("CREATE TABLE marks (n INTEGER)"))
+    tries = {"n": 0}
+
+    def mark(n: int) -> int:
+        with db.writing() as conn:
+            conn.execute(text("INSERT INTO marks VALUES (:n)"), {"n": n})
+        return n
+
+    def flaky() -> int:
+        tries["n"] += 1
+        if tries["n"] < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return mark(2)
+
+    async def run() -> list[int]:
+        committer = Committer("test-db", group=db.grouped)
+        committer.start(asyncio.get_running_loop())
+        gate = threading.Event()
+        back: list[int] = []
+        committer.run(gate.wait, 10)
+        for job, args in ((mark, (1,)), (flaky, ()), (mark, (3,))):
+            committer.run(job, *args, then=back.append)
+        gate.set()
+        assert await committer.call(lambda: "end") == "end"
+        committer.stop()
+        return back
+
+    assert asyncio.run(run()) == [1, 2, 3] and tries["n"] == 3
+    with db.reading() as conn:
+        assert sorted(conn.execute(text("SELECT n FROM marks")).scalars()) == [1, 2, 3]
+    db.dispose()

@@ -191,6 +191,10 @@ class Committer:
                     i - start,
                     exc,
                 )
+                if i == start:
+                    # It could not even begin (the database stayed locked): the first job
+                    # waits and retries alone, as without the group, then grouping goes on.
+                    i += 1
                 for job in jobs[start:i]:
                     self._run_alone(job)
                 continue
