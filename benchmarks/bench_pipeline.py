@@ -30,6 +30,17 @@ enough on this CPU that the service's own cost per token and per step, not the m
 speed — what Apple silicon or a GPU shows with real models. Its text is random, so rows may
 end early at an end-of-sequence token; rates are per token, so that does not bias them.
 
+`--revisions A,B` serves each round with two (or more) revisions side by side, their order
+alternating by round: `.` is this working tree, anything else a git revision, unpacked and
+imported first on the server's PYTHONPATH (`bench_revisions.RevisionServer`, which checks the
+server imported that tree). Each revision's service run is paired with its own bare run.
+
+The server's CPU is also read thread by thread (/proc/<pid>/task): the servers start with
+`benchmarks/threadnames` on their PYTHONPATH, whose `sitecustomize` gives each Python thread's
+name to its OS thread (the event loop is `MainThread`); the report groups them as the event
+loop, the runner's commit thread (`lmsp-runner-db`), the engine client's reader, the request
+path's database threads (`lmsp-db_*`) and the rest.
+
 Writes benchmarks/results/pipeline.md and pipeline.json (every sample, the command line, load).
 """
 
@@ -39,6 +50,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +67,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_metrics import descendants  # noqa: E402
-from bench_revisions import proc_cpu  # noqa: E402
+from bench_revisions import RevisionServer, git, proc_cpu, unpack  # noqa: E402
 from serverproc import ServerProcess  # noqa: E402
 
 from jupyter_lmsp.models.testmodel import make_test_model  # noqa: E402
@@ -167,6 +179,49 @@ def cpu(server: ServerProcess) -> tuple[float, float]:
     return proc_cpu(pid), sum(proc_cpu(p) for p in descendants(pid) if p != pid)
 
 
+# The server's threads, grouped (by the names `threadnames/sitecustomize.py` gives them).
+THREAD_GROUPS = (
+    ("loop", ("MainThread",)),
+    ("commit", ("lmsp-runner-db",)),
+    ("reader", ("lmsp-engine-rea",)),
+    ("db", ("lmsp-db",)),
+)
+
+
+def thread_group(name: str) -> str:
+    for group, prefixes in THREAD_GROUPS:
+        if name.startswith(prefixes):
+            return group
+    return "rest"
+
+
+def thread_cpu(server: ServerProcess) -> dict[int, tuple[str, float]]:
+    """Each thread of the server process: (its name, its CPU seconds so far)."""
+    assert server.proc is not None
+    found: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{server.proc.pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # ended meanwhile
+        found[int(task.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def thread_split(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
+    """CPU seconds spent between the two readings, by thread group (threads that ended
+    meanwhile are lost: the server's own threads live as long as it)."""
+    spent: dict[str, float] = {group: 0.0 for group, _ in THREAD_GROUPS}
+    spent["rest"] = 0.0
+    for tid, (name, seconds) in after.items():
+        spent[thread_group(name)] += seconds - before.get(tid, (name, 0.0))[1]
+    return spent
+
+
 def stream_chat(
     client: httpx.Client, body: dict[str, Any], start: threading.Event
 ) -> dict[str, float]:
@@ -233,7 +288,7 @@ def service_run(
     ]
     for t in threads:
         t.start()
-    steps0, cpu0 = steps_so_far(server), cpu(server)
+    steps0, cpu0, threads0 = steps_so_far(server), cpu(server), thread_cpu(server)
     released = time.perf_counter()
     start.set()
     for t in threads:
@@ -241,9 +296,14 @@ def service_run(
     if errors:
         raise errors[0]
     wall = max(g["done"] for g in got) - released
-    cpu1, steps1 = cpu(server), steps_so_far(server)
+    cpu1, threads1, steps1 = cpu(server), thread_cpu(server), steps_so_far(server)
     total = sum(g["tokens"] for g in got)
+    by_thread = thread_split(threads0, threads1)
     return {
+        **{
+            f"thread_{group}_ms_per_tok": seconds * 1000 / max(total, 1)
+            for group, seconds in by_thread.items()
+        },
         "tps": total / wall,
         "ttft": statistics.mean(g["first"] - g["sent"] for g in got),
         "server_cpu_ms_per_tok": (cpu1[0] - cpu0[0]) * 1000 / max(total, 1),
@@ -255,8 +315,90 @@ def service_run(
 # --- rounds -----------------------------------------------------------------------------------
 
 
+def pooled(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Runs of one side pooled (`--repeat`): all tokens / all wall time, figures per token
+    weighted by tokens, per step and TTFT averaged."""
+    if len(runs) == 1:
+        return runs[0]
+    tokens = sum(r["tokens"] for r in runs)
+    out = {"tokens": tokens, "tps": tokens / sum(r["tokens"] / r["tps"] for r in runs)}
+    for key in runs[0]:
+        if key in out:
+            continue
+        if key.endswith("_per_tok"):
+            out[key] = sum(r[key] * r["tokens"] for r in runs) / max(tokens, 1)
+        else:
+            out[key] = statistics.mean(r[key] for r in runs)
+    return out
+
+
 def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def run_round(
+    args: argparse.Namespace,
+    bare: Bare,
+    name: str,
+    r: int,
+    spec: bool,
+    variants: list[str],
+    streams: list[int],
+    servers: dict[str, ServerProcess],
+    samples: dict[str, Any],
+) -> None:
+    """One round of one model: every variant and stream count, each revision's service beside
+    its own bare run (the sides' order alternating)."""
+    clients = {
+        label: [
+            httpx.Client(base_url=server.api, headers=server.headers, timeout=600)
+            for _ in range(max(streams))
+        ]
+        for label, server in servers.items()
+    }
+    for label, server in servers.items():
+        service_run(server, clients[label][:1], name, [prompt("warm", 0)], 4, "plain")
+    bare.run([prompt("warm", 0)], 4)
+    for variant in [v for v in variants if (v == "spec") == spec]:
+        for n in streams:
+            for label, server in servers.items():
+                messages = [prompt(f"{name} r{r} {variant} {n} {label}", i) for i in range(n)]
+                sides = ["bare", "service"] if (r + n) % 2 == 0 else ["service", "bare"]
+                got: dict[str, Any] = {}
+                runs: dict[str, list[dict[str, float]]] = {"bare": [], "service": []}
+                for k in range(args.repeat):
+                    for side in sides if k % 2 == 0 else sides[::-1]:
+                        if side == "bare":
+                            runs["bare"].append(bare.run(messages, args.tokens))
+                        else:
+                            runs["service"].append(
+                                service_run(
+                                    server, clients[label][:n], name, messages, args.tokens, variant
+                                )
+                            )
+                got["bare"], got["service"] = pooled(runs["bare"]), pooled(runs["service"])
+                got["ratio"] = got["service"]["tps"] / got["bare"]["tps"]
+                got["worker_overhead_ms_per_step"] = (
+                    got["service"]["worker_cpu_ms_per_step"] - got["bare"]["cpu_ms_per_step"]
+                )
+                samples.setdefault(label, {}).setdefault(name, {}).setdefault(
+                    variant, {}
+                ).setdefault(n, []).append(got)
+                threads = ", ".join(
+                    f"{k[7:-11]} {v:.3f}"
+                    for k, v in got["service"].items()
+                    if k.startswith("thread_")
+                )
+                print(
+                    f"{label}: {name} round {r} {variant} {n} streams: service/bare "
+                    f"{got['ratio']:.2f} ({got['service']['tps']:.0f} vs "
+                    f"{got['bare']['tps']:.0f} tok/s), server "
+                    f"{got['service']['server_cpu_ms_per_tok']:.3f} ms/tok ({threads})",
+                    flush=True,
+                )
+    for group in clients.values():
+        for c in group:
+            c.close()
 
 
 def main() -> int:
@@ -267,10 +409,38 @@ def main() -> int:
     parser.add_argument("--models", default="tiny,demo")
     parser.add_argument("--variants", default="plain,spec,grammar,logprobs")
     parser.add_argument("--out", type=Path, default=RESULTS / "pipeline")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each side per round and stream count, pooled (the order alternating)",
+    )
+    parser.add_argument(
+        "--revisions",
+        default=".",
+        help="comma-separated revisions served side by side in each round (`.`: this tree)",
+    )
     args = parser.parse_args()
+    # A SIGTERM stops the servers too (their `stop` runs on the way out), not only this script.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     streams = [int(s) for s in args.streams.split(",")]
     variants = args.variants.split(",")
+    # Every server (and the bare child) names its threads: see `thread_cpu`.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "benchmarks" / "threadnames"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    )
+    revisions: dict[str, Path | None] = {}
+    for rev in args.revisions.split(","):
+        if rev == ".":
+            revisions[f". ({git('rev-parse', '--short', 'HEAD')} + working tree)"] = None
+        else:
+            sha, tree = unpack(rev)
+            revisions[f"{rev} ({sha[:7]})"] = tree
     base = Path(tempfile.mkdtemp(prefix="lmsp-pipeline-"))
+    # The servers' `python -c` puts the working directory first on sys.path, ahead of a
+    # revision's tree: run them from a folder with no `jupyter_lmsp` in it.
+    args.out = args.out.resolve()
+    os.chdir(base)
     paths: dict[str, Path] = {}
     for name in args.models.split(","):
         if name == "tiny":
@@ -285,57 +455,38 @@ def main() -> int:
     began = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load0 = list(os.getloadavg())
     # samples[model][variant][streams] = list of per-round dicts with the bare side alongside
-    samples: dict[str, dict[str, dict[int, list[dict[str, Any]]]]] = {}
+    # (one revision: its samples; several: samples[revision][model]...)
+    samples: dict[str, dict[str, dict[str, dict[int, list[dict[str, Any]]]]]] = {}
     for name, path in paths.items():
-        data = base / f"data-{name}"
-        (data / "models").mkdir(parents=True)
-        (data / "models" / name).symlink_to(path)
         bare = Bare(path)
         for r in range(args.rounds):
+            labels = list(revisions)
+            if r % 2:
+                labels.reverse()
             for spec in sorted({v == "spec" for v in variants}):
-                with ServerProcess(
-                    data,
-                    default_model=name,
-                    max_batch_size=max(streams),
-                    blas_threads=1,
-                    speculative_decoding=spec,
-                    name=f"r{r}{'s' if spec else ''}",
-                ) as server:
-                    clients = [
-                        httpx.Client(base_url=server.api, headers=server.headers, timeout=600)
-                        for _ in range(max(streams))
-                    ]
-                    service_run(server, clients[:1], name, [prompt("warm", 0)], 4, "plain")
-                    bare.run([prompt("warm", 0)], 4)
-                    for variant in [v for v in variants if (v == "spec") == spec]:
-                        for n in streams:
-                            messages = [prompt(f"{name} r{r} {variant} {n}", i) for i in range(n)]
-                            sides = ["bare", "service"] if (r + n) % 2 == 0 else ["service", "bare"]
-                            got: dict[str, Any] = {}
-                            for side in sides:
-                                if side == "bare":
-                                    got["bare"] = bare.run(messages, args.tokens)
-                                else:
-                                    got["service"] = service_run(
-                                        server, clients[:n], name, messages, args.tokens, variant
-                                    )
-                            got["ratio"] = got["service"]["tps"] / got["bare"]["tps"]
-                            got["worker_overhead_ms_per_step"] = (
-                                got["service"]["worker_cpu_ms_per_step"]
-                                - got["bare"]["cpu_ms_per_step"]
-                            )
-                            samples.setdefault(name, {}).setdefault(variant, {}).setdefault(
-                                n, []
-                            ).append(got)
-                            print(
-                                f"{name} round {r} {variant} {n} streams: service/bare "
-                                f"{got['ratio']:.2f} ({got['service']['tps']:.0f} vs "
-                                f"{got['bare']['tps']:.0f} tok/s), server "
-                                f"{got['service']['server_cpu_ms_per_tok']:.3f} ms/tok",
-                                flush=True,
-                            )
-                    for c in clients:
-                        c.close()
+                servers: dict[str, ServerProcess] = {}
+                try:
+                    for k, label in enumerate(labels):
+                        data = base / f"data-{name}-r{r}-{k}{'s' if spec else ''}"
+                        (data / "models").mkdir(parents=True)
+                        (data / "models" / name).symlink_to(path)
+                        traits: dict[str, Any] = {
+                            "default_model": name,
+                            "max_batch_size": max(streams),
+                            "blas_threads": 1,
+                            "speculative_decoding": spec,
+                            "name": f"r{r}{'s' if spec else ''}",
+                        }
+                        tree = revisions[label]
+                        servers[label] = (
+                            RevisionServer(tree, data, **traits)
+                            if tree is not None
+                            else ServerProcess(data, **traits)
+                        ).start()
+                    run_round(args, bare, name, r, spec, variants, streams, servers, samples)
+                finally:
+                    for server in servers.values():
+                        server.stop()
         bare.close()
     meta = {
         "command": " ".join([".venv/bin/python", "benchmarks/bench_pipeline.py", *sys.argv[1:]]),
@@ -359,6 +510,7 @@ def render(meta: dict[str, Any], samples: dict[str, Any]) -> str:
         s = spread(values)
         return f"{s['median']:{f}} ({s['min']:{f}}–{s['max']:{f}})"
 
+    groups = [g for g, _ in THREAD_GROUPS] + ["rest"]
     lines = [
         "# The pipeline against bare mlx-lm (issue 42)",
         "",
@@ -371,29 +523,51 @@ def render(meta: dict[str, Any], samples: dict[str, Any]) -> str:
         "tok/s / bare `BatchGenerator`'s in the same round (target ≥ 0.9 over the whole "
         "spread). Service flags: `--LMSPExtension.blas_threads=1`, "
         "`--LMSPExtension.max_batch_size=<largest stream count>`, "
-        "`--LMSPExtension.speculative_decoding=False` except in the `spec` variant.",
+        "`--LMSPExtension.speculative_decoding=False` except in the `spec` variant. "
+        "Revisions (`--revisions`) are served side by side in every round, their order "
+        "alternating.",
         "",
-        "| model | variant | streams | bare tok/s | service tok/s | ratio | TTFT bare (s) | "
-        "TTFT service (s) | server CPU ms/token | worker CPU ms/step | bare CPU ms/step | "
-        "worker overhead ms/step |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| revision | model | variant | streams | bare tok/s | service tok/s | ratio | "
+        "TTFT bare (s) | TTFT service (s) | server CPU ms/token | worker CPU ms/step | "
+        "bare CPU ms/step | worker overhead ms/step |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for model, by_variant in samples.items():
-        for variant, by_n in by_variant.items():
-            for n, rows in by_n.items():
-                b = [x["bare"] for x in rows]
-                s = [x["service"] for x in rows]
-                lines.append(
-                    f"| {model} | {variant} | {n} | {cell([x['tps'] for x in b], '.0f')} | "
-                    f"{cell([x['tps'] for x in s], '.0f')} | "
-                    f"{cell([x['ratio'] for x in rows], '.2f')} | "
-                    f"{cell([x['ttft'] for x in b], '.3f')} | "
-                    f"{cell([x['ttft'] for x in s], '.3f')} | "
-                    f"{cell([x['server_cpu_ms_per_tok'] for x in s], '.3f')} | "
-                    f"{cell([x['worker_cpu_ms_per_step'] for x in s], '.2f')} | "
-                    f"{cell([x['cpu_ms_per_step'] for x in b], '.2f')} | "
-                    f"{cell([x['worker_overhead_ms_per_step'] for x in rows], '.2f')} |"
-                )
+    threads = [
+        "",
+        "The server's CPU per output token (ms) by thread: the event loop (`MainThread`), the "
+        "runner's commit thread (`lmsp-runner-db`), the engine client's reader, the request "
+        "path's database threads (`lmsp-db_*`), the rest.",
+        "",
+        "| revision | model | variant | streams | " + " | ".join(groups) + " |",
+        "| --- | --- | --- | ---: | " + " | ".join("---:" for _ in groups) + " |",
+    ]
+    for revision, by_model in samples.items():
+        for model, by_variant in by_model.items():
+            for variant, by_n in by_variant.items():
+                for n, rows in by_n.items():
+                    b = [x["bare"] for x in rows]
+                    s = [x["service"] for x in rows]
+                    lines.append(
+                        f"| {revision} | {model} | {variant} | {n} | "
+                        f"{cell([x['tps'] for x in b], '.0f')} | "
+                        f"{cell([x['tps'] for x in s], '.0f')} | "
+                        f"{cell([x['ratio'] for x in rows], '.2f')} | "
+                        f"{cell([x['ttft'] for x in b], '.3f')} | "
+                        f"{cell([x['ttft'] for x in s], '.3f')} | "
+                        f"{cell([x['server_cpu_ms_per_tok'] for x in s], '.3f')} | "
+                        f"{cell([x['worker_cpu_ms_per_step'] for x in s], '.2f')} | "
+                        f"{cell([x['cpu_ms_per_step'] for x in b], '.2f')} | "
+                        f"{cell([x['worker_overhead_ms_per_step'] for x in rows], '.2f')} |"
+                    )
+                    threads.append(
+                        f"| {revision} | {model} | {variant} | {n} | "
+                        + " | ".join(
+                            cell([x.get(f"thread_{g}_ms_per_tok", 0.0) for x in s], ".3f")
+                            for g in groups
+                        )
+                        + " |"
+                    )
+    lines.extend(threads)
     lines.append("")
     return "\n".join(lines)
 

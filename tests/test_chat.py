@@ -461,3 +461,28 @@ async def test_client_going_away_cancels_the_task(jp_fetch):
     [task] = page["data"]
     task = await wait_state(jp_fetch, task["id"], {"cancelled", "completed"}, timeout=30)
     assert task["state"] == "cancelled"
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+@pytest.mark.parametrize("seed", [None, 7])
+def test_a_text_chunk_from_its_template_is_the_chunk_object_serialized(include_usage, seed):
+    """Issue 42: a text delta's chunk is serialized from a template made once per stream; it
+    is the JSON the handler writes for `chunk_object`'s chunk, character for character."""
+    from jupyter_lmsp.protocol.chat import ChunkChoice, ChunkDelta, chunk_object
+    from jupyter_lmsp.services.chat import ContentChunks
+
+    head = {
+        "id": "resp_0123",
+        "task_id": "task_0123",
+        "created_at": 1765000000,
+        "model": 'tiny "q" é',
+        "seed": seed,
+    }
+    content = ContentChunks(head, include_usage)
+    for choice, text in [(0, 'hé"llo\n\\'), (3, ""), (1, "\u2028 \x00 🙂")]:
+        wire = chunk_object(
+            head,
+            choices=[ChunkChoice(index=choice, delta=ChunkDelta(content=text), finish_reason=None)],
+            include_usage=include_usage,
+        )
+        assert content.chunk(choice, text) == json.dumps(wire, separators=(",", ":"))

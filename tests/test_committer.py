@@ -67,3 +67,98 @@ def test_a_job_that_finds_the_database_locked_runs_again_before_the_next(caplog)
 
     asyncio.run(run())
     assert "stayed locked" in caplog.text and "not a lock" in caplog.text
+
+
+def test_jobs_waiting_together_commit_as_one_group_each_rule_alone_in_it(tmp_path):
+    """Issue 42: the jobs queued when the thread turns to them run in one transaction (one
+    commit), each rule in a savepoint: one that raises changes nothing and gets its
+    `on_error`, the others' writes commit, nothing is visible outside before the group's
+    commit, and the results come back in order after it."""
+    from sqlalchemy import text
+
+    from jupyter_lmsp.store.database import Database, sqlite_url
+
+    path = tmp_path / "group.sqlite"
+    db = Database(sqlite_url(path))
+    with db.writing() as conn:
+        conn.execute(text("CREATE TABLE marks (n INTEGER)"))
+
+    def mark(n: int) -> int:
+        with db.writing() as conn:
+            conn.execute(text("INSERT INTO marks VALUES (:n)"), {"n": n})
+        return n
+
+    def mark_then_fail(n: int) -> None:
+        with db.writing() as conn:
+            conn.execute(text("INSERT INTO marks VALUES (:n)"), {"n": n})
+            raise ValueError("the rule refused")
+
+    def seen() -> tuple[list[int], int]:
+        # Inside the group its reads see its writes; another connection sees none yet.
+        with db.reading() as conn:
+            mine = sorted(conn.execute(text("SELECT n FROM marks")).scalars())
+        outside = sqlite3.connect(path).execute("SELECT count(*) FROM marks").fetchone()[0]
+        return mine, outside
+
+    async def run() -> None:
+        committer = Committer("test-db", group=db.grouped)
+        committer.start(asyncio.get_running_loop())
+        gate = threading.Event()
+        back: list[object] = []
+        committer.run(gate.wait, 10)  # holds the thread while the others queue up
+        committer.run(mark, 1, then=back.append)
+        committer.run(mark_then_fail, 2, then=back.append, on_error=back.append)
+        committer.run(mark, 3, then=back.append)
+        committer.run(seen, then=back.append)
+        gate.set()
+        assert await committer.call(lambda: "end") == "end"
+        assert back[0] == 1 and isinstance(back[1], ValueError) and back[2] == 3
+        assert back[3] == ([1, 3], 0)
+        committer.stop()
+
+    asyncio.run(run())
+    with db.reading() as conn:
+        assert sorted(conn.execute(text("SELECT n FROM marks")).scalars()) == [1, 3]
+    db.dispose()
+
+
+def test_a_job_locked_in_a_group_runs_alone_after_those_before_it_commit(tmp_path):
+    """A job of a group that finds the database locked stops the group there: the jobs
+    before it commit, it runs again alone (and again while locked), then the rest."""
+    from sqlalchemy import text
+
+    from jupyter_lmsp.store.database import Database, sqlite_url
+
+    db = Database(sqlite_url(tmp_path / "locked.sqlite"))
+    with db.writing() as conn:
+        conn.execute(text("CREATE TABLE marks (n INTEGER)"))
+    tries = {"n": 0}
+
+    def mark(n: int) -> int:
+        with db.writing() as conn:
+            conn.execute(text("INSERT INTO marks VALUES (:n)"), {"n": n})
+        return n
+
+    def flaky() -> int:
+        tries["n"] += 1
+        if tries["n"] < 3:
+            raise sqlite3.OperationalError("database is locked")
+        return mark(2)
+
+    async def run() -> list[int]:
+        committer = Committer("test-db", group=db.grouped)
+        committer.start(asyncio.get_running_loop())
+        gate = threading.Event()
+        back: list[int] = []
+        committer.run(gate.wait, 10)
+        for job, args in ((mark, (1,)), (flaky, ()), (mark, (3,))):
+            committer.run(job, *args, then=back.append)
+        gate.set()
+        assert await committer.call(lambda: "end") == "end"
+        committer.stop()
+        return back
+
+    assert asyncio.run(run()) == [1, 2, 3] and tries["n"] == 3
+    with db.reading() as conn:
+        assert sorted(conn.execute(text("SELECT n FROM marks")).scalars()) == [1, 2, 3]
+    db.dispose()

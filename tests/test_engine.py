@@ -618,3 +618,37 @@ def test_stop_while_the_environment_is_prepared_spawns_nothing() -> None:
         assert ready.pid == client.pid
     finally:
         client.stop()
+
+
+def test_the_frame_reader_reads_what_connection_send_bytes_wrote():
+    """Issue 42: the engine reader cuts large reads into `Connection.send_bytes`' frames:
+    every message, in order, small and large (past one read's size), one that does not
+    unpickle reported in its place, then EOF."""
+    import multiprocessing
+    import pickle
+    import threading
+
+    from jupyter_lmsp.engine.frames import FrameReader, Unreadable
+
+    ours, theirs = multiprocessing.get_context("spawn").Pipe(duplex=True)
+    sent: list[object] = [{"i": i, "pad": "x" * (i * 997 % 40_000)} for i in range(200)]
+    sent.append(b"y" * (3 << 20))
+
+    def send() -> None:
+        for i, message in enumerate(sent):
+            theirs.send_bytes(pickle.dumps(message))
+            if i == 100:
+                theirs.send_bytes(b"not a pickle")
+        theirs.close()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    reader = FrameReader(ours.fileno())
+    got: list[object] = []
+    with pytest.raises(EOFError):
+        while True:
+            got.extend(reader.read())
+    thread.join()
+    assert isinstance(got[101], Unreadable)
+    assert got[:101] + got[102:] == sent
+    ours.close()

@@ -27,6 +27,7 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
 from typing import TypeVar
 
+from jupyter_lmsp.engine.frames import FrameReader, Unreadable
 from jupyter_lmsp.engine.messages import (
     CancelJob,
     EmbedJob,
@@ -411,17 +412,20 @@ class EngineClient:
 
     def _read(self, session: _Session) -> None:
         assert session.conn is not None and session.process is not None
+        # Every message the pipe holds in one read (`frames`), not two reads per message.
+        frames = FrameReader(session.conn.fileno())
         while True:
             try:
-                message = session.conn.recv()
+                messages = frames.read()
             except (EOFError, OSError):
                 break
-            except Exception:
-                self._log.exception("unreadable message from the engine worker")
-                continue
-            if isinstance(message, JobFinished | JobFailed | JobCancelled):
-                self._end_job(session, message.job_id)
-            self._deliver(message)
+            for message in messages:
+                if isinstance(message, Unreadable):
+                    self._log.error("unreadable message from the engine worker: %s", message)
+                    continue
+                if isinstance(message, JobFinished | JobFailed | JobCancelled):
+                    self._end_job(session, message.job_id)
+                self._deliver(message)
 
         session.wait(5.0)
         exitcode = session.exitcode()

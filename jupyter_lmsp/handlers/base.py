@@ -490,10 +490,12 @@ class LMSPHandler(APIHandler):
                     continue
                 unflushed = 0
                 await self.flush()
-                # A flush into a writable socket completes without yielding: without this, one
-                # watcher would write every queued event (and finish its request) before the
-                # next watcher of the same task got its first one.
-                await asyncio.sleep(0)
+                # A flush into a writable socket completes without yielding: with more frames
+                # at hand, one watcher would write every queued event (and finish its request)
+                # before the next watcher of the same task got its first one. With none, the
+                # next frame's wait yields anyway (a loop turn less per frame, issue 42).
+                if ready():
+                    await asyncio.sleep(0)
         except StreamClosedError:
             return False
         except LMSPError as e:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from ..protocol.chat import ChatCompletion, ChatCompletionChunk, CreateChatCompletionRequest
@@ -77,7 +77,7 @@ class ChatCompletionsHandler(LMSPHandler):
         assert self.run is not None
         try:
             if stream:
-                await self.write_chat_sse(chat.chunks(self.ctx, self.run))
+                await self.write_chat_sse(*chat.stream(self.ctx, self.run))
             else:
                 completion = await chat.wait_for_completion(self.ctx, self.run)
                 self.done = True
@@ -85,8 +85,13 @@ class ChatCompletionsHandler(LMSPHandler):
         finally:
             self.done = True
 
-    async def write_chat_sse(self, chunks: AsyncGenerator[chat.Chunk, None]) -> None:
-        if not await self.stream_sse(self._chat_frames(chunks)):
+    async def write_chat_sse(
+        self,
+        chunks: AsyncGenerator[chat.Chunk, None],
+        ready: Callable[[], bool] = lambda: False,
+    ) -> None:
+        # The chunks of events already at hand go out in one write (`stream_sse`).
+        if not await self.stream_sse(self._chat_frames(chunks), ready):
             await self._cancel_unfinished()
 
     async def _chat_frames(
@@ -96,6 +101,8 @@ class ChatCompletionsHandler(LMSPHandler):
             async for item in chunks:
                 if item is None:
                     yield ": keep-alive\n\n"
+                elif isinstance(item, chat.ChunkJSON):
+                    yield f"data: {item}\n\n"
                 elif item == chat.DONE:
                     self.done = True
                     yield "data: [DONE]\n\n"

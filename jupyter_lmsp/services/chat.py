@@ -9,7 +9,8 @@ deltas, then the chunk with `finish_reason`, then usage when asked for).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import json
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,9 +35,47 @@ from .idempotency import KeyedRequest
 from .response_spec import ResponseSpec
 
 # What `chunks` yields besides chunk dicts: None asks for a keep-alive comment, DONE for the
-# `data: [DONE]` line that ends an OpenAI chat stream.
+# `data: [DONE]` line that ends an OpenAI chat stream, a `ChunkJSON` for a chunk serialized
+# already.
 DONE = "[DONE]"
+
+
+class ChunkJSON(str):
+    """A chunk as the JSON text of its `data:` line (a text delta's: `ContentChunks`)."""
+
+
 Chunk = dict[str, Any] | str | None
+# The JSON a chunk's `data:` line carries (compact, as the handler writes chunk dicts).
+_SEPARATORS = (",", ":")
+
+
+class ContentChunks:
+    """The chunks of a stream's text deltas, serialized from a template made once per stream
+    (issue 42: each is the stream's envelope around one choice's text, and building it as a
+    `ChatCompletionChunk` model cost more than the rest of its way to the socket). Each is the
+    same JSON text `chunk_object` gives, serialized compactly (`tests/test_chat.py` compares
+    them)."""
+
+    _HOLE = "\u0000choices\u0000"
+
+    def __init__(self, head: dict[str, Any], include_usage: bool) -> None:
+        wire = chunk_object(
+            head,
+            choices=[ChunkChoice(index=0, delta=ChunkDelta(content=""), finish_reason=None)],
+            include_usage=include_usage,
+        )
+        choice = wire["choices"][0]
+        # Pydantic's order of a choice's fields, which the template below writes by hand.
+        assert list(choice) == ["index", "delta", "logprobs", "finish_reason"], choice
+        wire["choices"] = "\x00choices\x00"
+        text = json.dumps(wire, separators=_SEPARATORS)
+        self._before, self._after = text.split(json.dumps("\x00choices\x00"))
+
+    def chunk(self, choice: int, content: str) -> ChunkJSON:
+        return ChunkJSON(
+            f'{self._before}[{{"index":{choice:d},"delta":{{"content":'
+            f'{json.dumps(content)}}},"logprobs":null,"finish_reason":null}}]{self._after}'
+        )
 
 
 @dataclass
@@ -203,12 +242,25 @@ async def wait_for_completion(ctx: ServiceContext, run: ChatRun) -> dict[str, An
     return completion_object(terminal["response"], fold)
 
 
-async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, None]:
+def stream(
+    ctx: ServiceContext, run: ChatRun
+) -> tuple[AsyncGenerator[Chunk, None], Callable[[], bool]]:
+    """The chat stream (`chunks`), and whether its next chunk is already at hand (its event
+    came, or the task ended and the closing chunks follow): a writer sends those in one
+    write."""
+    events = _events(ctx, run)
+    return chunks(ctx, run, events), lambda: events.ready or events.ended
+
+
+async def chunks(
+    ctx: ServiceContext, run: ChatRun, events: TaskEventStream | None = None
+) -> AsyncGenerator[Chunk, None]:
     """The chat stream: chunk objects, None for a keep-alive, an error body if the task failed
     or was cancelled, and DONE last. With n > 1, each chunk's choice has its `index`."""
     head = run.response
     usage_flag = run.include_usage
     fold = ChatFold(run.n, run.logprobs)
+    content = ContentChunks(head, usage_flag)
     yield chunk_object(
         head,
         choices=[
@@ -217,13 +269,25 @@ async def chunks(ctx: ServiceContext, run: ChatRun) -> AsyncGenerator[Chunk, Non
         ],
         include_usage=usage_flag,
     )
-    events = _events(ctx, run)
+    if events is None:
+        events = _events(ctx, run)
     try:
         async for event in events:
             if event is None:
                 yield None
                 continue
             for piece in fold.feed(event):
+                delta = piece.delta
+                if (
+                    piece.logprobs is None
+                    and not run.logprobs
+                    and delta.content is not None
+                    and delta.role is None
+                    and delta.reasoning_content is None
+                    and delta.tool_calls is None
+                ):
+                    yield content.chunk(piece.choice, delta.content)
+                    continue
                 yield chunk_object(
                     head,
                     choices=[

@@ -54,9 +54,9 @@ class EngineDispatcher:
             case JobStarted():
                 self.job_started(message)
             case StepTokens(rows=rows):
-                # A step's rows in one hand-off to the loop (one message per step, issue 42).
-                for row in rows:
-                    self.job_tokens(row)
+                # A step's rows in one hand-off to the loop (one message per step, issue 42),
+                # counted together.
+                self.step_tokens(rows)
             case JobTokens():
                 self.job_tokens(message)
             case ChoiceFinished(job_id=task_id, choice=choice, finish_reason=reason):
@@ -116,6 +116,19 @@ class EngineDispatcher:
             ),
             then=runner.committed,
         )
+
+    def step_tokens(self, rows: list[JobTokens]) -> None:
+        """A step's rows: its metrics once, each row kept for its task's next commit."""
+        runner = self.runner
+        runner.clock.step(
+            [(row.job_id, len(row.token_ids)) for row in rows],
+            [size for row in rows for size in row.batch_sizes],
+        )
+        slots, output = runner.slots, runner.output
+        for row in rows:
+            task = slots.get(row.job_id)
+            if task is not None:
+                output.receive(task, row)
 
     def job_tokens(self, message: JobTokens) -> None:
         """One choice's tokens (alone, or a row of a step's `StepTokens`)."""

@@ -58,6 +58,8 @@ class TaskEventStream:
         self.caller = caller
         # Set when the stream ended because its caller was revoked (no terminal event came).
         self.revoked = False
+        # Set once the terminal event was yielded: nothing follows it.
+        self.ended = False
         self._replay: deque[Event] = deque()
         self._sub: Subscription | None = None
         self._events = self._follow()
@@ -95,8 +97,10 @@ class TaskEventStream:
             while self._replay:
                 event = self._replay.popleft()
                 last = event["sequence_number"]
-                yield event
                 if is_terminal(event):
+                    self.ended = True
+                yield event
+                if self.ended:
                     return
             while True:
                 item = await sub.get(timeout=self.idle)
@@ -121,8 +125,10 @@ class TaskEventStream:
                         metrics.events_replayed(1)
                         yield missing
                 last = seq
-                yield event
                 if is_terminal(event):
+                    self.ended = True
+                yield event
+                if self.ended:
                     return
 
 

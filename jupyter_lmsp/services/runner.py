@@ -50,6 +50,7 @@ from .catalog import ModelCatalog
 from .committer import Committer, is_storage_full
 from .dispatch import EngineDispatcher
 from .fairqueue import Tier, tier_of
+from .inbox import Inbox
 from .output import OutputStage
 from .runner_clock import RunnerClock
 from .running import TaskOutput
@@ -89,9 +90,11 @@ class TaskRunner:
         self.engine: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.loop_thread: threading.Thread | None = None
-        self.committer = Committer("lmsp-runner-db")
+        self.committer = Committer("lmsp-runner-db", group=db.grouped)
         self.slots = Slots(max_active)
         self.dispatcher = EngineDispatcher(self)
+        # The engine's messages on their way to the loop (`_from_engine_thread`).
+        self.inbox = Inbox(self._on_message)
         self.output = OutputStage(snapshot_interval, self._commit_outputs, self.dispatcher.broke)
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Queue waits, token latencies, durations and the worker's figures (runner_clock).
@@ -123,6 +126,7 @@ class TaskRunner:
         if self.bus.loop is None:
             self.bus.bind(self.loop)
         self.committer.start(self.loop)
+        self.inbox.bind(self.loop)
         self.output.bind(self.loop, lambda: self.slots.tasks.values())
         if not self.executes:
             self.worker_info = {"state": "remote"}
@@ -338,8 +342,8 @@ class TaskRunner:
     # -- messages from the engine ----------------------------------------------------------
 
     def _from_engine_thread(self, message: object) -> None:
-        assert self.loop is not None
-        self.loop.call_soon_threadsafe(self._on_message, message)
+        # (the engine's reader thread) One hand-off takes the messages that piled up.
+        self.inbox.put(message)
 
     def _on_message(self, message: object) -> None:
         try:

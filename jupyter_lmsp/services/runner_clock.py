@@ -111,27 +111,38 @@ class RunnerClock:
             child(MODEL_LOAD_SECONDS, model).observe(load_seconds)
 
     def tokens(self, task_id: str, n: int, batch_sizes: Iterable[int]) -> None:
+        """One choice's tokens (a lone `JobTokens`)."""
+        self.step([(task_id, n)], batch_sizes)
+
+    def step(self, rows: Iterable[tuple[str, int]], batch_sizes: Iterable[int]) -> None:
+        """The tokens of a step's rows (task id, tokens), counted together (issue 42: once per
+        step, not per row): one clock read, each model's counter once, and each row's tokens
+        in the inter-token histogram as before (one observation per token)."""
         if not enabled():
             return
         for size in batch_sizes:
             BATCH_SIZE.observe(size)
-        if not n:
-            return
         now = time.monotonic()
-        clock = self._tasks.get(task_id)
-        if clock is None:
-            return
-        child(OUTPUT_TOKENS, clock.model).inc(n)
-        if not clock.first_token_seen:
-            clock.first_token_seen = True
-            if clock.submitted is not None:
-                child(TTFT, clock.model).observe(now - clock.submitted)
-        elif clock.last_token is not None:
-            gap = (now - clock.last_token) / n
-            histogram = child(ITL, clock.model)
-            for _ in range(n):
-                histogram.observe(gap)
-        clock.last_token = now
+        counted: dict[str, int] = {}
+        for task_id, n in rows:
+            if not n:
+                continue
+            clock = self._tasks.get(task_id)
+            if clock is None:
+                continue
+            counted[clock.model] = counted.get(clock.model, 0) + n
+            if not clock.first_token_seen:
+                clock.first_token_seen = True
+                if clock.submitted is not None:
+                    child(TTFT, clock.model).observe(now - clock.submitted)
+            elif clock.last_token is not None:
+                gap = (now - clock.last_token) / n
+                histogram = child(ITL, clock.model)
+                for _ in range(n):
+                    histogram.observe(gap)
+            clock.last_token = now
+        for model, n in counted.items():
+            child(OUTPUT_TOKENS, model).inc(n)
 
     def accepted_drafts(self, task_id: str, n: int) -> None:
         """A generation finished; `n` of its tokens came from verified drafts."""

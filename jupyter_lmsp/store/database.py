@@ -13,12 +13,20 @@ SQLite. `synchronous_commit` stays on: a commit is durable before it returns.
 
 Opening a database brings its schema to the current revision (`schema.prepare`: created when
 empty, upgraded after a backup when older, refused when newer).
+
+`grouped()` runs several rules in one transaction (the runner's database thread, issue 42):
+inside it, on the same thread, each `writing()` is a savepoint of the group's transaction and
+each `reading()` reads on its connection, so every rule sees what the rules before it wrote and
+one that raises changes nothing, as if each were its own transaction; the group commits once
+(one `BEGIN IMMEDIATE` and one sync to disk for all of them). Nothing of it is visible to
+anyone before that commit.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -52,6 +60,8 @@ class Database:
         with `upgrade` False an older schema is left as it is, for `jupyter lmsp doctor`)."""
         self.url = url
         self.path: Path | None = None
+        # The connection of this thread's open `grouped()` transaction, if any.
+        self._group = threading.local()
         if url.startswith("postgresql+psycopg:"):
             self.dialect = dialect.POSTGRESQL
             self.engine: Engine = create_engine(
@@ -99,16 +109,45 @@ class Database:
         commits on success, rolls back on error. The store's one style: Core statements
         executed on this connection. On PostgreSQL the rules lock the rows they change
         (`select(...).with_for_update()`, `records.advisory_lock`)."""
+        group: Connection | None = getattr(self._group, "conn", None)
+        if group is not None:
+            # Inside `grouped()`: a savepoint, rolled back alone if the rule raises.
+            with group.begin_nested():
+                yield group
+            return
         # SQLite: `_on_begin` starts it with BEGIN IMMEDIATE (the default of a connection that
         # says nothing else).
         with self.engine.connect() as conn, conn.begin():
             yield conn
 
     @contextmanager
+    def grouped(self) -> Iterator[None]:
+        """One write transaction for every `writing()` and `reading()` this thread enters
+        until it ends (see the module docstring): committed at the end, rolled back whole if
+        the block raises."""
+        if getattr(self._group, "conn", None) is not None:
+            yield  # already in one: the outer group commits
+            return
+        with self.writing() as conn:
+            self._group.conn = conn
+            try:
+                yield
+            finally:
+                self._group.conn = None
+
+    @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A read transaction on a SQLAlchemy Core connection: one consistent snapshot of the
         database (SQLite: a deferred BEGIN; PostgreSQL: REPEATABLE READ, READ ONLY), nothing
-        written; rolled back at the end."""
+        written; rolled back at the end. Inside `grouped()`: the group's connection, which
+        sees what the group wrote so far."""
+        group: Connection | None = getattr(self._group, "conn", None)
+        if group is not None:
+            # A savepoint all the same: a read that fails must not spoil the group's
+            # transaction (on PostgreSQL an error aborts it up to the last savepoint).
+            with group.begin_nested():
+                yield group
+            return
         with self.engine.connect() as conn:
             if self.dialect == dialect.SQLITE:
                 conn = conn.execution_options(lmsp_begin="DEFERRED")

@@ -15,13 +15,14 @@ run one after the other, never interleaved.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Select, bindparam, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -74,6 +75,21 @@ _TASKS_FOR_UPDATE = (
 # One task (a single stream's every flush): `==` instead of the expanding IN, whose
 # parameters SQLAlchemy re-renders into the statement on each execution (~30 µs a commit).
 _TASK_FOR_UPDATE = select(TASKS).where(TASKS.c.id == bindparam("id")).with_for_update()
+# Up to a batch of tasks (issue 42: every flush of a batch's tasks): an IN of that many bound
+# parameters, built and compiled once per count, for the same reason.
+_BATCH_FOR_UPDATE_LIMIT = 64
+
+
+@functools.cache
+def _batch_for_update(n: int) -> Select[Any]:
+    return (
+        select(TASKS)
+        .where(TASKS.c.id.in_([bindparam(f"id{i}") for i in range(n)]))
+        .order_by(TASKS.c.id)
+        .with_for_update()
+    )
+
+
 _CLIENTS = table(Client)
 _CLIENT_FOR_UPDATE = select(_CLIENTS).where(_CLIENTS.c.id == bindparam("id")).with_for_update()
 _APPROVED_BY = select(_CLIENTS).where(_CLIENTS.c.approved_by == bindparam("id")).with_for_update()
@@ -268,6 +284,10 @@ def append_outputs(
         if len(outputs) == 1:
             (only,) = outputs
             rows = conn.execute(_TASK_FOR_UPDATE, {"id": only})
+        elif len(outputs) <= _BATCH_FOR_UPDATE_LIMIT:
+            rows = conn.execute(
+                _batch_for_update(len(outputs)), {f"id{i}": t for i, t in enumerate(outputs)}
+            )
         else:
             rows = conn.execute(_TASKS_FOR_UPDATE, {"ids": list(outputs)})
         found = {row.id: row for row in rows}
