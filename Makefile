@@ -139,7 +139,8 @@ jupyter-ai: $(JAI_VENV)/.installed
 # file never race each other). Most of a test's time is spent waiting on the servers and MLX
 # workers it starts, so three workers keep two CPUs busy.
 TEST_WORKERS ?= 3
-PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile
+# --no-loadscope-reorder: the files in the order tests/conftest.py puts them in, longest first.
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The checks and builds the tests need, before them. The two that may call apt-get go one after
 # the other (dpkg takes one at a time); the rest are independent of one another and made at once
