@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,38 @@ from jupyter_lmsp.store.database import sqlite_url
 # (`hf://a/b`) fails at once with download_failed. tests/test_downloads.py gives its servers
 # its own loopback hub.
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+
+# The test files that take longest, longest first, estimated from a full run's slowest tests
+# (`make test` prints 30) and the files' own timings. Under `--dist loadfile` each file runs whole
+# on one worker and xdist hands files out in the order collected (`--no-loadscope-reorder`;
+# xdist's own order is by number of tests, which put these few-test files last): a long file
+# handed out last runs alone on one worker after the others have run out of files.
+LONGEST_FILES = (
+    "test_crash_features",
+    "test_fuzz_openapi",
+    "test_crash_recovery",
+    "test_security_clients",
+    "test_workers",
+    "test_speculative",
+    "test_cancel_race",
+    "test_family_reasoning",
+    "test_security_models",
+    "test_notebooks",
+    "test_speculative_crash",
+    "test_multi_server",
+    "test_metrics",
+    "test_browser_widgets",
+    "test_cli",
+    "test_webhooks",
+    "test_jupyter_ai",
+    "test_call_formats",
+    "test_constrained",
+    "test_reasoning",
+    "test_sdk_features",
+    "test_worker_crash",
+    "test_security_quotas",
+    "test_batching",
+)
 
 # Modules whose PostgreSQL cases are marked `slow`: hundreds of raced transactions against a
 # server over TCP (44 s of the edit loop's 3 minutes); their SQLite cases stay in it.
@@ -45,6 +78,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             and item.module.__name__ in SLOW_ON_POSTGRESQL
         ):
             item.add_marker(pytest.mark.slow)
+    _longest_files_first(items)
+
+
+def _longest_files_first(items: list[pytest.Item]) -> None:
+    """`LONGEST_FILES` first, in their order; then the others by number of tests, most first
+    (what xdist's own order guesses from); each file's tests in their order. Every xdist worker
+    collects and sorts alike, as it must."""
+
+    def path(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    counts = Counter(path(item) for item in items)
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+
+    def key(item: pytest.Item) -> tuple[int, int, str]:
+        stem = path(item).rsplit("/", 1)[-1].removesuffix(".py")
+        return rank.get(stem, len(rank)), -counts[path(item)], path(item)
+
+    items.sort(key=key)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -20,8 +20,9 @@ TOKEN = "lmsp-test-token"
 MODEL = "tiny"
 # Options for a server that loads no server extension but LMSP: the venv enables JupyterLab's
 # (which runs `node yarn config` at every start), jupyter-lsp's, the terminals' and
-# notebook_shim's, about 0.9 s of CPU per start here, and a test that only speaks the LMSP API
-# never uses them. The crash tests start a server two or three times per case.
+# notebook_shim's, about 0.9 s of CPU per start here, and a test server only speaks the LMSP API
+# (and runs kernels, which are Jupyter Server's own). Every `ServerProcess` starts with them; the
+# browser tests' JupyterLab is `labserver.LabServer`.
 ONLY_LMSP = [
     f"--ServerApp.jpserver_extensions={name}=False"
     for name in ("jupyterlab", "jupyter_lsp", "jupyter_server_terminals", "notebook_shim")
@@ -37,7 +38,8 @@ def with_test_model(data_dir: Path, test_model_dir: Path) -> Path:
 
 class ServerProcess(LMSPServerProcess):
     """Extra keyword arguments become `--LMSPExtension.<name>=<value>` options; `env` is added
-    to the server's environment, `options` to its command line. Several servers on one data
+    to the server's environment, `options` to its command line (after `ONLY_LMSP`, so a test
+    may enable an extension again). Several servers on one data
     folder are told apart by `name` (their logs and runtime folders)."""
 
     # A cold start (the worker imports MLX and loads the model) is slow on a loaded CI machine.
@@ -59,7 +61,7 @@ class ServerProcess(LMSPServerProcess):
             default_model=default_model,
             traits=traits,
             env=env,
-            options=options or (),
+            options=[*ONLY_LMSP, *(options or ())],
             log_path=Path(data_dir) / f"server-{name}.log" if name else None,
             runtime_dir=Path(data_dir) / f"runtime-{name}" if name else None,
         )

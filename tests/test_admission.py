@@ -5,6 +5,8 @@ clients it approved, their unfinished tasks)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -129,3 +131,30 @@ def test_revoking_cancels_the_clients_tasks_and_those_it_approved(tmp_path):
     report = rules.recover_at_startup(db)
     assert report.transitions.get("cancelling->cancelled") == 1
     assert report.transitions.get("running->running") == 1
+
+
+# A process whose tokenizer warm-up never ends: it must exit all the same.
+WARM_UP_NEVER_ENDS = """
+import threading
+from types import SimpleNamespace
+from jupyter_lmsp.services.admission import Admission
+
+admission = Admission()
+started = threading.Event()
+
+def warm(key, path):
+    started.set()
+    threading.Event().wait(600)
+
+admission.counter.warm = warm
+admission.warm(SimpleNamespace(path="/nowhere", digest="x"))
+assert started.wait(60)
+admission.close()
+"""
+
+
+def test_a_server_exits_without_waiting_for_the_tokenizer_warm_up():
+    # A server stopped soon after its start used to wait for the warm-up (importing
+    # transformers and loading the tokenizer, seconds of CPU) before it could exit.
+    done = subprocess.run([sys.executable, "-c", WARM_UP_NEVER_ENDS], timeout=60)
+    assert done.returncode == 0

@@ -10,7 +10,7 @@ import json
 import time
 
 import pytest
-from serverproc import ONLY_LMSP, ServerProcess, with_test_model
+from serverproc import ServerProcess, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -88,9 +88,7 @@ def backend(request):
 
 def test_kill_before_generation_queued_tasks(lmsp_data, backend):
     # One generation at a time, so the later tasks are still queued when the server dies.
-    server = ServerProcess(
-        lmsp_data, options=ONLY_LMSP, max_batch_size=1, **SLOW, **backend
-    ).start()
+    server = ServerProcess(lmsp_data, max_batch_size=1, **SLOW, **backend).start()
     with server.client() as c:
         busy = create(c, max_output_tokens=400, temperature=0, on_restart="fail")
         wait_for(c, busy["task_id"], lambda t, log: len(deltas(log)) >= 2)
@@ -105,7 +103,7 @@ def test_kill_before_generation_queued_tasks(lmsp_data, backend):
     server.kill()
 
     with (
-        ServerProcess(lmsp_data, options=ONLY_LMSP, **backend).start() as server2,
+        ServerProcess(lmsp_data, **backend).start() as server2,
         server2.client() as c,
     ):
         task, log = wait_for(c, busy["task_id"], finished)
@@ -136,7 +134,7 @@ def uninterrupted(tmp_path_factory, test_model_dir):
         key = json.dumps(request, sort_keys=True)
         if key not in made:
             data = with_test_model(tmp_path_factory.mktemp("ref"), test_model_dir)
-            with ServerProcess(data, options=ONLY_LMSP).start() as ref, ref.client() as c:
+            with ServerProcess(data).start() as ref, ref.client() as c:
                 reference = create(c, **request)
                 _, ref_log = wait_for(c, reference["task_id"], finished)
                 final = check_log(ref_log)["response"]
@@ -163,7 +161,7 @@ def test_kill_during_generation_resume_gives_the_uninterrupted_text(
     # The reference: the same request, uninterrupted, on a server of its own.
     expected_text, expected_tokens, expected_end = uninterrupted(request)
 
-    server = ServerProcess(lmsp_data, options=ONLY_LMSP, **SLOW, **backend).start()
+    server = ServerProcess(lmsp_data, **SLOW, **backend).start()
     with server.client() as c:
         resp = create(c, **request)
         _, seen = wait_for(c, resp["task_id"], lambda t, log: len(deltas(log)) >= 15)
@@ -171,7 +169,7 @@ def test_kill_during_generation_resume_gives_the_uninterrupted_text(
     seen_until = seen[-1]["sequence_number"]
 
     with (
-        ServerProcess(lmsp_data, options=ONLY_LMSP, **backend).start() as server2,
+        ServerProcess(lmsp_data, **backend).start() as server2,
         server2.client() as c,
     ):
         rest = read_sse(server2, f"/tasks/{resp['task_id']}/events", seen_until)
@@ -189,12 +187,12 @@ def test_kill_during_generation_resume_gives_the_uninterrupted_text(
 
 @pytest.mark.parametrize("policy", ["fail", "retry"])
 def test_kill_during_generation_fail_and_retry(lmsp_data, policy):
-    server = ServerProcess(lmsp_data, options=ONLY_LMSP, **SLOW).start()
+    server = ServerProcess(lmsp_data, **SLOW).start()
     with server.client() as c:
         resp = create(c, max_output_tokens=60, temperature=0, on_restart=policy)
         wait_for(c, resp["task_id"], lambda t, log: len(deltas(log)) >= 5)
     server.kill()
-    with ServerProcess(lmsp_data, options=ONLY_LMSP).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task, log = wait_for(c, resp["task_id"], finished)
         last = check_log(log)
         if policy == "fail":
@@ -212,26 +210,26 @@ def test_kill_during_generation_fail_and_retry(lmsp_data, policy):
 
 
 def test_kill_while_cancelling(lmsp_data):
-    server = ServerProcess(lmsp_data, options=ONLY_LMSP, engine_token_delay=1.0).start()
+    server = ServerProcess(lmsp_data, engine_token_delay=1.0).start()
     with server.client() as c:
         resp = create(c, max_output_tokens=50, on_restart="resume")
         wait_for(c, resp["task_id"], lambda t, log: t["state"] == "running")
         state = c.post(f"/tasks/{resp['task_id']}/cancel").json()["state"]
         server.kill()
     assert state == "cancelling"
-    with ServerProcess(lmsp_data, options=ONLY_LMSP).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task, log = wait_for(c, resp["task_id"], finished)
         assert task["state"] == "cancelled"
         assert check_log(log)["type"] == "response.cancelled"
 
 
 def test_kill_after_generation_leaves_finished_tasks_alone(lmsp_data):
-    server = ServerProcess(lmsp_data, options=ONLY_LMSP).start()
+    server = ServerProcess(lmsp_data).start()
     with server.client() as c:
         done = create(c, max_output_tokens=10, on_restart="fail")
         _, before = wait_for(c, done["task_id"], finished)
     server.kill()
-    with ServerProcess(lmsp_data, options=ONLY_LMSP).start() as server2, server2.client() as c:
+    with ServerProcess(lmsp_data).start() as server2, server2.client() as c:
         task = c.get(f"/tasks/{done['task_id']}").json()
         assert task["state"] == "completed"
         assert events(c, done["task_id"]) == before
@@ -239,9 +237,9 @@ def test_kill_after_generation_leaves_finished_tasks_alone(lmsp_data):
 
 
 def test_a_started_server_entered_as_a_context_is_not_started_again(lmsp_data):
-    """`with ServerProcess(..., options=ONLY_LMSP).start() as server:` (as the tests above write it) runs one
+    """`with ServerProcess(...).start() as server:` (as the tests above write it) runs one
     server, and stops it on the way out; it used to start a second one and leak the first."""
-    server = ServerProcess(lmsp_data, options=ONLY_LMSP).start()
+    server = ServerProcess(lmsp_data).start()
     first = server.proc
     with server as same:
         assert same.proc is first and same.running

@@ -594,6 +594,22 @@ def test_start_returns_while_the_environment_is_prepared(test_model_dir: Path) -
         client.stop()
 
 
+def test_stop_before_the_worker_is_ready_ends_it_without_waiting() -> None:
+    # A worker still importing MLX holds no job: stop() ends it rather than wait seconds for
+    # it to read the shutdown (every test server stopped soon after its start waited so).
+    recorder = Recorder()
+    client = EngineClient(recorder)
+    client.start()
+    deadline = time.monotonic() + 30
+    while client.pid is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert client.pid is not None and client.alive
+    client.stop()
+    assert not client.alive
+    # A worker left to finish its import would have said it was ready before it exited.
+    assert not any(isinstance(m, WorkerReady) for m in recorder.messages)
+
+
 def test_stop_while_the_environment_is_prepared_spawns_nothing() -> None:
     release = threading.Event()
     prepared = threading.Event()

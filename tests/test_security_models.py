@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from securityhelpers import bearer, database, pair, wait_task
-from serverproc import ONLY_LMSP, ServerProcess, with_test_model
+from serverproc import ServerProcess, with_test_model
 
 from jupyter_lmsp.models.digests import file_digests
 
@@ -36,7 +36,7 @@ def sparse(path, size):
 def test_a_client_cannot_delete_the_owners_model_folder(lmsp_data, test_model_dir):
     owners = lmsp_data / "models" / "owners-model"
     shutil.copytree(test_model_dir, owners)  # registered in place at start-up
-    with ServerProcess(lmsp_data, options=ONLY_LMSP) as server:
+    with ServerProcess(lmsp_data) as server:
         c = pair(server, "writer", WRITER)
         with bearer(server, c["access_token"]) as client:
             for source in (f"{owners}/", f"{owners}/.", f"{owners}/../owners-model"):
@@ -57,7 +57,7 @@ def test_a_forged_marker_does_not_make_a_folder_deletable(lmsp_data, test_model_
     (forged / ".lmsp-managed").write_text(
         json.dumps({"created_by": "jupyter-lmsp", "model_id": "forged", "task_id": "x"})
     )
-    with ServerProcess(lmsp_data, options=ONLY_LMSP) as server, server.client() as owner:
+    with ServerProcess(lmsp_data) as server, server.client() as owner:
         assert owner.get("/models/forged").json()["state"] == "available"
         assert owner.delete("/models/forged").status_code == 200
     assert (forged / "config.json").is_file()
@@ -70,7 +70,7 @@ def test_a_conversion_never_writes_into_an_existing_folder(lmsp_data, demo_gguf)
     (notes / "thesis.txt").write_text("years of work")
     gguf = lmsp_data / "models" / "smol.gguf"
     gguf.symlink_to(demo_gguf)
-    with ServerProcess(lmsp_data, options=ONLY_LMSP) as server:
+    with ServerProcess(lmsp_data) as server:
         c = pair(server, "writer", WRITER)
         with bearer(server, c["access_token"]) as client, server.client() as owner:
             r = client.post("/models", json={"source": str(gguf), "id": "notes"})
@@ -99,7 +99,7 @@ def shared(tmp_path_factory, test_model_dir):
     configuration and only add models after start-up, under names of their own: one server
     for the three of them (each started its own, ~5 s of CPU apiece)."""
     data = with_test_model(tmp_path_factory.mktemp("shared"), test_model_dir)
-    with ServerProcess(data, options=ONLY_LMSP) as server:
+    with ServerProcess(data) as server:
         yield data, server
 
 
@@ -186,7 +186,7 @@ def test_the_total_size_is_capped_before_anything_is_read(lmsp_data, test_model_
     shutil.copytree(test_model_dir, huge)
     sparse(huge / "padding.bin", 200 * 1024**3)  # a 200 GiB sparse file: hashing it takes hours
     with (
-        ServerProcess(lmsp_data, options=ONLY_LMSP, max_model_bytes=64 * 1024**3) as server,
+        ServerProcess(lmsp_data, max_model_bytes=64 * 1024**3) as server,
         server.client() as owner,
     ):
         started = time.monotonic()
@@ -207,7 +207,7 @@ def test_registrations_run_one_at_a_time(lmsp_data, test_model_dir, tmp_path):
         sparse(d / "padding.bin", 96 * 1024**2)  # some hashing to do
         sources.append(d)
     with (
-        ServerProcess(lmsp_data, options=ONLY_LMSP, registration_concurrency=1) as server,
+        ServerProcess(lmsp_data, registration_concurrency=1) as server,
         server.client() as owner,
     ):
         ids = [owner.post("/models", json={"source": str(d)}).json()["id"] for d in sources]
@@ -281,7 +281,7 @@ def test_verifying_a_model_neither_stalls_streams_nor_ignores_cancels(lmsp_data,
     # Recorded, so verified before each load: seconds of hashing (10 s on a busy 2-core
     # machine), during which every stream stopped before.
     padding = sparse(bulky / "padding.bin", 1536 * 1024**2)
-    with ServerProcess(lmsp_data, options=ONLY_LMSP, **SLOW) as server, server.client() as owner:
+    with ServerProcess(lmsp_data, **SLOW) as server, server.client() as owner:
         r = owner.post("/models", json={"source": str(bulky), "id": "bulky"})
         assert wait_task(owner, r.json()["id"], timeout=300)["state"] == "completed"
         with DeltaClock(server, tokens=1500) as clock:
@@ -315,7 +315,7 @@ def test_verifying_a_model_neither_stalls_streams_nor_ignores_cancels(lmsp_data,
 
 def test_files_changed_after_registration_are_refused_without_reading(lmsp_data, test_model_dir):
     huge = sparse(lmsp_data / "huge.bin", 200 * 1024**3)
-    with ServerProcess(lmsp_data, options=ONLY_LMSP, **SLOW) as server, server.client() as owner:
+    with ServerProcess(lmsp_data, **SLOW) as server, server.client() as owner:
         for name, tamper in (
             ("extra", lambda d: (d / "model-00002.safetensors").symlink_to(huge)),
             (

@@ -41,6 +41,7 @@ from jupyter_lmsp.engine.messages import (
     SlotsWanted,
     UnloadModel,
     WorkerExited,
+    WorkerReady,
     WorkerSettings,
 )
 from jupyter_lmsp.engine.spawn import start_without_main
@@ -113,6 +114,9 @@ class _Session:
     in_flight: dict[str, None] = field(default_factory=dict)
     stopping: bool = False
     exited: bool = False
+    # Set when its `WorkerReady` has been read: until then it is importing MLX and reads no
+    # message.
+    ready: bool = False
     reader: threading.Thread | None = None
     writer: threading.Thread | None = None
     # The reader thread and stop() both wait for the process. Two threads in waitpid race
@@ -284,7 +288,9 @@ class EngineClient:
         return process, parent_conn
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Ask the worker to shut down, wait up to `timeout`, then kill it. Idempotent."""
+        """Ask the worker to shut down, wait up to `timeout`, then kill it. Idempotent.
+
+        A worker not ready yet that holds no job is ended at once."""
         with self._lock:
             session = self._session
             if session is None:
@@ -299,6 +305,13 @@ class EngineClient:
                 if self._session is session:
                     self._session = None
             return
+        with self._lock:
+            unready_and_idle = not session.ready and not session.in_flight
+        if unready_and_idle:
+            # A worker that has not said it is ready is still importing MLX (seconds of CPU)
+            # and would read the shutdown only once done; it holds no job, so a polite
+            # shutdown would keep nothing: end it now.
+            session.kill()
         if not session.wait(timeout):
             pid = session.process.pid if session.process is not None else None
             self._log.warning("engine worker %s did not stop; killing it", pid)
@@ -425,6 +438,9 @@ class EngineClient:
                     continue
                 if isinstance(message, JobFinished | JobFailed | JobCancelled):
                     self._end_job(session, message.job_id)
+                elif isinstance(message, WorkerReady):
+                    with self._lock:
+                        session.ready = True
                 self._deliver(message)
 
         session.wait(5.0)

@@ -51,6 +51,9 @@ class PromptCounter:
         self._tokenizers: OrderedDict[str, Any] = OrderedDict()
         self._max = max_tokenizers
         self._lock = threading.Lock()
+        # Held while a tokenizer loads: a count that comes while the start-up warm-up (a thread
+        # of its own) loads the same tokenizer waits for it rather than load a second copy.
+        self._loading = threading.Lock()
 
     def count(
         self,
@@ -80,23 +83,32 @@ class PromptCounter:
             self._tokenizer(key, Path(model_path))
 
     def _tokenizer(self, key: str, path: Path) -> Any:
+        found = self._loaded(key)
+        if found is not None:
+            return found
+        with self._loading:
+            found = self._loaded(key)
+            if found is not None:
+                return found
+            try:
+                from mlx_lm.utils import load_tokenizer
+
+                config = json.loads((path / "config.json").read_text())
+                tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+            except Exception as e:  # no tokenizer files, a broken config: not countable here
+                raise PromptTooHard(f"{type(e).__name__}: {e}") from e
+            with self._lock:
+                self._tokenizers[key] = tokenizer
+                while len(self._tokenizers) > self._max:
+                    self._tokenizers.popitem(last=False)
+        return tokenizer
+
+    def _loaded(self, key: str) -> Any:
         with self._lock:
             found = self._tokenizers.get(key)
             if found is not None:
                 self._tokenizers.move_to_end(key)
-                return found
-        try:
-            from mlx_lm.utils import load_tokenizer
-
-            config = json.loads((path / "config.json").read_text())
-            tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
-        except Exception as e:  # no tokenizer files, a broken config: not countable here
-            raise PromptTooHard(f"{type(e).__name__}: {e}") from e
-        with self._lock:
-            self._tokenizers[key] = tokenizer
-            while len(self._tokenizers) > self._max:
-                self._tokenizers.popitem(last=False)
-        return tokenizer
+            return found
 
 
 def _call_format(tokenizer: Any, tools: ToolSpec | None) -> CallFormat:

@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import functools
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
@@ -91,7 +92,16 @@ class Admission:
 
     def warm(self, model: Model) -> None:
         """Load `model`'s tokenizer in the background, so the first request does not wait."""
-        self._executor.submit(self.counter.warm, _key(model), model.path)
+        # On a daemon thread, not the executor: the interpreter joins an executor's threads at
+        # exit, so a server stopped during the warm-up (importing transformers and loading the
+        # tokenizer: seconds of CPU) waited for it to end. A count that comes meanwhile waits
+        # for the same load (`PromptCounter` loads one tokenizer at a time).
+        threading.Thread(
+            target=self.counter.warm,
+            args=(_key(model), model.path),
+            name="lmsp-tokenizer-warm-up",
+            daemon=True,
+        ).start()
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """`fn` on admission's own thread (CPU work at request time: counting a prompt,
