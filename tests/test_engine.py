@@ -110,7 +110,9 @@ class Engine:
         fields.update(kwargs)
         return GenerateJob(job_id=job_id, **fields)
 
-    def wait_end(self, job_id: str, timeout: float = 30.0) -> Run:
+    # Long enough for a first job that loads the demo model on a loaded machine (make test
+    # beside a CPU hog timed out at 30 s): the wait ends as soon as the job does.
+    def wait_end(self, job_id: str, timeout: float = 180.0) -> Run:
         end = self.recorder.wait_for(
             lambda m: isinstance(m, END_TYPES) and m.job_id == job_id, timeout
         )

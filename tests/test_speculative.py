@@ -771,6 +771,9 @@ def test_the_worker_reports_accepted_draft_tokens(test_model_dir: Path) -> None:
             eng.client.stop()
 
 
+# The demo model, two engines, eight runs: ~70 s on a quiet machine; a loaded one (make test
+# beside a CPU hog, load ~10) has taken over 5 minutes.
+@pytest.mark.timeout(900)
 def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
     demo_model_dir: Path, worker_blas: Any
 ) -> None:
