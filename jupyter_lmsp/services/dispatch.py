@@ -131,12 +131,8 @@ class EngineDispatcher:
                 output.receive(task, row)
 
     def job_tokens(self, message: JobTokens) -> None:
-        """One choice's tokens (alone, or a row of a step's `StepTokens`)."""
-        runner = self.runner
-        runner.clock.tokens(message.job_id, len(message.token_ids), message.batch_sizes)
-        task = runner.slots.get(message.job_id)
-        if task is not None:
-            runner.output.receive(task, message)
+        """One choice's tokens sent alone (as its choice ends or fails): a step of one row."""
+        self.step_tokens([message])
 
     def choice_ended(self, task_id: str, choice: int, reason: str) -> None:
         task = self.runner.slots.get(task_id)

@@ -110,10 +110,6 @@ class RunnerClock:
             child(MODEL_LOADS, model).inc()
             child(MODEL_LOAD_SECONDS, model).observe(load_seconds)
 
-    def tokens(self, task_id: str, n: int, batch_sizes: Iterable[int]) -> None:
-        """One choice's tokens (a lone `JobTokens`)."""
-        self.step([(task_id, n)], batch_sizes)
-
     def step(self, rows: Iterable[tuple[str, int]], batch_sizes: Iterable[int]) -> None:
         """The tokens of a step's rows (task id, tokens), counted together (issue 42: once per
         step, not per row): one clock read, each model's counter once, and each row's tokens
