@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serverproc import TOKEN
+from serverproc import TLS, TOKEN
 
 from jupyter_lmsp.client.sandbox import LMSPServerProcess
 
@@ -71,4 +71,4 @@ class LabServer(LMSPServerProcess):
 
     def client(self) -> httpx.Client:
         # Generous: see ServerProcess.client.
-        return httpx.Client(base_url=self.api, headers=self.headers, timeout=120)
+        return httpx.Client(verify=TLS, base_url=self.api, headers=self.headers, timeout=120)

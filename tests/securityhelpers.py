@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from serverproc import TLS
 
 ALL_SCOPES = [
     "models:read",
@@ -25,7 +26,10 @@ TERMINAL_STATES = ("completed", "failed", "cancelled")
 
 def pair(server: Any, name: str, scopes: list[str], grant: list[str] | None = None) -> dict:
     """The whole device flow over HTTP (start, the owner approves, one poll): the token answer."""
-    with httpx.Client(base_url=server.api, timeout=30) as anon, server.client() as owner:
+    with (
+        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        server.client() as owner,
+    ):
         started = anon.post("/pairings", json={"client_name": name, "scopes": scopes})
         assert started.status_code == 201, started.text
         p = started.json()
@@ -39,6 +43,7 @@ def pair(server: Any, name: str, scopes: list[str], grant: list[str] | None = No
 
 def bearer(server: Any, token: str, **kw: Any) -> httpx.Client:
     kw.setdefault("timeout", 30)
+    kw.setdefault("verify", TLS)
     return httpx.Client(base_url=server.api, headers={"Authorization": f"Bearer {token}"}, **kw)
 
 

@@ -16,6 +16,10 @@ import httpx
 from jupyter_lmsp.client.sandbox import LMSPServerProcess
 
 TOKEN = "lmsp-test-token"
+# One TLS context for every test client: httpx builds a new one (loading the CA bundle, ~25 ms
+# of CPU) for each client made without it, and the suite makes thousands. The test servers
+# speak plain HTTP; it is never used for anything but being there.
+TLS = httpx.create_ssl_context()
 # The name the test model is served under (every test server's default model).
 MODEL = "tiny"
 # Options for a server that loads no server extension but LMSP: the venv enables JupyterLab's
@@ -75,4 +79,5 @@ class ServerProcess(LMSPServerProcess):
         # slower on a loaded machine (issue 43: make test passes beside a CPU hog). A test that
         # needs a short timeout passes its own.
         kw.setdefault("timeout", 120)
+        kw.setdefault("verify", TLS)
         return httpx.Client(base_url=self.api, headers=self.headers, **kw)
