@@ -25,41 +25,59 @@ from jupyter_lmsp.store.database import sqlite_url
 # its own loopback hub.
 os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
 
-# The test files that take longest, longest first, estimated from a full run's slowest tests
-# (`make test` prints 30) and the files' own timings. Under `--dist loadfile` each file runs whole
-# on one worker and xdist hands files out in the order collected (`--no-loadscope-reorder`;
-# xdist's own order is by number of tests, which put these few-test files last): a long file
-# handed out last runs alone on one worker after the others have run out of files.
+# The test files that take longest, longest first: each file's total time in a full quiet
+# `make test` (junit XML, 2026-12-07: 2400 s of tests in all, the first 184 s, the last here
+# 18 s). Under `--dist loadfile` each file runs whole on one worker and xdist hands files out in
+# the order collected (`--no-loadscope-reorder`; xdist's own order is by number of tests, which
+# put these few-test files last): a long file handed out last runs alone on one worker after the
+# others have run out of files. `make test-fast` keeps the order for the files it runs.
 LONGEST_FILES = (
-    "test_crash_features",
     "test_fuzz_openapi",
-    "test_crash_recovery",
-    "test_security_clients",
-    "test_workers",
+    "test_crash_features",
     "test_speculative",
-    "test_cancel_race",
-    "test_family_reasoning",
-    "test_security_models",
-    "test_notebooks",
-    "test_speculative_crash",
+    "test_crash_recovery",
     "test_multi_server",
-    "test_metrics",
-    "test_browser_widgets",
-    "test_cli",
-    "test_webhooks",
-    "test_jupyter_ai",
-    "test_call_formats",
-    "test_constrained",
-    "test_reasoning",
+    "test_cancel_race",
+    "test_workers",
     "test_sdk_features",
-    "test_worker_crash",
-    "test_security_quotas",
+    "test_labextension",
+    "test_cli",
+    "test_browser_widgets",
+    "test_notebooks",
     "test_batching",
+    "test_security_quotas",
+    "test_security_clients",
+    "test_security_models",
+    "test_blas",
+    "test_metrics",
+    "test_engine",
+    "test_constrained",
+    "test_openai_sdk",
+    "test_family_reasoning",
+    "test_recovery_table",
+    "test_call_formats",
+    "test_speculative_crash",
+    "test_websocket",
+    "test_open_responses",
+    "test_reasoning_engine",
+    "test_webhooks",
+    "test_disconnect",
+    "test_jupyter_ai",
+    "test_conversations_crash",
+    "test_maintenance",
+    "test_idempotency",
+    "test_grammar_budget",
+    "test_penalties",
+    "test_worker_crash",
+    "test_keep_alive",
+    "test_demo_resume",
+    "test_reasoning",
 )
 
 # Modules whose PostgreSQL cases are marked `slow`: hundreds of raced transactions against a
-# server over TCP (44 s of the edit loop's 3 minutes); their SQLite cases stay in it.
-SLOW_ON_POSTGRESQL = {"test_cancel_race"}
+# server over TCP (test_cancel_race's were 44 s of the edit loop's 3 minutes, test_recovery_table's
+# 29 s); their SQLite cases stay in it.
+SLOW_ON_POSTGRESQL = {"test_cancel_race", "test_recovery_table"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

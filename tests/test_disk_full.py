@@ -21,7 +21,7 @@ import pytest
 from securityhelpers import database
 from serverproc import MODEL, ServerProcess, with_test_model
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 
 @pytest.fixture

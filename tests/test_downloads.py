@@ -26,7 +26,8 @@ from serverproc import ServerProcess, with_test_model
 from jupyter_lmsp.models.digests import file_digests, model_digest
 from jupyter_lmsp.protocol.events import TaskProgressEvent
 
-pytestmark = pytest.mark.timeout(600)
+# Every test runs on the module's server subprocess (`site`).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

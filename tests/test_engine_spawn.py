@@ -97,6 +97,7 @@ def mapped_files(pid: int) -> set[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/<pid>/maps")
+@pytest.mark.slow  # a server subprocess
 def test_the_worker_of_a_script_started_server_does_not_import_jupyter_server(lmsp_data):
     """End to end: Tornado (which every Jupyter Server imports, and which maps its compiled
     `speedups` module) is absent from the worker of a console-script server that has answered."""

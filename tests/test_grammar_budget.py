@@ -195,6 +195,7 @@ def _stream_gaps(server: Any, stop: threading.Event, out: dict[str, Any]) -> Non
     out["gaps"] = gaps
 
 
+@pytest.mark.slow  # the module's server subprocess
 def test_bombs_from_one_client_hold_up_nobody_else(server):
     scopes = ["responses:write", "responses:read"]
     with (

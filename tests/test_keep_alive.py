@@ -29,7 +29,8 @@ from jupyter_lmsp.models.testmodel import make_test_model
 from jupyter_lmsp.protocol.params import TaskParams
 from jupyter_lmsp.services.generation import Generation
 
-pytestmark = pytest.mark.timeout(300)
+# Every test starts server subprocesses.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 OTHER = "other"
 

@@ -315,6 +315,7 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
 
 
 @pytest.mark.parametrize("path", ["/responses", "/chat/completions"])
+@pytest.mark.slow  # the module's server subprocess
 def test_an_effort_the_model_cannot_take_is_a_400_naming_what_it_can(
     http: httpx.Client, path: str
 ) -> None:
@@ -336,6 +337,7 @@ def test_an_effort_the_model_cannot_take_is_a_400_naming_what_it_can(
     assert "'none' or 'minimal'" in error["message"], error
 
 
+@pytest.mark.slow  # the module's server subprocess
 def test_responses_take_an_effort_and_a_budget_and_echo_the_effort(http: httpx.Client) -> None:
     body = {
         "model": "thinker",
@@ -363,6 +365,7 @@ def test_responses_take_an_effort_and_a_budget_and_echo_the_effort(http: httpx.C
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow  # the module's server subprocess
 def test_chat_completions_take_an_effort_and_a_budget(http: httpx.Client) -> None:
     body = {
         "model": "thinker",
@@ -379,6 +382,7 @@ def test_chat_completions_take_an_effort_and_a_budget(http: httpx.Client) -> Non
     assert completion["usage"]["completion_tokens_details"]["reasoning_tokens"] == 7
 
 
+@pytest.mark.slow  # the module's server subprocess
 def test_the_owners_budget_applies_when_a_request_gives_none(http: httpx.Client) -> None:
     body = {"model": "thinker", "input": "Hi", "max_output_tokens": 20, "temperature": 0}
     r = http.post("/responses", json=body)

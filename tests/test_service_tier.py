@@ -120,6 +120,7 @@ def finished(http: httpx.Client, response_id: str) -> dict[str, Any]:
     raise AssertionError(f"{response_id} did not finish")
 
 
+@pytest.mark.slow  # the module's server subprocess
 def test_one_callers_requests_run_by_tier(http):
     # The row is busy for a while (its tokens at 100 ms or more each).
     busy = create(http, 200)
@@ -157,6 +158,7 @@ def test_one_callers_requests_run_by_tier(http):
     assert done["auto"]["service_tier"] == "default"
 
 
+@pytest.mark.slow  # the module's server subprocess
 def test_chat_completions_take_the_tier_too(http):
     r = http.post(
         "/chat/completions",
@@ -173,6 +175,7 @@ def test_chat_completions_take_the_tier_too(http):
 
 
 @pytest.mark.parametrize("tier", ["scale", "fast", 3])
+@pytest.mark.slow  # the module's server subprocess
 def test_a_tier_the_queue_has_not_is_a_400(http, tier):
     r = http.post("/responses", json={"model": MODEL, "input": "Hi", "service_tier": tier})
     assert r.status_code == 400, r.text
