@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/bench_revisions.py [--base 13901ca] [--head HEAD] [--rounds 5]
 
 Each revision is unpacked from git (`git archive REV | tar -x`, into /tmp/lmsp-bench-<sha>,
-removed afterwards; the repository's worktree list stays as it was) and served by a real
-`jupyter server` of this venv's interpreter with that tree first on PYTHONPATH and a folder
+byte-compiled as an install would be, removed afterwards; the repository's worktree list stays
+as it was) and served by a real `jupyter server` of this venv's interpreter with that tree first on PYTHONPATH and a folder
 of its own as the working directory (`python -m` puts the working directory ahead of
 PYTHONPATH, and the venv's editable install of /work/main is on sys.path too: neither may
 win). The server is started through a bootstrap (`python -c`) that prints the
@@ -144,6 +144,14 @@ def unpack(rev: str) -> tuple[str, Path]:
     archive = subprocess.Popen(["git", "-C", str(ROOT), "archive", sha], stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(tree)], stdin=archive.stdout, check=True)
     assert archive.wait() == 0
+    # Compiled once, as an install compiles the package (pip byte-compiles what it installs):
+    # where PYTHONDONTWRITEBYTECODE is set, every server and worker started from a bare tree
+    # compiles it again, and the larger tree measures slower to start for that alone.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(tree / "jupyter_lmsp")],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return sha, tree
 
 
