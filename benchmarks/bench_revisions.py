@@ -5,9 +5,9 @@
 Each revision is unpacked from git (`git archive REV | tar -x`, into /tmp/lmsp-bench-<sha>,
 byte-compiled as an install would be, removed afterwards; the repository's worktree list stays
 as it was) and served by a real `jupyter server` of this venv's interpreter with that tree first
-on PYTHONPATH and a folder of its own as the working directory (`python -m` puts the working directory ahead of
-PYTHONPATH, and the venv's editable install of /work/main is on sys.path too: neither may
-win). The server is started through a bootstrap (`python -c`) that prints the
+on PYTHONPATH and a folder of its own as the working directory (`python -m` puts the working
+directory ahead of PYTHONPATH, and the venv's editable install of /work/main is on sys.path too:
+neither may win). The server is started through a bootstrap (`python -c`) that prints the
 `jupyter_lmsp.__file__` it imported before it runs `jupyter_server`'s main; the benchmark reads
 it from the server's log and stops if it is not the revision's tree. The inference worker is
 spawned by multiprocessing from that server and inherits its sys.path.
