@@ -34,11 +34,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-
-import httpx
+from typing import TYPE_CHECKING
 
 from ..store import webhooks as outbox
 from ..store.database import Database
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +141,6 @@ class WebhookDeliverer:
         if self._thread is not None:
             return
         s = self.settings
-        self._client = httpx.Client(
-            timeout=httpx.Timeout(s.timeout),
-            follow_redirects=False,
-            trust_env=False,  # only the owner's URL is called, never through a proxy of the env
-            limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=0),
-        )
         self._pool = ThreadPoolExecutor(s.concurrency, thread_name_prefix="lmsp-webhook-send")
         self._thread = threading.Thread(target=self._run, name="lmsp-webhooks", daemon=True)
         self._thread.start()
@@ -162,8 +158,27 @@ class WebhookDeliverer:
             # Sends under way end within their timeout; their rows stay claimed until then,
             # and are sent again if the outcome was not recorded.
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._client is not None:
-            self._client.close()
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    def _http(self) -> httpx.Client:
+        """The senders' HTTP client, made at the first send: importing httpx and building its TLS
+        context cost every server start ~70 ms of CPU, and most servers never send a webhook."""
+        import httpx
+
+        with self._lock:
+            if self._client is None:
+                s = self.settings
+                self._client = httpx.Client(
+                    timeout=httpx.Timeout(s.timeout),
+                    follow_redirects=False,
+                    # Only the owner's URL is called, never through a proxy of the environment.
+                    trust_env=False,
+                    limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=0),
+                )
+            return self._client
 
     # -- the dispatcher --------------------------------------------------------------------
 
@@ -249,7 +264,9 @@ class WebhookDeliverer:
     def post(self, due: outbox.Due) -> tuple[int | None, str | None, float | None]:
         """One attempt: the HTTP status (None if there was no answer), what went wrong, and
         the seconds a 429 or 503 asked to wait (its `Retry-After`; None if it did not)."""
-        assert self._client is not None
+        import httpx
+
+        client = self._http()
         delivery = due.delivery
         body = delivery.payload.encode()
         timestamp = int(time.time())
@@ -262,7 +279,7 @@ class WebhookDeliverer:
         }
         try:
             # The answer's head decides; its body is never read.
-            with self._client.stream("POST", due.url, content=body, headers=headers) as answer:
+            with client.stream("POST", due.url, content=body, headers=headers) as answer:
                 status = answer.status_code
                 retry_after = None
                 if status in RETRY_AFTER_STATUSES:
