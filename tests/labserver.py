@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serverproc import TLS, TOKEN
+from serverproc import TOKEN, http_client
 
 from jupyter_lmsp.client.sandbox import LMSPServerProcess
 
@@ -71,4 +71,4 @@ class LabServer(LMSPServerProcess):
 
     def client(self) -> httpx.Client:
         # Generous: see ServerProcess.client.
-        return httpx.Client(verify=TLS, base_url=self.api, headers=self.headers, timeout=120)
+        return http_client(base_url=self.api, headers=self.headers, timeout=120)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from serverproc import TLS
+from serverproc import http_client
 
 ALL_SCOPES = [
     "models:read",
@@ -27,7 +27,7 @@ TERMINAL_STATES = ("completed", "failed", "cancelled")
 def pair(server: Any, name: str, scopes: list[str], grant: list[str] | None = None) -> dict:
     """The whole device flow over HTTP (start, the owner approves, one poll): the token answer."""
     with (
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
         server.client() as owner,
     ):
         started = anon.post("/pairings", json={"client_name": name, "scopes": scopes})
@@ -43,8 +43,7 @@ def pair(server: Any, name: str, scopes: list[str], grant: list[str] | None = No
 
 def bearer(server: Any, token: str, **kw: Any) -> httpx.Client:
     kw.setdefault("timeout", 30)
-    kw.setdefault("verify", TLS)
-    return httpx.Client(base_url=server.api, headers={"Authorization": f"Bearer {token}"}, **kw)
+    return http_client(base_url=server.api, headers={"Authorization": f"Bearer {token}"}, **kw)
 
 
 def wait_task(client: httpx.Client, task_id: str, predicate=None, timeout: float = 120.0) -> dict:

@@ -20,6 +20,14 @@ TOKEN = "lmsp-test-token"
 # of CPU) for each client made without it, and the suite makes thousands. The test servers
 # speak plain HTTP; it is never used for anything but being there.
 TLS = httpx.create_ssl_context()
+
+
+def http_client(**kw: Any) -> httpx.Client:
+    """An `httpx.Client` for a test server (every test client is made here, with `TLS`)."""
+    kw.setdefault("verify", TLS)
+    return httpx.Client(**kw)
+
+
 # The name the test model is served under (every test server's default model).
 MODEL = "tiny"
 # Options for a server that loads no server extension but LMSP: the venv enables JupyterLab's
@@ -79,5 +87,4 @@ class ServerProcess(LMSPServerProcess):
         # slower on a loaded machine (issue 43: make test passes beside a CPU hog). A test that
         # needs a short timeout passes its own.
         kw.setdefault("timeout", 120)
-        kw.setdefault("verify", TLS)
-        return httpx.Client(base_url=self.api, headers=self.headers, **kw)
+        return http_client(base_url=self.api, headers=self.headers, **kw)

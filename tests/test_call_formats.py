@@ -20,7 +20,7 @@ import httpx
 import pytest
 from familymodels import FAMILIES, SPECIAL, family_script, family_tokenizer, ll_tokenizer
 from scriptedmodel import CALL_ARGUMENTS, CALL_NAME, make_scripted_model
-from serverproc import TLS, ServerProcess
+from serverproc import ServerProcess
 
 from jupyter_lmsp.engine.callformats import FAMILIES as FORMATS
 from jupyter_lmsp.engine.callformats import make_parser
@@ -408,7 +408,7 @@ def family_server(tmp_path_factory) -> Iterator[Any]:
 @pytest.mark.parametrize("family", E2E)
 def test_a_scripted_call_in_the_family_format_through_both_apis(family_server, family):
     server = family_server
-    with httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=120) as http:
+    with server.client(timeout=120) as http:
         body = {
             "model": family,
             "input": "Run it.",
@@ -463,9 +463,7 @@ def test_a_scripted_call_in_the_family_format_through_both_apis(family_server, f
 
     # Batched: several requests at once (rows of one batch), each with its call.
     def one(_: int) -> dict[str, Any]:
-        with httpx.Client(
-            verify=TLS, base_url=server.api, headers=server.headers, timeout=120
-        ) as c:
+        with server.client(timeout=120) as c:
             return dict(c.post("/responses", json={**body, "tool_choice": "required"}).json())
 
     with ThreadPoolExecutor(4) as pool:

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from scriptedmodel import ANSWER_TEXT, CALL_NAME, CALL_TEXT, RESULT_MARKER, make_scripted_model
-from serverproc import TLS, TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, http_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -212,7 +212,7 @@ def test_a_tool_round_trip_through_a_conversation(sdk):
 
 
 def _pair(http: httpx.Client, server: ServerProcess, scopes: list[str]) -> openai.OpenAI:
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anonymous:
+    with http_client(base_url=server.api, timeout=30) as anonymous:
         started = anonymous.post("/pairings", json={"client_name": "conv", "scopes": scopes})
         pairing = started.json()
         assert http.post(f"/pairings/{pairing['id']}/approve", json={}).status_code == 200

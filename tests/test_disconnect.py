@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from serverproc import TLS, ServerProcess, with_test_model
+from serverproc import ServerProcess, with_test_model
 from test_crash_recovery import deltas, events, finished, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -38,7 +38,7 @@ def read_until_deltas(server: ServerProcess, body: dict, count: int) -> tuple[st
     """POST a streamed response, read its SSE until `count` text deltas arrived, then drop the
     connection. Returns its task id and the sequence number of the last event read."""
     with (
-        httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=60) as c,
+        server.client(timeout=60) as c,
         c.stream("POST", "/responses", json={**body, "stream": True}) as r,
     ):
         assert r.status_code == 200
@@ -87,9 +87,7 @@ def post_and_give_up(server: ServerProcess, body: dict, wait: float) -> str:
     outcome: dict = {}
 
     def post() -> None:
-        with httpx.Client(
-            verify=TLS, base_url=server.api, headers=server.headers, timeout=wait
-        ) as c:
+        with server.client(timeout=wait) as c:
             try:
                 c.post("/responses", json=body)
             except httpx.ReadTimeout as e:

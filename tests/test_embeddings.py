@@ -23,7 +23,7 @@ import openai
 import pytest
 from inprocess_cli import run_cli
 from jpserver import BASE_URL, SharedServer, server_config, shared_server
-from serverproc import MODEL, TLS, with_test_model
+from serverproc import MODEL, http_client, with_test_model
 
 from jupyter_lmsp.engine.embedding import EmbeddingQueue, EmbedRequest, embed_rows
 
@@ -222,11 +222,10 @@ def test_queue_batches_jobs_in_one_pass(tiny: tuple[Any, Any]) -> None:
 def test_load_unload_and_the_models_list(server: SharedServer) -> None:
     """`POST /models/{id}/load` and `/unload`; `GET /models` shows the state and the bytes;
     the metrics show the resident models and count unloads (issue 39)."""
-    import httpx
 
     api = server.url(BASE_URL + "lmsp/v1")
-    with httpx.Client(
-        verify=TLS, base_url=api, headers={"Authorization": f"token {server.token}"}, timeout=60
+    with http_client(
+        base_url=api, headers={"Authorization": f"token {server.token}"}, timeout=60
     ) as http:
         gone = http.post(f"/models/{EMBED}/unload")
         assert gone.status_code == 200 and gone.json()["state"] == "available"

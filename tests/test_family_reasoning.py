@@ -41,7 +41,7 @@ from harmonymodel import (
     THINKING as HARMONY_THINKING,
 )
 from scriptedmodel import CALL_ARGUMENTS, CALL_NAME
-from serverproc import TLS, ServerProcess
+from serverproc import ServerProcess
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -106,7 +106,7 @@ def test_thinking_then_a_call_through_both_apis(server: ServerProcess, family: s
     thinking = "".join(THINKING)
     arguments = family_script(family).arguments
     tool = _tool(family)
-    with httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=120) as http:
+    with server.client(timeout=120) as http:
         body = {
             "model": family,
             "input": "Run it.",
@@ -178,9 +178,7 @@ def test_thinking_then_a_forced_call_batched(server: ServerProcess, model: str) 
     }
 
     def one(_: int) -> dict[str, Any]:
-        with httpx.Client(
-            verify=TLS, base_url=server.api, headers=server.headers, timeout=120
-        ) as http:
+        with server.client(timeout=120) as http:
             return dict(http.post("/responses", json=body).json())
 
     arguments = CALL_ARGUMENTS if model == HARMONY_MODEL else family_script(model).arguments
@@ -199,7 +197,7 @@ def test_a_schema_the_family_grammar_cannot_take_is_a_400(server: ServerProcess)
         "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}},
         "required": ["a"],
     }
-    with httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=120) as http:
+    with server.client(timeout=120) as http:
         r = http.post(
             "/responses",
             json={
@@ -249,7 +247,7 @@ def test_harmony_thinking_then_a_call_through_both_apis(server: ServerProcess) -
     from openai.types.responses import ResponseStreamEvent
     from pydantic import TypeAdapter
 
-    with httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=120) as http:
+    with server.client(timeout=120) as http:
         body = {
             "model": HARMONY_MODEL,
             "input": "Run it.",
@@ -314,7 +312,7 @@ def test_harmony_final_answer_and_structured_output(server: ServerProcess) -> No
         "additionalProperties": False,
     }
     fmt = {"format": {"type": "json_schema", "name": "a", "schema": schema, "strict": True}}
-    with httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=120) as http:
+    with server.client(timeout=120) as http:
         base = {"model": FINAL_MODEL, "input": "Answer.", "temperature": 0, "max_output_tokens": 32}
         for body in (base, {**base, "text": fmt}, {**base, "tools": [SHELL]}):
             r = http.post("/responses", json=body)

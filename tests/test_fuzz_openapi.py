@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.config import SchemathesisConfig
 from schemathesis.generation.meta import GenerationMode
-from serverproc import TLS, TOKEN, ServerProcess, with_test_model
+from serverproc import TOKEN, ServerProcess, http_client, with_test_model
 
 from jupyter_lmsp.handlers.pairing import PairingsHandler
 
@@ -299,7 +299,7 @@ def _operations(document: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]
 @pytest.fixture(scope="module")
 def real_ids(server: ServerProcess) -> dict[str, str]:
     """Ids of things that exist, so a hostile value reaches the code past the look-up."""
-    with httpx.Client(verify=TLS, base_url=server.api, headers=AUTH, timeout=60) as c:
+    with http_client(base_url=server.api, headers=AUTH, timeout=60) as c:
         r = c.post("/responses", json={"input": "x", "max_output_tokens": 2}).json()
     return {"response_id": r["id"], "task_id": r["task_id"], "model_id": "tiny"}
 
@@ -333,7 +333,7 @@ def test_hostile_bodies_are_refused_as_errors(server, document, real_ids, data):
     fields = list(document["components"]["schemas"][name].get("properties", {}))
     field = data.draw(st.sampled_from([None, *fields]))
     body = value if field is None else f'{{"{field}": {value}}}'
-    with httpx.Client(verify=TLS, base_url=server.api, headers=AUTH, timeout=REQUEST_TIMEOUT) as c:
+    with http_client(base_url=server.api, headers=AUTH, timeout=REQUEST_TIMEOUT) as c:
         response = c.request(
             method,
             _concrete(path, real_ids),
@@ -370,6 +370,6 @@ def test_hostile_query_values_are_refused_as_errors(server, document, real_ids, 
         if param["in"] == "query"
         else {"headers": {**AUTH, param["name"]: value}}
     )
-    with httpx.Client(verify=TLS, base_url=server.api, headers=AUTH, timeout=REQUEST_TIMEOUT) as c:
+    with http_client(base_url=server.api, headers=AUTH, timeout=REQUEST_TIMEOUT) as c:
         response = c.request(method, _concrete(path, real_ids), **kwargs)
     _assert_lmsp_4xx(response)

@@ -18,10 +18,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
-from serverproc import TLS, TOKEN, ServerProcess, with_test_model
+from serverproc import TOKEN, ServerProcess, http_client, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -90,9 +89,7 @@ class LoopProbe:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(
-            verify=TLS, base_url=self.server.api, headers=self.server.headers, timeout=60
-        ) as c:
+        with self.server.client(timeout=60) as c:
             while not self._stop.is_set():
                 started = time.perf_counter()
                 assert c.get("/service").status_code == 200
@@ -237,7 +234,7 @@ def test_no_token_reaches_the_log(tmp_path, test_model_dir):
         options=["--log-level=DEBUG"],
         env={"LMSP_FAILPOINTS": "raise_in_listTasks"},
     ) as server:
-        with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as c:
+        with http_client(base_url=server.api, timeout=30) as c:
             # The fail point fires in `listTasks`: a 500, logged with its traceback.
             r = c.get("/tasks", params={"token": TOKEN})
             assert r.status_code == 500
@@ -299,7 +296,7 @@ def test_the_worker_pid_is_the_owners_to_see(server):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert isinstance(own.get("/service").json()["worker"]["pid"], int)
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon, server.client() as own:
+    with http_client(base_url=server.api, timeout=30) as anon, server.client() as own:
         p = anon.post("/pairings", json={"client_name": "c", "scopes": ["models:read"]}).json()
         assert own.post(f"/pairings/{p['id']}/approve", json={}).status_code == 200
         token = anon.post(f"/pairings/{p['id']}/token", json={"device_code": p["device_code"]})

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from securityhelpers import bearer, pair, wait_task
-from serverproc import TLS, TOKEN, ServerProcess
+from serverproc import TOKEN, ServerProcess, http_client
 
 from jupyter_lmsp.models.testmodel import CONFIG
 
@@ -133,14 +133,14 @@ def test_scripted_workload_counts_exactly(lmsp_data):
             usages = [usage_of(c, rid) for rid in responses]
 
         # Refused callers: no credentials, an unknown token, a wrong XSRF-less POST.
-        with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon:
+        with http_client(base_url=server.api, timeout=30) as anon:
             assert anon.get("/models").status_code == 401
             unknown = {"Authorization": "Bearer lmsp_" + "A" * 43}
             assert anon.get("/tasks", headers=unknown).status_code == 401
         # Pairing: one approved (through the whole flow), one denied.
         token = pair(server, "metrics-reader", ["metrics:read"])
         with (
-            httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+            http_client(base_url=server.api, timeout=30) as anon,
             server.client() as own,
         ):
             started = anon.post("/pairings", json={"client_name": "no", "scopes": ["tasks:read"]})
@@ -237,7 +237,7 @@ def test_who_may_read_the_metrics(lmsp_data):
         with server.client() as own:
             assert own.delete(f"/clients/{revoked['client_id']}").status_code == 200
             assert own.get("/metrics").status_code == 200  # the owner holds every scope
-        with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon:
+        with http_client(base_url=server.api, timeout=30) as anon:
             r = anon.get("/metrics")
             assert r.status_code == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
             assert "lmsp_" not in r.text

@@ -31,9 +31,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
-from serverproc import TLS, ServerProcess
+from serverproc import ServerProcess
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -153,7 +152,7 @@ def stream(server, task_id, after=-1):
     """Every event of the task's SSE stream after `after`, until the terminal one."""
     out = []
     with (
-        httpx.Client(verify=TLS, base_url=server.api, headers=server.headers, timeout=120) as c,
+        server.client(timeout=120) as c,
         c.stream(
             "GET",
             f"/tasks/{task_id}/events",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serverproc import TLS, TOKEN, ServerProcess, with_test_model
+from serverproc import TOKEN, ServerProcess, http_client, with_test_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -44,7 +44,7 @@ def owner(server) -> httpx.Client:
 
 def pair(server, name: str, scopes: list[str], grant: list[str] | None = None) -> dict:
     """The whole flow over HTTP: start, owner approves, poll once for the token."""
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon, owner(server) as own:
+    with http_client(base_url=server.api, timeout=30) as anon, owner(server) as own:
         started = anon.post("/pairings", json={"client_name": name, "scopes": scopes})
         assert started.status_code == 201, started.text
         p = started.json()
@@ -59,8 +59,8 @@ def pair(server, name: str, scopes: list[str], grant: list[str] | None = None) -
 
 
 def bearer(server, token: str) -> httpx.Client:
-    return httpx.Client(
-        verify=TLS, base_url=server.api, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    return http_client(
+        base_url=server.api, headers={"Authorization": f"Bearer {token}"}, timeout=30
     )
 
 
@@ -107,7 +107,7 @@ def test_pairing_from_a_separate_process_then_the_openai_sdk(server):
 
 
 def test_token_released_exactly_once_and_denial(server):
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon, owner(server) as own:
+    with http_client(base_url=server.api, timeout=30) as anon, owner(server) as own:
         p = anon.post("/pairings", json={"client_name": "a", "scopes": ["tasks:read"]}).json()
         poll = lambda code=p["device_code"]: anon.post(  # noqa: E731
             f"/pairings/{p['id']}/token", json={"device_code": code}
@@ -140,7 +140,7 @@ def test_token_released_exactly_once_and_denial(server):
 
 
 def test_bad_pairing_requests(server):
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon:
+    with http_client(base_url=server.api, timeout=30) as anon:
         for body, param in (
             ({"scopes": ["tasks:read"]}, "client_name"),
             ({"client_name": "x", "scopes": ["root"]}, "scopes"),
@@ -211,7 +211,7 @@ def endpoints(m) -> list[tuple[str, str, str | None, dict | None]]:
 
 
 def send(server, method, path, body, headers):
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as c:
+    with http_client(base_url=server.api, timeout=30) as c:
         return c.request(method, path, json=body, headers=headers)
 
 
@@ -295,16 +295,14 @@ def test_matrix_what_paired_clients_see_and_may_do(server, matrix):
 
 def test_matrix_jupyter_token_has_full_access(server, matrix):
     for headers in ({"Authorization": f"token {TOKEN}"}, {"Authorization": f"Bearer {TOKEN}"}):
-        with httpx.Client(verify=TLS, base_url=server.api, timeout=30, headers=headers) as c:
+        with http_client(base_url=server.api, timeout=30, headers=headers) as c:
             assert c.get(f"/responses/{matrix['client_resp']['id']}").status_code == 200
             assert c.get("/clients").status_code == 200
             assert c.get(f"/tasks/{matrix['owner_resp']['task_id']}/events").status_code == 200
 
 
 def test_matrix_browser_cookie_needs_xsrf(server, matrix):
-    with httpx.Client(
-        verify=TLS, base_url=server.url, timeout=30, follow_redirects=False
-    ) as browser:
+    with http_client(base_url=server.url, timeout=30, follow_redirects=False) as browser:
         login = browser.get("/login")
         xsrf = browser.cookies.get("_xsrf")
         assert xsrf, login.text[:200]
@@ -355,7 +353,7 @@ def test_matrix_oversized_bodies_are_413_whoever_sends_them(server, matrix):
 def test_public_routes_take_no_idempotency_key(server):
     """Nothing is keyed before the caller is known: the credential-free routes refuse the key
     instead of digesting the body under it."""
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon:
+    with http_client(base_url=server.api, timeout=30) as anon:
         r = anon.post(
             "/pairings",
             json={"client_name": "keyed", "scopes": ["tasks:read"]},
@@ -418,7 +416,7 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
             pairing_poll_rate_per_minute=0.1,
             pairing_rate_per_minute=0.1,
         ) as server,
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
     ):
         p = anon.post("/pairings", json={"client_name": "victim", "scopes": ["tasks:read"]}).json()
         verdicts = []
@@ -461,7 +459,7 @@ def test_guessing_is_bounded_by_attempts_and_rate(tmp_path, test_model_dir):
 
 def test_a_client_name_cannot_hide_behind_control_or_bidi_characters(server):
     """Issue 43: the owner reads the name on the approval card."""
-    with httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon:
+    with http_client(base_url=server.api, timeout=30) as anon:
         for name in ("evil\u202egnp.exe", "nul\x00byte", "two\nlines", "zero\u200bwidth"):
             r = anon.post("/pairings", json={"client_name": name, "scopes": ["tasks:read"]})
             assert r.status_code == 400, (name, r.text)

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from securityhelpers import ALL_SCOPES, bearer, database, events, pair, wait_task
-from serverproc import TLS, ServerProcess
+from serverproc import ServerProcess, http_client
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -29,7 +29,7 @@ def test_start_spam_does_not_lock_out_polling(lmsp_data):
     """One local program spams starts and polls; another, already started, still polls."""
     with (
         ServerProcess(lmsp_data, pairing_burst=4, pairing_rate_per_minute=1) as server,
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
     ):
         legit = anon.post("/pairings", json={"client_name": "legit", "scopes": ["tasks:read"]})
         assert legit.status_code == 201
@@ -54,7 +54,7 @@ def test_start_spam_does_not_lock_out_polling(lmsp_data):
 def test_polling_is_limited_per_pairing(lmsp_data):
     with (
         ServerProcess(lmsp_data, pairing_poll_burst=3, pairing_poll_rate_per_minute=1) as server,
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
     ):
         a, b = (
             anon.post("/pairings", json={"client_name": n, "scopes": ["tasks:read"]}).json()
@@ -76,7 +76,7 @@ def test_pending_pairings_are_capped_by_ending_the_oldest_never_by_a_lock_out(lm
     # locked pairing out for 9 minutes). Now a start always gets in, ending the oldest waiting.
     with (
         ServerProcess(lmsp_data, max_pending_pairings=3, pairing_burst=100) as server,
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
         server.client() as owner,
     ):
         started = [
@@ -148,7 +148,7 @@ def test_fresh_data_folder_is_private(tmp_path, test_model_dir):
 def test_a_keyed_pairing_start_stores_no_device_code(lmsp_data):
     with (
         ServerProcess(lmsp_data) as server,
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
         server.client() as owner,
     ):
         body = {"client_name": "keyed", "scopes": ["tasks:read"]}
@@ -174,7 +174,7 @@ def test_a_keyed_pairing_start_stores_no_device_code(lmsp_data):
 def test_an_admin_client_cannot_escalate_or_approve_itself(lmsp_data):
     with (
         ServerProcess(lmsp_data, pairing_burst=100) as server,
-        httpx.Client(verify=TLS, base_url=server.api, timeout=30) as anon,
+        http_client(base_url=server.api, timeout=30) as anon,
     ):
         admin = pair(server, "admin-only", ["clients:admin", "tasks:read"])
         with bearer(server, admin["access_token"]) as x:

@@ -12,10 +12,9 @@ import shutil
 import threading
 import time
 
-import httpx
 import pytest
 from securityhelpers import bearer, database, pair, wait_task
-from serverproc import TLS, ServerProcess, with_test_model
+from serverproc import ServerProcess, with_test_model
 
 from jupyter_lmsp.models.digests import file_digests
 
@@ -248,9 +247,7 @@ class DeltaClock:
         self.done = threading.Event()
 
     def _run(self):
-        with httpx.Client(
-            verify=TLS, base_url=self.server.api, headers=self.server.headers, timeout=300
-        ) as c:
+        with self.server.client(timeout=300) as c:
             body = {"input": "Go on.", "stream": True, "temperature": 0}
             body["max_output_tokens"] = self.tokens
             with c.stream("POST", "/responses", json=body) as r:

@@ -24,7 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from serverproc import TLS, ServerProcess
+from serverproc import ServerProcess, http_client
 from webhookreceiver import Receiver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -170,9 +170,8 @@ def refused_url() -> str:
 
 
 def pair(c, client_scopes):  # a paired client with every scope it asks for, via the API
-    import httpx
 
-    with httpx.Client(verify=TLS, base_url=str(c.base_url), timeout=30) as anon:
+    with http_client(base_url=str(c.base_url), timeout=30) as anon:
         started = anon.post("/pairings", json={"client_name": "hooks", "scopes": client_scopes})
         assert c.post(f"/pairings/{started.json()['id']}/approve").status_code == 200
         token = anon.post(

@@ -159,8 +159,10 @@ class WebhookDeliverer:
             # and are sent again if the outcome was not recorded.
             self._pool.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            client, self._client = self._client, None
+            client = self._client
         if client is not None:
+            # Kept, closed: a send still under way fails as a send does, rather than make a
+            # client that nothing would close.
             client.close()
 
     def _http(self) -> httpx.Client:
