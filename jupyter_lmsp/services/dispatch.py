@@ -213,7 +213,7 @@ class EngineDispatcher:
         tasks = [t for t in map(runner.slots.get, held) if t is not None]
         runner.output.flush(tasks)
         for task in tasks:
-            task.stopped()
+            runner.slots.stopped(task)
         runner.committer.run(
             rules.recover_after_worker_exit,
             runner.db,

@@ -127,7 +127,7 @@ class TaskRunner:
             self.bus.bind(self.loop)
         self.committer.start(self.loop)
         self.inbox.bind(self.loop)
-        self.output.bind(self.loop, lambda: self.slots.tasks.values())
+        self.output.bind(self.loop, self.slots.active)
         if not self.executes:
             self.worker_info = {"state": "remote"}
             for listener in self.start_listeners:

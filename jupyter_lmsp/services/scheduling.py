@@ -26,6 +26,9 @@ class Slots:
         self.max_active = max_active
         self.queue = FairQueue()
         self.tasks: dict[str, RunningTask] = {}
+        # Those of `tasks` with a slot: a few, where `tasks` holds every queued task too
+        # (thousands in a backlog), and every create asks how many slots are taken.
+        self._held: dict[str, RunningTask] = {}
 
     # -- records ----------------------------------------------------------------------------
 
@@ -34,19 +37,24 @@ class Slots:
 
     def holds(self, task_id: str) -> bool:
         """Whether the task has a slot here (being claimed, or running)."""
-        task = self.tasks.get(task_id)
-        return task is not None and task.has_slot
+        return task_id in self._held
 
     def active(self) -> list[RunningTask]:
-        return [t for t in self.tasks.values() if t.has_slot]
+        return list(self._held.values())
 
     def active_count(self) -> int:
-        return sum(1 for t in self.tasks.values() if t.has_slot)
+        return len(self._held)
 
     def forget(self, task_id: str) -> RunningTask | None:
         """The one place a task leaves the runner: its record, and its place in the queue."""
         self.queue.remove(task_id)
+        self._held.pop(task_id, None)
         return self.tasks.pop(task_id, None)
+
+    def stopped(self, task: RunningTask) -> None:
+        """Its worker died: it gives its slot back, and nothing of its generation is left."""
+        task.stopped()
+        self._held.pop(task.task_id, None)
 
     def _record(
         self, task_id: str, owner: str, rows: int | None = None, tier: Tier | None = None
@@ -84,6 +92,7 @@ class Slots:
     def push_paused(self, task: RunningTask) -> None:
         """Queue a paused task again: first in its owner's line, after the waiting owners."""
         task.requeued()
+        self._held.pop(task.task_id, None)
         self.queue.push_paused(task.task_id, task.owner, task.tier)
 
     def unqueue(self, task_id: str) -> bool:
@@ -102,7 +111,7 @@ class Slots:
     def used_rows(self) -> int:
         """The batch rows the running generations take; a cancelled one's are free already
         (the worker takes a job that comes while the row is still busy in its own queue)."""
-        return sum(t.rows for t in self.tasks.values() if t.has_slot and not t.cancelling)
+        return sum(t.rows for t in self._held.values() if not t.cancelling)
 
     def to_claim(self) -> Iterator[RunningTask]:
         """The queued tasks to claim now, each given its slot as it is yielded (the slot is
@@ -119,6 +128,7 @@ class Slots:
                 self.queue.push_front(task_id, task.owner, task.tier)
                 return
             task.has_slot = True
+            self._held[task_id] = task
             yield task
 
     def to_pause(self) -> RunningTask | None:
