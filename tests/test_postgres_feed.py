@@ -31,7 +31,6 @@ from jupyter_lmsp.services.bus import EventBus
 from jupyter_lmsp.services.catalog import ModelCatalog
 from jupyter_lmsp.services.feed import EventFeed
 from jupyter_lmsp.services.runner import TaskRunner
-from jupyter_lmsp.services.running import RunningTask
 from jupyter_lmsp.store import notify, rules
 from jupyter_lmsp.store.database import Database
 from jupyter_lmsp.store.tables import Runner, Task, TaskEvent
@@ -181,8 +180,9 @@ def test_a_cancel_committed_elsewhere_reaches_the_runner_holding_the_task(
         bus.bind(asyncio.get_running_loop())
         runner = _runner(here, bus, tmp_path)
         runner.runner_id = "runner_here"
-        # As if its generation ran here.
-        runner.slots.tasks[tid] = RunningTask(tid, owner="", has_slot=True)
+        # As if its generation ran here: queued, then given a slot.
+        runner.slots.push(tid, owner="")
+        assert [t.task_id for t in runner.slots.to_claim()] == [tid]
         runner.notice_cancelled = noticed.append  # type: ignore[method-assign]
         with here.writing() as conn:
             conn.execute(
