@@ -45,6 +45,7 @@ from .engine.speculative import (
     MAX_DRAFT_LIMIT,
     SpeculationSettings,
 )
+from .handlers.logs import quiet_debug
 from .handlers.routes import routes
 from .protocol.errors import LMSPError
 from .services import metrics
@@ -380,6 +381,7 @@ class LMSPExtension(ExtensionApp):
         return str(Path(self.data_dir) / "models")
 
     def initialize_settings(self) -> None:
+        quiet_debug(self.serverapp.log)
         # Other local users must not read the database or the models (docs/security.md).
         private_folder(self.data_dir)
         metrics.set_enabled(self.metrics)
