@@ -191,7 +191,9 @@ def _commit_response(
         else:
             record = keyed.result(None, response_id=response_id)
     committed = rules.create_task(ctx.db, task, response, idempotency=record, admit=admitted.admit)
-    return committed, response_object(response, committed.task)
+    # The body is the response its `response.created` event holds (built from the same rows
+    # in the same state), not a second one built again.
+    return committed, dict(committed.events[0]["response"])
 
 
 def context_before(

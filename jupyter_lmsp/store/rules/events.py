@@ -19,11 +19,12 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Update, bindparam, insert, update
+from sqlalchemy import Update, bindparam, update
 from sqlalchemy.engine import Connection
 
 from ...protocol.webhooks import WEBHOOK_EVENT_TYPES
 from .. import webhooks
+from ..records import insert_rows
 from .rows import EVENTS, TASKS
 from .types import Event
 
@@ -53,8 +54,6 @@ def _update(columns: tuple[str, ...]) -> Update:
 
 
 _UPDATES: dict[tuple[str, ...], Update] = {c: _update(c) for c in (TASK_COLUMNS, OUTPUT_COLUMNS)}
-_INSERT_TASK = insert(TASKS)
-_INSERT_EVENTS = insert(EVENTS)
 
 
 def write(
@@ -107,8 +106,10 @@ def write(
             values["key_id"] = task.id
             task_rows.append(values)
     if task_rows:
-        conn.execute(_INSERT_TASK if created else _UPDATES[columns], task_rows)
-    if event_rows:
-        conn.execute(_INSERT_EVENTS, event_rows)
+        if created:
+            insert_rows(conn, TASKS, task_rows)
+        else:
+            conn.execute(_UPDATES[columns], task_rows)
+    insert_rows(conn, EVENTS, event_rows)
     if ended:
         webhooks.enqueue(conn, ended, now)

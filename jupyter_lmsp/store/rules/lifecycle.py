@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Select, bindparam, insert, select, update
+from sqlalchemy import Select, bindparam, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -33,7 +33,7 @@ from ...protocol.states import RECOVERY_TABLE, TERMINAL_STATES, TaskState
 from ...protocol.tools import ToolsSpec
 from .. import conversations
 from ..database import Database
-from ..records import table
+from ..records import insert_rows, table
 from ..tables import Client, IdempotencyKey, Response, Task
 from . import events
 from .endings import terminate
@@ -50,7 +50,6 @@ from .types import (
 
 UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
 
-_INSERT_RESPONSE = insert(RESPONSES)
 _KEYS = table(IdempotencyKey)
 
 
@@ -137,7 +136,7 @@ def create_task(
         if admit is not None:
             admit(conn)
         if response is not None:
-            conn.execute(_INSERT_RESPONSE, response.model_dump())
+            insert_rows(conn, RESPONSES, [response.model_dump()])
         first: Event = (
             ev.lifecycle(ev.CREATED, response_object(response, task))
             if response is not None
