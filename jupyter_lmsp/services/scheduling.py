@@ -140,11 +140,13 @@ class Slots:
         if not self.queue or self.used_rows() < self.max_active:
             return None
         active = self.active()
+        waiting = self.queue.owners()
+        if len(waiting) == 1 and all(t.owner == waiting[0] for t in active):
+            # One owner in all: no share to restore (asked at every create of a backlog).
+            return None
         if any(t.pausing for t in active):
             return None
-        owner = over_share(
-            [t.owner for t in active if t.running], self.queue.owners(), self.max_active
-        )
+        owner = over_share([t.owner for t in active if t.running], waiting, self.max_active)
         if owner is None:
             return None
         candidates = [t for t in active if t.owner == owner and t.running_since is not None]
