@@ -45,7 +45,7 @@ from jupyter_lmsp.engine.messages import (
     WorkerSettings,
 )
 from jupyter_lmsp.engine.spawn import start_without_main
-from jupyter_lmsp.engine.worker import worker_main
+from jupyter_lmsp.engine.worker_entry import worker_main
 
 T = TypeVar("T")
 

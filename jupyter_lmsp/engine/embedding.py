@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 if TYPE_CHECKING:
     import mlx.core as mx
     import mlx.nn as nn
+    import numpy as np
+
+# numpy is imported where it is used: the server imports this module (`is_embedding_model`)
+# and never embeds; the worker, which does, has numpy loaded already.
 
 # Padded positions (rows x longest input) of one forward pass: while generation runs, and
 # when only embeddings are waiting. On a CPU a larger pass is barely faster per token (see
@@ -141,6 +143,7 @@ def hidden_states(model: nn.Module, ids: mx.array) -> mx.array:
 def embed_rows(model: nn.Module, rows: list[list[int]], pooling: str) -> np.ndarray:
     """One forward pass over `rows` (right-padded), pooled: [len(rows), size] float32."""
     import mlx.core as mx
+    import numpy as np
 
     lengths = [len(row) for row in rows]
     longest = max(lengths)
@@ -165,6 +168,8 @@ def embed_rows(model: nn.Module, rows: list[list[int]], pooling: str) -> np.ndar
 
 def finish_vector(vector: np.ndarray, dimensions: int | None) -> np.ndarray:
     """Truncated to `dimensions` (if given) and scaled to unit length."""
+    import numpy as np
+
     if dimensions is not None:
         vector = vector[:dimensions]
     norm = float(np.linalg.norm(vector))
@@ -197,6 +202,8 @@ class EmbedRequest:
 
     def result(self) -> np.ndarray:
         """The finished vectors, [inputs, size] float32 (each of unit length)."""
+        import numpy as np
+
         done = [finish_vector(v, self.dimensions) for v in self.vectors if v is not None]
         return np.stack(done).astype(np.float32)
 

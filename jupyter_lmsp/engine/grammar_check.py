@@ -31,7 +31,6 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from .constraints import parser_limits
 from .formatcheck import check_in_format
 from .grammars import (
     GENERIC,
@@ -117,6 +116,9 @@ def first_mask_error(tokenizer: Any, grammar: str) -> str:
     import llguidance
     import numpy as np
     from llguidance.numpy import fill_next_token_bitmask
+
+    # Here, as numpy is: these checks run in the checking child, never in the server.
+    from .constraints import parser_limits
 
     matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0, limits=parser_limits())
     if matcher.is_error():

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from .callformats import FAMILIES, family_name
+from .chat_prompt import JobError, encode_chat
 from .grammars import GENERIC, CallFormat, ToolSpec
 from .harmony import harmony_format, is_harmony
 from .reasoning import effort_args
 from .toolcalls import call_format_for, render
-from .worker import JobError, encode_chat
 
 # config.json keys that hold a model's context window, in the order they are trusted.
 WINDOW_KEYS = (

@@ -51,6 +51,7 @@ from jupyter_lmsp.engine.batching import (
     BatchScheduler,
     Update,
 )
+from jupyter_lmsp.engine.chat_prompt import JobError, encode_chat
 from jupyter_lmsp.engine.device import on_gpu
 from jupyter_lmsp.engine.embedding import (
     CHUNK_POSITIONS_BUSY,
@@ -131,39 +132,8 @@ CHECK_ALWAYS_FROM = 16
 _PR_SET_PDEATHSIG = 1
 
 
-class JobError(Exception):
-    """A job failed for a reason the caller can act on; `code` goes into `JobFailed`."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 class _ParentGone(Exception):
     """The server process is gone: the pipe hit EOF or our parent pid changed."""
-
-
-def encode_chat(
-    tokenizer: TokenizerWrapper, messages: list[dict[str, Any]], **template_args: Any
-) -> list[int]:
-    """Apply the model's chat template (with the assistant prompt) and tokenize."""
-    if not messages:
-        raise JobError("invalid_request", "no messages to generate a reply to")
-    try:
-        prompt = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **template_args
-        )
-    except Exception as exc:
-        raise JobError("template_failed", f"chat template failed: {exc}") from exc
-    if not isinstance(prompt, str):
-        raise JobError("template_failed", "chat template did not render to text")
-    # The template already holds every special token the model expects (BOS included, where
-    # it has one); encoding with special tokens again would double them.
-    ids: list[int] = tokenizer.encode(prompt, add_special_tokens=False)
-    if not ids:
-        raise JobError("invalid_request", "the prompt is empty")
-    return ids
 
 
 def reasoning_args(tokenizer: TokenizerWrapper, effort: str | None) -> dict[str, Any]:

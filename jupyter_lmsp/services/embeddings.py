@@ -21,8 +21,6 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..engine.embedding import is_embedding_model
 from ..engine.messages import (
     EmbedJob,
@@ -154,6 +152,8 @@ class Embedder:
 
 def answer(model_id: str, result: EmbedResult, encoding_format: str) -> bytes:
     """The JSON answer (OpenAI's list shape) for a result: run it off the loop."""
+    import numpy as np  # here: a server that never embeds never imports it
+
     vectors = np.frombuffer(result.vectors, dtype="<f4").reshape(result.count, result.size)
     data: list[dict[str, Any]] = []
     for index, vector in enumerate(vectors):

@@ -10,10 +10,35 @@ side (READ COMMITTED), so the rules lock the rows they read before changing them
 for claims from the shared queue) and, where the row to lock may not exist yet (an
 idempotency key being claimed, an owner's quota over rows still to be inserted), take a
 transaction-scoped advisory lock on its name (`records.advisory_lock`). Upserts are each
-dialect's own `insert(...).on_conflict_do_update`.
+dialect's own `insert(...).on_conflict_do_update` (`insert_of`).
+
+The dialects' modules are imported when first asked for: SQLAlchemy's PostgreSQL package costs a
+SQLite server ~20 ms of its start (its asyncpg dialect included) for statements it never runs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 SQLITE = "sqlite"
 POSTGRESQL = "postgresql"
+
+
+def insert_of(name: str) -> Callable[..., Any]:
+    """The `insert` of the dialect `name` (`Connection.dialect.name`): with its
+    `on_conflict_do_update` / `on_conflict_do_nothing`."""
+    if name == POSTGRESQL:
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
+def json_type(name: str) -> Any:
+    """The JSON type of the dialect `name` (PostgreSQL's has `.astext`)."""
+    if name == POSTGRESQL:
+        from sqlalchemy.dialects.postgresql import JSON
+    else:
+        from sqlalchemy.dialects.sqlite import JSON
+    return JSON

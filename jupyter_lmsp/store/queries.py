@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, func, select
-from sqlalchemy.dialects import postgresql, sqlite
 
 from ..protocol.states import TaskState
 from .database import Database
+from .dialect import POSTGRESQL, SQLITE, insert_of
 from .records import get, records, table
 from .tables import Response, ServiceConfig, Task, TaskEvent
 
@@ -188,12 +188,12 @@ def _config_made_once(db: Database, key: str, make: Callable[[], str]) -> str:
         if row is not None:
             return str(json.loads(row.value))
     made = json.dumps(make())
-    dialect = postgresql if db.is_postgres else sqlite
+    insert = insert_of(POSTGRESQL if db.is_postgres else SQLITE)
     with db.writing() as conn:
         # Two servers starting together on a new database: the first insert wins, and both
         # read back the one stored.
         conn.execute(
-            dialect.insert(_config)
+            insert(_config)
             .values(key=key, value=made)
             .on_conflict_do_nothing(index_elements=["key"])
         )

@@ -22,16 +22,17 @@ already.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
 from sqlalchemy import BigInteger, bindparam, cast, func, select, update
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 
 __all__ = ["UNFINISHED", "Connection", "Usage", "approval_tree", "usage"]
 
 from ..protocol.states import RECOVERY_TABLE, TERMINAL_STATES
+from . import dialect
 from .records import advisory_lock, table
 from .tables import Client, Response, Task, TaskEvent
 
@@ -73,11 +74,15 @@ def _held(budget: object) -> object:
     )
 
 
-# The budget each task holds, as the admission that accepted it wrote it into its params.
-_HELD = {
-    "sqlite": _held(func.json_extract(_tasks.c.params, "$.budget")),
-    "postgresql": _held(cast(cast(_tasks.c.params, postgresql.JSON)["budget"].astext, BigInteger)),
-}
+@functools.cache
+def _held_in(name: str) -> object:
+    """The budget each task holds, as the admission that accepted it wrote it into its params
+    (in the dialect `name`'s JSON)."""
+    if name == dialect.POSTGRESQL:
+        return _held(
+            cast(cast(_tasks.c.params, dialect.json_type(name))["budget"].astext, BigInteger)
+        )
+    return _held(func.json_extract(_tasks.c.params, "$.budget"))
 
 
 def approval_tree(conn: Connection, client_id: str) -> tuple[str, list[str]]:
@@ -121,7 +126,7 @@ def usage(conn: Connection, owner: str, stored: bool = False) -> Usage:
     tasks keep (counting those finished since the last check)."""
     root, tree = approval_tree(conn, owner)
     advisory_lock(conn, f"quota:{root}")
-    row = conn.execute(_HELD[conn.dialect.name], {"owners": tree}).one()  # type: ignore[call-overload]
+    row = conn.execute(_held_in(conn.dialect.name), {"owners": tree}).one()  # type: ignore[call-overload]
     kept = None
     if stored:
         conn.execute(_COUNT_STORED, {"owners": tree})

@@ -19,9 +19,10 @@ from functools import cache, lru_cache
 from typing import Any, TypeVar
 
 from sqlalchemy import Select, Table, Update, and_, bindparam, func, insert, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlmodel import SQLModel
+
+from .dialect import insert_of
 
 M = TypeVar("M", bound=SQLModel)
 
@@ -132,8 +133,7 @@ def upsert(conn: Connection, row: SQLModel) -> None:
     t = table(type(row))
     values = row.model_dump()
     keys = [c.name for c in t.primary_key]
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(t).values(values)
+    statement = insert_of(conn.dialect.name)(t).values(values)
     conn.execute(
         statement.on_conflict_do_update(
             index_elements=keys,

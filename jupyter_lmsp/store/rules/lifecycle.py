@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Select, bindparam, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from ...protocol import events as ev
@@ -33,6 +32,7 @@ from ...protocol.states import RECOVERY_TABLE, TERMINAL_STATES, TaskState
 from ...protocol.tools import ToolsSpec
 from .. import conversations
 from ..database import Database
+from ..dialect import insert_of
 from ..records import insert_rows, table
 from ..tables import Client, IdempotencyKey, Response, Task
 from . import events
@@ -53,8 +53,11 @@ UNFINISHED = tuple(str(s) for s in RECOVERY_TABLE)
 _KEYS = table(IdempotencyKey)
 
 
-def _upsert_key(dialect: Any) -> Any:
-    statement = dialect.insert(_KEYS)
+@functools.cache
+def _upsert_key(name: str) -> Any:
+    """An idempotency record replaces an expired one of the same caller and key (in the
+    dialect `name`)."""
+    statement = insert_of(name)(_KEYS)
     return statement.on_conflict_do_update(
         index_elements=["caller", "key"],
         set_={
@@ -63,8 +66,6 @@ def _upsert_key(dialect: Any) -> Any:
     )
 
 
-# An idempotency record replaces an expired one of the same caller and key.
-_UPSERT_KEY = {"sqlite": _upsert_key(sqlite), "postgresql": _upsert_key(postgresql)}
 _TASKS_FOR_UPDATE = (
     select(TASKS)
     .where(TASKS.c.id.in_(bindparam("ids", expanding=True)))
@@ -144,7 +145,7 @@ def create_task(
         )
         events.write(conn, [(task, [first])], now, created=True)
         if idempotency is not None:
-            conn.execute(_UPSERT_KEY[conn.dialect.name], idempotency.model_dump())
+            conn.execute(_upsert_key(conn.dialect.name), idempotency.model_dump())
     return Committed(task, response, [first])
 
 
