@@ -273,6 +273,19 @@ class JobTokens:
     # took since the last message that carried them.
     batch_sizes: list[int] = field(default_factory=list)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            JobTokens,
+            (
+                self.job_id,
+                self.token_ids,
+                self.text,
+                self.choice,
+                self.logprobs,
+                self.batch_sizes,
+            ),
+        )
+
 
 @dataclass
 class StepTokens:
@@ -291,6 +304,9 @@ class StepTokens:
     # CPU the worker spent between two of a row's steps, read where it was spent rather than
     # where a busy reader got round to the message (benchmarks/bench_prefill_fairness.py).
     cpu_time: float | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StepTokens, (self.rows, self.cpu_time))
 
 
 @dataclass
