@@ -1,11 +1,11 @@
-"""`records.insert_rows`, the store's fast inserts: the same rows as a Core `insert` on each
-backend, the column types' conversions applied, and Core's own path where it cannot be
-skipped."""
+"""The store's fast paths, on each backend: `records.insert_rows` (the same rows as a Core
+`insert`, the column types' conversions applied, Core's own path where it cannot be skipped)
+and `records.DriverStatement` (the same rows as Core's execution of the statement)."""
 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import Float, bindparam, insert, select
 from storehelpers import open_db
 
 from jupyter_lmsp.store import records
@@ -112,3 +112,31 @@ def test_a_failing_insert_rolls_back_with_its_transaction(db):
         records.insert_rows(conn, TASKS, [_task("t1")])  # the same primary key
     assert "t1" in str(raised.value) or "UNIQUE" in str(raised.value).upper()
     assert _rows(db, TASKS, TASKS.c.id) == []
+
+
+def test_a_driver_statement_reads_what_core_reads(db):
+    with db.writing() as conn:
+        records.insert_rows(
+            conn,
+            TASKS,
+            [_task("t1", state="cancelling"), _task("t2", state="cancelling"), _task("t3")],
+        )
+    # A parameter of the caller's and one of the statement's own (the state).
+    statement = (
+        select(TASKS.c.id)
+        .where(TASKS.c.owner == bindparam("owner"), TASKS.c.state == "cancelling")
+        .order_by(TASKS.c.id)
+    )
+    with db.reading() as conn:
+        core = [tuple(r) for r in conn.execute(statement, {"owner": "owner"})]
+        driver = conn.connection.driver_connection
+        fast = records.DriverStatement(statement, conn.dialect)
+        got = [tuple(r) for r in fast.rows(driver, {"owner": "owner"})]
+        assert fast.rows(driver, {"owner": "nobody"}) == []
+    assert got == core == [("t1",), ("t2",)]
+
+
+def test_a_driver_statement_refuses_parameters_that_need_converting(db):
+    statement = select(TASKS.c.id).where(TASKS.c.created_at > bindparam("after", type_=Float))
+    with pytest.raises(TypeError, match="after"):
+        records.DriverStatement(statement, db.engine.dialect)

@@ -39,7 +39,7 @@ from sqlalchemy.pool import NullPool
 from ..protocol.states import TaskState
 from . import notify
 from .database import Database
-from .records import table
+from .records import DriverStatement, table
 from .tables import Task, TaskEvent
 
 # What `wait` answers when anything may have changed (SQLite cannot say what).
@@ -98,6 +98,7 @@ class ChangeWatch:
         self._conn: Connection | None = None
         self._driver: Any = None
         self._version: int | None = None
+        self._cancelling: DriverStatement | None = None
         # The driver's own errors, which its calls below SQLAlchemy raise unwrapped.
         self._driver_errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         if self.postgres:
@@ -168,9 +169,14 @@ class ChangeWatch:
         return [(task_id, found[task_id]) for task_id, _ in items if task_id in found]
 
     def cancelling(self, runner_id: str) -> set[str]:
-        """The tasks `runner_id` holds that are committed `cancelling`."""
+        """The tasks `runner_id` holds that are committed `cancelling` (after every commit
+        anywhere: on the driver's connection, `records.DriverStatement`)."""
         with self._errors():
-            return set(self._connection().execute(_CANCELLING, {"runner_id": runner_id}).scalars())
+            conn = self._connection()
+            if self._cancelling is None:
+                self._cancelling = DriverStatement(_CANCELLING, conn.dialect)
+            rows = self._cancelling.rows(self._driver, {"runner_id": runner_id})
+            return {str(task_id) for (task_id,) in rows}
 
     def _connection(self) -> Connection:
         if self._conn is None:
