@@ -381,7 +381,8 @@ class LMSPExtension(ExtensionApp):
         return str(Path(self.data_dir) / "models")
 
     def initialize_settings(self) -> None:
-        quiet_debug(self.serverapp.log)
+        if self.serverapp is not None:
+            quiet_debug(self.serverapp.log)
         # Other local users must not read the database or the models (docs/security.md).
         private_folder(self.data_dir)
         metrics.set_enabled(self.metrics)
@@ -612,6 +613,11 @@ class LMSPExtension(ExtensionApp):
                 learn_costs=self.speculative_learn_costs,
             ),
         )
+        try:
+            # The runner makes its engine on its loop: the worker's messages are read there.
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None  # made elsewhere: a reader thread hands them over
         return EngineClient(
             on_message,
             token_delay=self.engine_token_delay,
@@ -619,6 +625,7 @@ class LMSPExtension(ExtensionApp):
             env=env,
             prepare_env=self.blas.worker_env,
             log=self.log,
+            loop=loop,
         )
 
     async def _refresh_metrics_periodically(self) -> None:

@@ -670,3 +670,59 @@ def test_the_frame_reader_reads_what_connection_send_bytes_wrote():
     assert isinstance(got[101], Unreadable)
     assert got[:101] + got[102:] == sent
     ours.close()
+
+
+def test_the_frame_reader_reads_what_is_ready_without_waiting_or_changing_the_pipe():
+    """Issue 42: read on an event loop, the reader takes what the pipe holds and returns at
+    once (none when nothing is there; a frame split across reads completes later), and leaves
+    the pipe blocking for its writer; EOF once the other end closes and all is read."""
+    import multiprocessing
+    import os
+    import pickle
+
+    from jupyter_lmsp.engine.frames import FrameReader
+
+    ours, theirs = multiprocessing.get_context("spawn").Pipe(duplex=True)
+    reader = FrameReader(ours.fileno())
+    assert reader.read_ready() == []  # nothing sent: no wait
+    assert os.get_blocking(ours.fileno())
+    big = pickle.dumps(b"z" * 70_000)  # past one read, within the socket's buffer
+    frame = len(big).to_bytes(4, "big") + big
+    os.write(theirs.fileno(), frame[:1000])  # half a frame
+    assert reader.read_ready() == []
+    os.write(theirs.fileno(), frame[1000:])
+    theirs.send_bytes(pickle.dumps("after"))
+    got: list[object] = []
+    while len(got) < 2:
+        got.extend(reader.read_ready())
+    assert got == [b"z" * 70_000, "after"]
+    ours.send_bytes(b"the pipe still writes, blocking")
+    assert theirs.recv_bytes() == b"the pipe still writes, blocking"
+    theirs.send_bytes(pickle.dumps("last"))
+    theirs.close()
+    tail: list[object] = []
+    with pytest.raises(EOFError):
+        while True:
+            tail.extend(reader.read_ready())
+    assert tail == ["last"]
+    reader.close()
+    ours.close()
+
+
+def test_a_message_handled_on_the_loop_comes_after_those_a_thread_put_before_it():
+    import asyncio
+
+    from jupyter_lmsp.services.inbox import Inbox
+
+    handled: list[str] = []
+
+    async def scenario() -> None:
+        inbox = Inbox(handled.append)
+        inbox.bind(asyncio.get_running_loop())
+        await asyncio.to_thread(inbox.put, "from a thread")
+        inbox.handle_now("read on the loop")
+        await asyncio.to_thread(inbox.put, "later, from a thread")
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert handled == ["from a thread", "read on the loop", "later, from a thread"]

@@ -274,10 +274,11 @@ def test_decode_steps_are_checked_only_when_a_cancel_would_hand_over_a_slot(
 def test_the_worker_is_told_only_when_whether_any_task_waits_changes() -> None:
     """The server's side of `SlotsWanted`: a burst of creates (the queue growing one by one)
     sends one message, not one per create; emptying the queue sends the other."""
-    from jupyter_lmsp.engine.client import EngineClient, _Session
+    from jupyter_lmsp.engine.client import EngineClient
+    from jupyter_lmsp.engine.worker_session import WorkerSession
 
     client = EngineClient(lambda message: None)
-    session = _Session()  # not launched: what is sent stays in its outbox
+    session = WorkerSession()  # not launched: what is sent stays in its outbox
     client._session = session
     for count in (1, 2, 3, 4, 3, 2, 1, 0, 0, 5, 0):
         client.tell_slots_wanted(count)

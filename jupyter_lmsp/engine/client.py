@@ -1,9 +1,11 @@
 """`EngineClient`: the server process's handle on the inference worker process.
 
-The client starts the worker (`worker.worker_main`) with the multiprocessing *spawn* context,
-sends it jobs and cancels, and hands every message from it to an `on_message` callback, called
-from the client's reader thread (the caller marshals to its event loop). When the worker dies
-without being asked to, the callback gets a `WorkerExited` listing the jobs it took with it.
+The client starts the worker (`worker.worker_main`, through `worker_entry`) with the
+multiprocessing *spawn* context, sends it jobs and cancels, and hands every message from it to
+an `on_message` callback: on the caller's event loop when it gives one (the loop's selector
+watches the pipe, issue 42), else from the client's reader thread (the caller marshals to its
+loop). When the worker dies without being asked to, the callback gets a `WorkerExited` listing
+the jobs it took with it.
 
 Nothing here blocks the caller: sends go through a queue to a writer thread, because a large
 job can fill the pipe while the worker is busy in a prefill and not reading; and `start()`
@@ -13,15 +15,13 @@ candidates for seconds) and spawned on the spawner thread while jobs wait in the
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import queue
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
@@ -46,6 +46,7 @@ from jupyter_lmsp.engine.messages import (
 )
 from jupyter_lmsp.engine.spawn import start_without_main
 from jupyter_lmsp.engine.worker_entry import worker_main
+from jupyter_lmsp.engine.worker_session import WorkerSession, spawner
 
 T = TypeVar("T")
 
@@ -58,105 +59,16 @@ class EngineNotRunning(RuntimeError):
     """A job was submitted while no worker process is running."""
 
 
-class _Spawner:
-    """Starts worker processes from one daemon thread that lives as long as this process.
-
-    Why: the worker asks Linux (PR_SET_PDEATHSIG) to kill it when its parent dies, and Linux
-    counts the parent as dead when the *thread* that spawned it exits. Spawning from a
-    short-lived thread (an executor thread, the reader thread restarting after a crash) would
-    kill a healthy worker when that thread ends.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tasks: queue.SimpleQueue[tuple[Callable[[], object], concurrent.futures.Future]] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-
-    def submit(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
-        """Run `fn` on the spawner thread; its future resolves when it has run."""
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._loop, name="lmsp-engine-spawner", daemon=True
-                )
-                self._thread.start()
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._tasks.put((fn, future))
-        return future
-
-    def _loop(self) -> None:
-        while True:
-            fn, future = self._tasks.get()
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-
-_spawner = _Spawner()
-
-
-@dataclass(eq=False)
-class _Session:
-    """One worker process and the threads serving its pipe.
-
-    `process` and `conn` are None until the spawner thread has launched it (`launched` set);
-    jobs submitted before wait in `outbox`.
-    """
-
-    process: BaseProcess | None = None
-    conn: Connection | None = None
-    launched: threading.Event = field(default_factory=threading.Event)
-    outbox: queue.SimpleQueue[object] = field(default_factory=queue.SimpleQueue)
-    # Job ids submitted and not yet ended; a dict keeps submission order.
-    in_flight: dict[str, None] = field(default_factory=dict)
-    stopping: bool = False
-    exited: bool = False
-    # Set when its `WorkerReady` has been read: until then it is importing MLX and reads no
-    # message.
-    ready: bool = False
-    reader: threading.Thread | None = None
-    writer: threading.Thread | None = None
-    # The reader thread and stop() both wait for the process. Two threads in waitpid race
-    # (one reaps, the other gets ECHILD and reports the process alive), so reaping and
-    # polling happen under this lock, and waiting on the sentinel (which reaps nothing)
-    # outside it.
-    reap_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to `timeout` for the process to exit and reap it; True if it has."""
-        if self.process is None:
-            return True
-        if not multiprocessing.connection.wait([self.process.sentinel], timeout):
-            return False
-        with self.reap_lock:
-            # The sentinel closes as the process exits, so this blocking reap is brief.
-            self.process.join()
-        return True
-
-    def is_alive(self) -> bool:
-        with self.reap_lock:
-            return self.process is not None and self.process.exitcode is None
-
-    def exitcode(self) -> int | None:
-        with self.reap_lock:
-            return None if self.process is None else self.process.exitcode
-
-    def kill(self) -> None:
-        with self.reap_lock:
-            if self.process is not None:
-                self.process.kill()
-
-
 class EngineClient:
     """Proxy for the inference worker process.
 
     `on_message(msg)` receives every worker message (`WorkerReady`, `JobStarted`, `StepTokens`
     (a step's `JobTokens`, one call for all its rows), `JobTokens`, `JobFinished`, `JobFailed`,
     `JobCancelled`) and `WorkerExited`, in order, from the reader thread; it must not block
-    for long. `env` entries are added to (or override) the worker's
+    for long. Given a `loop`, the messages are read on that event loop instead (its selector
+    watches the pipe: no thread wakes up per message, and no hand-off to the loop follows,
+    issue 42) and `on_message` is called there, `WorkerExited` excepted (from a thread of its
+    own, after the worker is reaped). `env` entries are added to (or override) the worker's
     environment; the server's own environment is unchanged. `prepare_env`, if given, is called
     on the spawner thread before each spawn (never on the caller's thread: it may take seconds)
     and its entries are added too, e.g. the chosen BLAS's `LD_PRELOAD`.
@@ -173,15 +85,17 @@ class EngineClient:
         env: Mapping[str, str] | None = None,
         prepare_env: Callable[[], Mapping[str, str]] | None = None,
         log: logging.Logger | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self._on_message = on_message
+        self._loop = loop
         self._token_delay = token_delay
         self._settings = settings or WorkerSettings()
         self._env = dict(env) if env else {}
         self._prepare_env = prepare_env
         self._log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()
-        self._session: _Session | None = None
+        self._session: WorkerSession | None = None
         self._slots_wanted = 0
 
     # --- state -----------------------------------------------------------------------------
@@ -215,13 +129,13 @@ class EngineClient:
         with self._lock:
             if self._session is not None and not self._session.exited:
                 raise RuntimeError("the engine worker is already running")
-            session = _Session()
+            session = WorkerSession()
             self._session = session
             if self._slots_wanted:
                 session.outbox.put(SlotsWanted(self._slots_wanted))
-        _spawner.submit(lambda: self._launch(session))
+        spawner.submit(lambda: self._launch(session))
 
-    def _launch(self, session: _Session) -> None:
+    def _launch(self, session: WorkerSession) -> None:
         """On the spawner thread: prepare the environment, spawn, start the pipe's threads."""
         try:
             env = dict(self._env)
@@ -245,17 +159,18 @@ class EngineClient:
                 self._deliver(WorkerExited(0, None, lost))
             return
         pid = session.process.pid
-        session.reader = threading.Thread(
-            target=self._read, args=(session,), name=f"lmsp-engine-reader-{pid}"
-        )
         session.writer = threading.Thread(
             target=self._write, args=(session,), name=f"lmsp-engine-writer-{pid}"
         )
         # Daemons, so a server that exits without stop() is not held up; the worker then
         # notices its parent is gone by itself.
-        session.reader.daemon = session.writer.daemon = True
+        session.writer.daemon = True
         session.writer.start()
-        session.reader.start()
+        if not self._watch_on_loop(session):
+            session.reader = threading.Thread(
+                target=self._read, args=(session,), name=f"lmsp-engine-reader-{pid}", daemon=True
+            )
+            session.reader.start()
         session.launched.set()
         self._log.info("engine worker started (pid %s)", pid)
 
@@ -317,9 +232,11 @@ class EngineClient:
             self._log.warning("engine worker %s did not stop; killing it", pid)
             session.kill()
             session.wait(timeout)
-        # stop() may be called from on_message, i.e. from the reader thread itself.
-        if session.reader is not None and session.reader is not threading.current_thread():
-            session.reader.join(timeout)
+        # stop() may be called from on_message, i.e. from the reader thread itself. (Read on
+        # the loop, the thread that reaps is started when the loop reads the pipe's end.)
+        reader = session.reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout)
         with self._lock:
             if self._session is session:
                 self._session = None
@@ -398,7 +315,7 @@ class EngineClient:
         except Exception:
             self._log.exception("engine on_message failed for %r", type(message).__name__)
 
-    def _write(self, session: _Session) -> None:
+    def _write(self, session: WorkerSession) -> None:
         assert session.conn is not None
         while True:
             message = session.outbox.get()
@@ -419,12 +336,13 @@ class EngineClient:
                 # The worker is gone; the reader sees EOF and reports the lost jobs.
                 self._log.debug("engine worker pipe closed; dropping %r", message)
 
-    def _end_job(self, session: _Session, job_id: str) -> None:
+    def _end_job(self, session: WorkerSession, job_id: str) -> None:
         with self._lock:
             session.in_flight.pop(job_id, None)
 
-    def _read(self, session: _Session) -> None:
-        assert session.conn is not None and session.process is not None
+    def _read(self, session: WorkerSession) -> None:
+        """(the reader thread) Every message, in order, until the pipe closes."""
+        assert session.conn is not None
         # Every message the pipe holds in one read (`frames`), not two reads per message.
         frames = FrameReader(session.conn.fileno())
         while True:
@@ -432,17 +350,61 @@ class EngineClient:
                 messages = frames.read()
             except (EOFError, OSError):
                 break
-            for message in messages:
-                if isinstance(message, Unreadable):
-                    self._log.error("unreadable message from the engine worker: %s", message)
-                    continue
-                if isinstance(message, JobFinished | JobFailed | JobCancelled):
-                    self._end_job(session, message.job_id)
-                elif isinstance(message, WorkerReady):
-                    with self._lock:
-                        session.ready = True
-                self._deliver(message)
+            self._received(session, messages)
+        self._ended(session)
 
+    def _watch_on_loop(self, session: WorkerSession) -> bool:
+        """(the spawner thread) Have the loop read the pipe; False without a loop (or with
+        one that is closed): a reader thread then reads it."""
+        if self._loop is None:
+            return False
+        assert session.conn is not None
+        session.frames = FrameReader(session.conn.fileno())
+        try:
+            self._loop.call_soon_threadsafe(self._watch, session)
+        except RuntimeError:  # the loop is closed: the server is stopping
+            session.frames.close()
+            session.frames = None
+            return False
+        return True
+
+    def _watch(self, session: WorkerSession) -> None:
+        assert self._loop is not None and session.conn is not None
+        self._loop.add_reader(session.conn.fileno(), self._readable, session)
+
+    def _readable(self, session: WorkerSession) -> None:
+        """(the loop) What the pipe holds now; at its end, the worker is reaped on a thread."""
+        assert self._loop is not None and session.conn is not None and session.frames
+        try:
+            messages = session.frames.read_ready()
+        except (EOFError, OSError):
+            self._loop.remove_reader(session.conn.fileno())
+            session.frames.close()
+            pid = session.process.pid if session.process is not None else 0
+            ended = threading.Thread(
+                target=self._ended, args=(session,), name=f"lmsp-engine-ended-{pid}", daemon=True
+            )
+            session.reader = ended
+            ended.start()
+            return
+        self._received(session, messages)
+
+    def _received(self, session: WorkerSession, messages: list[object]) -> None:
+        for message in messages:
+            if isinstance(message, Unreadable):
+                self._log.error("unreadable message from the engine worker: %s", message)
+                continue
+            if isinstance(message, JobFinished | JobFailed | JobCancelled):
+                self._end_job(session, message.job_id)
+            elif isinstance(message, WorkerReady):
+                with self._lock:
+                    session.ready = True
+            self._deliver(message)
+
+    def _ended(self, session: WorkerSession) -> None:
+        """(a thread) The pipe closed: reap the worker, stop the writer, and say which jobs
+        were lost if nobody asked it to stop."""
+        assert session.conn is not None and session.process is not None
         session.wait(5.0)
         exitcode = session.exitcode()
         with self._lock:

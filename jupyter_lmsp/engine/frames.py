@@ -7,12 +7,16 @@ decode step, hundreds a second, those reads were most of the engine reader threa
 the same frames `Connection.send_bytes` writes: a signed 4-byte big-endian length, or -1 and an
 8-byte length for a message over 2 GiB, then the pickled message. Messages that piled up while
 the reader was busy come out of one read.
+
+`read` blocks (the reader thread's); `read_ready` takes only what is there, without blocking
+and without changing the pipe's mode, which its writer shares (an event loop's reader).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import socket
 import struct
 
 # One read's most bytes, into a buffer kept for every read: `os.read(fd, n)` allocates n bytes
@@ -33,6 +37,7 @@ class FrameReader:
         self._buffer = bytearray()
         self._chunk = bytearray(CHUNK)
         self._view = memoryview(self._chunk)
+        self._socket: socket.socket | None = None
 
     def read(self) -> list[object | Unreadable]:
         """The next messages, in order, at least one: each frame complete in what was read so
@@ -46,6 +51,32 @@ class FrameReader:
             if not n:
                 raise EOFError
             self._buffer += self._view[:n]
+
+    def read_ready(self) -> list[object | Unreadable]:
+        """The messages complete in what the pipe holds now, in order (maybe none), without
+        waiting: reads with `MSG_DONTWAIT` (the worker's pipe is a socket pair) until nothing
+        is left. EOFError when the pipe is closed and nothing is left to read."""
+        if self._socket is None:
+            # A socket of our own on a copy of the descriptor: closing it leaves the pipe's.
+            self._socket = socket.socket(fileno=os.dup(self.fd))
+        while True:
+            try:
+                n = self._socket.recv_into(self._chunk, CHUNK, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return self._frames()
+            if not n:
+                messages = self._frames()
+                if messages:
+                    return messages  # EOF again on the next call, with nothing left
+                raise EOFError
+            self._buffer += self._view[:n]
+            if n < CHUNK:
+                return self._frames()
+
+    def close(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
 
     def _frames(self) -> list[object | Unreadable]:
         buffer = self._buffer

@@ -1,7 +1,7 @@
 """The engine's messages, turned into what a task runner does with them.
 
-The worker's messages (`engine.messages`) come on the engine's reader thread; the runner hands
-each to its loop, where `EngineDispatcher` reads them into the task's record
+The worker's messages (`engine.messages`) are read on the runner's loop (a dead worker's
+`WorkerExited` comes from a thread and is handed over), where `EngineDispatcher` reads them into the task's record
 (`services.running`): a job started (its output assembler, `running`), its tokens (a step's
 rows come in one `StepTokens`; each row is kept for the task's next commit,
 `services.output`), a choice's or the job's end, a failure, a cancel (or the pause it was),

@@ -1,9 +1,9 @@
 """The task runner: takes the queued tasks it holds to the inference engine and commits what
 comes back.
 
-Its state lives on the IOLoop; its transactions do not. Engine messages arrive on the
-engine's reader thread and are handed to the loop with `call_soon_threadsafe`
-(`services.dispatch` turns each into one of the runner's actions); every state change and
+Its state lives on the IOLoop; its transactions do not. Engine messages are read on the loop
+(the engine client watches the worker's pipe there; a message from a thread goes through the
+`Inbox`), and `services.dispatch` turns each into one of the runner's actions; every state change and
 every batch of text then goes through one `store.rules` transaction, run on the runner's own
 database thread (`Committer`) in the order the loop asked for them, and the committed events
 are published on the bus back on the loop. A transaction that waits for the write lock
@@ -342,8 +342,13 @@ class TaskRunner:
     # -- messages from the engine ----------------------------------------------------------
 
     def _from_engine_thread(self, message: object) -> None:
-        # (the engine's reader thread) One hand-off takes the messages that piled up.
-        self.inbox.put(message)
+        # Read on the loop (`EngineClient(loop=)`): handled now, after any message a thread
+        # handed over before it. From a thread (the engine's reader, or the one that reaps
+        # the worker): one hand-off takes the messages that piled up.
+        if threading.current_thread() is self.loop_thread:
+            self.inbox.handle_now(message)
+        else:
+            self.inbox.put(message)
 
     def _on_message(self, message: object) -> None:
         try:

@@ -29,16 +29,20 @@ def insert_of(name: str) -> Callable[..., Any]:
     """The `insert` of the dialect `name` (`Connection.dialect.name`): with its
     `on_conflict_do_update` / `on_conflict_do_nothing`."""
     if name == POSTGRESQL:
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.insert
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.insert
 
 
 def json_type(name: str) -> Any:
     """The JSON type of the dialect `name` (PostgreSQL's has `.astext`)."""
     if name == POSTGRESQL:
-        from sqlalchemy.dialects.postgresql import JSON
-    else:
-        from sqlalchemy.dialects.sqlite import JSON
-    return JSON
+        from sqlalchemy.dialects import postgresql
+
+        return postgresql.JSON
+    from sqlalchemy.dialects import sqlite
+
+    return sqlite.JSON
