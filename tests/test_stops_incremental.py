@@ -64,7 +64,10 @@ def reference(stops: Sequence[str], texts: Sequence[str]) -> tuple[list[str], bo
         if at is not None:
             end = at
         elif not final:
-            end -= ref_held(stops, text)
+            # Held: the end of the text not emitted yet that could begin a stop. (A stop
+            # beginning in emitted text is never looked for, `ref_find` from `emitted`: after a
+            # revision of held-back text the whole text's end may begin one there.)
+            end -= ref_held(stops, text[emitted:])
         chunks.append(text[emitted:end] if end > emitted else "")
         emitted = max(emitted, end)
         if at is not None:
