@@ -32,13 +32,11 @@ their service calls off the loop), `holds` too; the rest runs on the loop.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..protocol.output import Batch
 from ..protocol.states import TaskState
 from ..store import queries, rules
 from ..store.database import Database
@@ -47,19 +45,17 @@ from . import claiming, metrics
 from .bus import EventBus
 from .cache_keys import RecentKeys
 from .catalog import ModelCatalog
-from .committer import Committer, is_storage_full
+from .committer import Committer
 from .dispatch import EngineDispatcher
 from .fairqueue import Tier, tier_of
 from .inbox import Inbox
 from .output import OutputStage
 from .runner_clock import RunnerClock
+from .runner_commits import RunnerCommits
 from .running import TaskOutput
 from .scheduling import Slots
 
 log = logging.getLogger(__name__)
-
-# The error of a task whose end could not be written as it was (issue 43).
-_END_ERROR = {"code": "server_error", "message": "The task's end could not be stored."}
 
 
 class TaskRunner:
@@ -95,7 +91,8 @@ class TaskRunner:
         self.dispatcher = EngineDispatcher(self)
         # The engine's messages on their way to the loop (`_from_engine_thread`).
         self.inbox = Inbox(self._on_message)
-        self.output = OutputStage(snapshot_interval, self._commit_outputs, self.dispatcher.broke)
+        self.commits = RunnerCommits(self)
+        self.output = OutputStage(snapshot_interval, self.commits.outputs, self.dispatcher.broke)
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Queue waits, token latencies, durations and the worker's figures (runner_clock).
         self.clock = RunnerClock()
@@ -298,7 +295,7 @@ class TaskRunner:
         task = self.slots.get(start.task_id)
         if start.job is None or start.generation is None:
             if task is not None and task.has_slot:
-                self._forget(start.task_id)
+                self.forget(start.task_id)
             self.schedule()
             return
         if task is None or not task.has_slot:
@@ -335,7 +332,8 @@ class TaskRunner:
         self.clock.queued(task_id)
         self.schedule()
 
-    def _forget(self, task_id: str) -> None:
+    def forget(self, task_id: str) -> None:
+        """The task leaves the runner: its record, its place in the queue, its clock."""
         self.slots.forget(task_id)
         self.clock.forget(task_id)
 
@@ -358,58 +356,10 @@ class TaskRunner:
         except Exception:
             log.exception("failed to handle engine message %r", message)
 
-    def _commit_outputs(self, batches: dict[str, Batch], oldest: float) -> None:
-        self.committer.run(
-            rules.append_outputs,
-            self.db,
-            batches,
-            runner_id=self.runner_id,
-            then=functools.partial(self._committed_outputs, oldest),
-            on_error=functools.partial(self._outputs_failed, list(batches)),
-        )
-
-    def _outputs_failed(self, task_ids: list[str], exc: BaseException) -> None:
-        """Their output could not be stored (a full disk, issue 43): each of those tasks fails
-        rather than going on with output that is not on disk. Its job stops in the worker,
-        and its end (`job_cancelled` / `job_finished`, which read `broken`) is committed as
-        soon as there is room (`finish` retries a full disk)."""
-        full = is_storage_full(exc)
-        error = {
-            "code": "storage_full" if full else "server_error",
-            "message": "The server's disk is full: this response's output could not be stored."
-            if full
-            else "This response's output could not be stored.",
-        }
-        for task_id in task_ids:
-            task = self.slots.get(task_id)
-            if task is None or task.output is None or task.output.broken is not None:
-                continue
-            task.output.broken = error
-            if task.has_slot and self.engine is not None:
-                self.engine.cancel(task_id)
-
-    def _committed_outputs(self, oldest: float, committed: list[rules.Committed]) -> None:
-        self.clock.committed_snapshot(oldest)
-        for one in committed:
-            self.committed(one)
+    # -- what the runner commits (services.runner_commits) -------------------------------
 
     def committed(self, committed: rules.Committed) -> None:
-        self.publish(committed)
-        if committed.lost:
-            self._drop(committed.task.id)
-
-    def _drop(self, task_id: str) -> None:
-        """Another runner holds this task now (this one was declared dead while it still ran):
-        stop generating it; its end changes nothing in the database."""
-        task = self.slots.get(task_id)
-        if task is None or not task.has_slot or task.cancelling or self.engine is None:
-            return
-        log.warning("task %s is held by another runner now; stopping its generation", task_id)
-        task.cancelling = True
-        self.engine.cancel(task_id)
-        self.schedule()  # its rows are free now (`Slots.used_rows`), as after a cancel
-
-    # -- a task's end ----------------------------------------------------------------------
+        self.commits.committed(committed)
 
     def finish(
         self,
@@ -420,39 +370,14 @@ class TaskRunner:
         corrupt: bool = False,
         cached_tokens: int = 0,
     ) -> None:
-        self.committer.run(
-            self._end,
+        """End the task with `outcome` (one transaction, on the runner's database thread)."""
+        self.commits.finish(
             task_id,
             outcome,
             output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
             corrupt=corrupt,
-            then=self._finished,
-            # A task's end must land: a full disk delays it until there is room.
-            retry_full=True,
-            on_error=functools.partial(self._end_failed, task_id, outcome),
+            cached_tokens=cached_tokens,
         )
-
-    def _end_failed(self, task_id: str, outcome: rules.Outcome, exc: BaseException) -> None:
-        """Ending the task raised (not a full disk: that is retried): end it failed instead,
-        with a plain error, so it never stays `running`; its slot is freed either way."""
-        if outcome.state is TaskState.FAILED and outcome.error == _END_ERROR:
-            log.error("task %s could not be ended at all; its slot is freed", task_id)
-            self._forget(task_id)
-            self.schedule()
-            return
-        self.finish(task_id, rules.Outcome(TaskState.FAILED, error=_END_ERROR))
-
-    def _end(self, task_id: str, outcome: rules.Outcome, **kwargs: Any) -> rules.Committed:
-        # (database thread)
-        return claiming.end(self.db, self.catalog, self.runner_id, task_id, outcome, **kwargs)
-
-    def _finished(self, committed: rules.Committed) -> None:
-        task_id = committed.task.id
-        self.publish(committed)
-        self.clock.ended(task_id, committed.task.model, str(committed.task.state))
-        self._forget(task_id)  # also when the end was refused (another runner's now)
-        self.schedule()
 
     # -- recoveries and a lost lease (from services.lease) ----------------------------------
 
@@ -477,4 +402,4 @@ class TaskRunner:
         self.runner_id = new_runner_id
         self.slots.clear_queue()
         for task in self.slots.active():
-            self._drop(task.task_id)
+            self.commits.drop(task.task_id)
