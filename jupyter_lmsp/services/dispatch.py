@@ -6,7 +6,7 @@ The worker's messages (`engine.messages`) are read on the runner's loop (a dead 
 rows come in one `StepTokens`; each row is kept for the task's next commit,
 `services.output`), a choice's or the job's end, a failure, a cancel (or the pause it was),
 the worker's own start and exit. What ends a task is decided here and committed through the
-runner (`TaskRunner.finish`).
+runner (`RunnerCommits.finish`).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class EngineDispatcher:
                 if generation is not None
                 else None
             ),
-            then=runner.committed,
+            then=runner.commits.committed,
         )
 
     def step_tokens(self, rows: list[JobTokens]) -> None:
@@ -149,7 +149,7 @@ class EngineDispatcher:
         task = self._flush(task_id)
         broken = _broken(task)
         if broken is not None:
-            self.runner.finish(task_id, rules.Outcome(TaskState.FAILED, error=broken))
+            self.runner.commits.finish(task_id, rules.Outcome(TaskState.FAILED, error=broken))
             return
         cut = any(reason == "length" for _, reason in ends)
         usage = usage_object(
@@ -159,7 +159,7 @@ class EngineDispatcher:
             message.accepted_draft_tokens,
             message.reasoning_tokens,
         )
-        self.runner.finish(
+        self.runner.commits.finish(
             task_id,
             rules.Outcome(
                 TaskState.COMPLETED,
@@ -170,7 +170,7 @@ class EngineDispatcher:
 
     def job_failed(self, task_id: str, code: str, message: str) -> None:
         broken = _broken(self._flush(task_id))
-        self.runner.finish(
+        self.runner.commits.finish(
             task_id,
             rules.Outcome(TaskState.FAILED, error=broken or {"code": code, "message": message}),
             corrupt=code == "model_digest_mismatch",
@@ -183,7 +183,7 @@ class EngineDispatcher:
         if broken is not None:
             # Stopped because a call it wrote could not be read: it failed.
             failed = rules.Outcome(TaskState.FAILED, error=broken)
-            runner.finish(task_id, failed, output_tokens=output_tokens)
+            runner.commits.finish(task_id, failed, output_tokens=output_tokens)
             return
         if task is not None and task.pausing:
             # Paused to free its slot: its state decides (read after its tokens committed)
@@ -195,7 +195,7 @@ class EngineDispatcher:
                 then=functools.partial(runner.paused, task_id, output_tokens),
             )
             return
-        runner.finish(
+        runner.commits.finish(
             task_id,
             rules.Outcome(TaskState.CANCELLED),
             output_tokens=output_tokens,

@@ -255,7 +255,7 @@ class TaskRunner:
             if self.slots.unqueue(task_id):
                 # A generation waiting for its turn (paused, or adopted to resume): nothing
                 # runs, it ends now.
-                self.finish(task_id, rules.Outcome(TaskState.CANCELLED))
+                self.commits.finish(task_id, rules.Outcome(TaskState.CANCELLED))
                 continue
             if task is not None and task.has_slot and self.engine is not None:
                 task.cancelling = True
@@ -326,7 +326,9 @@ class TaskRunner:
             or TaskState(row.state) != TaskState.RUNNING
             or (self.runner_id is not None and row.runner_id != self.runner_id)
         ):
-            self.finish(task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=output_tokens)
+            self.commits.finish(
+                task_id, rules.Outcome(TaskState.CANCELLED), output_tokens=output_tokens
+            )
             return
         self.slots.push_paused(task)
         self.clock.queued(task_id)
@@ -355,29 +357,6 @@ class TaskRunner:
             self.dispatcher(message)
         except Exception:
             log.exception("failed to handle engine message %r", message)
-
-    # -- what the runner commits (services.runner_commits) -------------------------------
-
-    def committed(self, committed: rules.Committed) -> None:
-        self.commits.committed(committed)
-
-    def finish(
-        self,
-        task_id: str,
-        outcome: rules.Outcome,
-        *,
-        output_tokens: int | None = None,
-        corrupt: bool = False,
-        cached_tokens: int = 0,
-    ) -> None:
-        """End the task with `outcome` (one transaction, on the runner's database thread)."""
-        self.commits.finish(
-            task_id,
-            outcome,
-            output_tokens=output_tokens,
-            corrupt=corrupt,
-            cached_tokens=cached_tokens,
-        )
 
     # -- recoveries and a lost lease (from services.lease) ----------------------------------
 
