@@ -578,7 +578,6 @@ class WorkerCommand(Command):
             model_dir=Path(settings.model_dir),
             models=models,
             max_active=max(1, settings.max_batch_size),
-            snapshot_interval=settings.snapshot_interval,
             lease_seconds=settings.lease_seconds,
             heartbeat_interval=settings.heartbeat_interval,
             claim_interval=self.claim_interval,

@@ -38,7 +38,7 @@ from .auth.identity import server_owner
 from .auth.ratelimit import RateLimiter
 from .engine.blas import BlasSelection
 from .engine.client import EngineClient
-from .engine.messages import WorkerSettings
+from .engine.messages import DEFAULT_SEND_INTERVAL, WorkerSettings
 from .engine.speculative import (
     DEFAULT_MAX_DRAFT,
     DEFAULT_MAX_ROWS,
@@ -99,8 +99,9 @@ class LMSPExtension(ExtensionApp):
     ).tag(config=True)
     purge_interval = Float(3600.0, help="Seconds between retention purges.").tag(config=True)
     snapshot_interval = Float(
-        0.05,
-        help="Seconds generated text is coalesced before it is committed with its snapshot.",
+        DEFAULT_SEND_INTERVAL,
+        help="Seconds generated text is coalesced (in the inference worker) before it is "
+        "committed with its snapshot; a choice's first text is not held.",
     ).tag(config=True)
     max_body_bytes = Integer(
         1024 * 1024,
@@ -431,7 +432,6 @@ class LMSPExtension(ExtensionApp):
             bus,
             catalog,
             self._make_engine,
-            snapshot_interval=self.snapshot_interval,
             max_active=self.max_batch_size,
             runner_id=runner_id,
             executes=self.local_worker,
@@ -606,6 +606,7 @@ class LMSPExtension(ExtensionApp):
             gather_limit=self.gather_limit,
             max_loaded_bytes=max(0, self.max_loaded_bytes),
             keep_alive=self.keep_alive,
+            send_interval=max(0.0, self.snapshot_interval),
             speculation=SpeculationSettings(
                 enabled=self.speculative_decoding,
                 max_draft=self.speculative_max_draft,

@@ -70,8 +70,10 @@ def cold_engine(test_model_dir: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
-    """50 ms after each step, at most three jobs at once."""
-    eng = start_engine(test_model_dir, token_delay=0.05, settings=WorkerSettings(max_batch_size=3))
+    """50 ms after each step, at most three jobs at once, every step's tokens sent."""
+    eng = start_engine(
+        test_model_dir, token_delay=0.05, settings=WorkerSettings(max_batch_size=3, send_interval=0)
+    )
     yield eng
     eng.client.stop()
 

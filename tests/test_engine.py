@@ -151,11 +151,16 @@ def engine(test_model_dir: Path) -> Iterator[Engine]:
 
 @pytest.fixture(scope="module")
 def slow_engine(test_model_dir: Path) -> Iterator[Engine]:
-    """A worker that sleeps 50 ms after each step, so there is time to act mid-run.
+    """A worker that sleeps 50 ms after each step, so there is time to act mid-run, and sends
+    every step's tokens (its tests count tokens per step).
 
     It runs at most two jobs at once, so a third one waits in its queue.
     """
-    eng = start_engine(test_model_dir, token_delay=0.05, settings=WorkerSettings(max_batch_size=2))
+    eng = start_engine(
+        test_model_dir,
+        token_delay=0.05,
+        settings=WorkerSettings(max_batch_size=2, send_interval=0),
+    )
     yield eng
     eng.client.stop()
 
@@ -437,6 +442,30 @@ def test_a_gathering_worker_waits_for_the_jobs_announced(test_model_dir: Path, g
     first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
     started_before = [job for kind, job in order[:first_token] if kind == "JobStarted"]
     assert len(started_before) == 3, order
+
+
+# --- coalescing ----------------------------------------------------------------------------
+
+
+def test_the_worker_holds_tokens_for_its_send_interval_but_not_the_first_text(
+    engine: Engine, test_model_dir: Path
+) -> None:
+    """The worker is the one stage that coalesces tokens: with a send interval longer than
+    the whole run, a job's first text goes out at once and everything after it waits for the
+    job's end (two messages for 40 tokens, 10 ms apart); the tokens and text are those of a
+    worker that sends less held back."""
+    reference = engine.run(new_id("ref"), max_tokens=40)
+    eng = start_engine(test_model_dir, token_delay=0.01, settings=WorkerSettings(send_interval=30))
+    try:
+        run = eng.run(new_id("held"), max_tokens=40)
+    finally:
+        eng.client.stop()
+    assert isinstance(run.end, JobFinished) and run.end.output_tokens == 40
+    assert run.tokens == reference.tokens and run.text == reference.text
+    assert run.text, "the test model wrote no text to hold"
+    # One message per send: the first text (with the tokens before it), then the rest.
+    assert run.chunks[0].text, [c.text for c in run.chunks]
+    assert len(run.chunks) == 2, [len(c.token_ids) for c in run.chunks]
 
 
 # --- errors --------------------------------------------------------------------------------

@@ -30,7 +30,13 @@ from serverproc import MODEL, ServerProcess, with_test_model
 from test_engine import new_id, start_engine
 
 from jupyter_lmsp.engine.grammars import ResponseFormat
-from jupyter_lmsp.engine.messages import JobFinished, JobStarted, JobTokens, StepTokens
+from jupyter_lmsp.engine.messages import (
+    JobFinished,
+    JobStarted,
+    JobTokens,
+    StepTokens,
+    WorkerSettings,
+)
 from jupyter_lmsp.engine.schema_limits import check_limits
 from jupyter_lmsp.services.grammar_gate import GrammarGate
 
@@ -119,7 +125,10 @@ def test_a_slow_compile_is_killed_at_its_deadline_and_the_gate_goes_on(test_mode
 def test_a_grammar_compiles_beside_the_decode_loop(test_model_dir):
     """Job A streams; job B's grammar takes ~1 s to compile; A's tokens keep coming."""
     times: list[tuple[float, object]] = []
-    engine = start_engine(test_model_dir, token_delay=0.02)
+    # Every step's tokens sent as it ends: the gaps below are the decode loop's.
+    engine = start_engine(
+        test_model_dir, token_delay=0.02, settings=WorkerSettings(send_interval=0)
+    )
     try:
         original = engine.recorder.__call__
 

@@ -39,6 +39,10 @@ class ChoiceResume:
     finish_reason: str | None = None
 
 
+# The default of `WorkerSettings.send_interval` (and of the extension's `snapshot_interval`).
+DEFAULT_SEND_INTERVAL = 0.05
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """How the worker runs, from the extension's configuration (`LMSPExtension` traits),
@@ -64,6 +68,10 @@ class WorkerSettings:
     # Whether chunk sizes follow what the chunks cost when read (`prefill.ChunkPacer`); off,
     # the cost model alone sizes them (the benchmark's comparisons).
     prefill_pacing: bool = True
+    # How long generated tokens are held before they go to the server (seconds; the
+    # extension's `snapshot_interval`): the one stage that coalesces them. A choice's first
+    # text goes at once; 0 sends every decode step's tokens.
+    send_interval: float = DEFAULT_SEND_INTERVAL
 
 
 @dataclass

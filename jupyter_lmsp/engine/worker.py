@@ -8,10 +8,13 @@ building each step's graph holds the GIL, which stalls the server's event loop.
 Layout:
 - `Worker` is the loop and the message handling: a FIFO of jobs admitted while their choices
   fit in `max_batch_size` rows, the pipe drained between scheduler steps so new jobs join and
-  cancels act within one decode step (or one prefill chunk), each step's tokens sent when the
-  step is done (one `StepTokens` for all its rows; the server's runner is the one stage that
-  coalesces them, into its snapshot commits). A cancel that cancels every job of the step in flight stops it
-  part-way, at the next checkpoint between the model's layers (`interrupt`).
+  cancels act within one decode step (or one prefill chunk). This is the one stage that
+  coalesces tokens: the steps' tokens go out together (one `StepTokens` for all the rows that
+  have any) once the oldest of them has waited `send_interval` (the extension's
+  `snapshot_interval`), a choice's first text at once, a choice's last tokens before its end,
+  and everything before the worker waits idle; the server's runner commits each message as it
+  comes. A cancel that cancels every job of the step in flight stops it part-way, at the next
+  checkpoint between the model's layers (`interrupt`).
 - A job's prompt is its messages through the model's chat template, with its tools rendered
   in (`toolcalls.render`), and its grammar comes from `grammars.build_grammar`.
 - Generation itself is `batching.BatchScheduler` (continuous batching over mlx-lm's
@@ -22,7 +25,8 @@ Layout:
   the last job waiting for a model stops that model's verification.
 
 Configuration: the `WorkerSettings` given to `worker_main` (from the extension's traits:
-`max_batch_size`, `prompt_cache_bytes`, `gather_window`, `gather_limit`), nothing else.
+`max_batch_size`, `prompt_cache_bytes`, `gather_window`, `gather_limit`, `snapshot_interval`
+as `send_interval`, ...), nothing else.
 
 This module imports MLX only inside the worker process (in `worker_main` and the functions it
 calls), so the server process can import it to name the process target without loading MLX.
@@ -72,6 +76,7 @@ from jupyter_lmsp.engine.harmony import HARMONY_MARKERS, harmony_format, is_harm
 from jupyter_lmsp.engine.interrupt import Checkpoints, StepAbandoned, install_checkpoints
 from jupyter_lmsp.engine.loader import LoadResult, ModelLoader
 from jupyter_lmsp.engine.messages import (
+    DEFAULT_SEND_INTERVAL,
     MAX_STOP_SEQUENCES,
     MAX_TOP_LOGPROBS,
     CancelJob,
@@ -206,6 +211,8 @@ class _Outbox:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # Whether any of its text went out yet (its first text is not held: `Worker._send_due`).
+    sent_text: bool = False
 
     @property
     def pending(self) -> bool:
@@ -234,6 +241,7 @@ class _Outbox:
             choice=self.choice,
             logprobs=self.logprobs if self.want_logprobs else None,
         )
+        self.sent_text = self.sent_text or bool(self.text)
         self.token_ids, self.text, self.logprobs = [], "", []
         return message
 
@@ -265,9 +273,9 @@ class Worker:
 
     Jobs wait in a FIFO until fewer than `max_batch_size` are running, then join the batch.
     Between two scheduler steps the pipe is drained, so a new job joins and a cancel acts
-    within one decode step (or one prefill chunk). Each step's tokens go out once the pipe is
-    drained after it, all its rows in one `StepTokens` (the server coalesces them for its
-    commits: `services.output`).
+    within one decode step (or one prefill chunk). The steps' tokens are held until the oldest
+    has waited `send_interval` seconds, then go out in one `StepTokens` (`_send_due`); the
+    server commits each such message as it comes (`services.output`).
     """
 
     def __init__(
@@ -285,8 +293,15 @@ class Worker:
         residency: Residency | None = None,
         prefill_break_even: int = DEFAULT_BREAK_EVEN,
         prefill_pacing: bool = True,
+        send_interval: float = DEFAULT_SEND_INTERVAL,
     ) -> None:
         self._conn = conn
+        # How long generated tokens may wait here before they go out (`_send_due`).
+        self._send_interval = send_interval
+        # When the oldest token not yet sent was generated (monotonic), and whether a
+        # choice's first text is waiting (it goes at once).
+        self._held_since: float | None = None
+        self._first_text = False
         # Which models stay loaded: the memory budget and idle unload (`residency`).
         self._residency = residency or Residency()
         self._gather_window = gather_window
@@ -716,6 +731,8 @@ class Worker:
                     continue
             self._keep_to_budget()
             if not self._scheduler.active:
+                if self._held_since is not None:
+                    self._send_held()  # nothing is held while the worker waits
                 self._pump(IDLE_POLL_SECONDS)
                 continue
             if was_idle:
@@ -735,7 +752,7 @@ class Worker:
                 self._sleep(self._token_delay * _most_tokens(updates))
             else:
                 self._pump()
-            self._send_step()
+            self._send_due()
         for job_id, generated in self._scheduler.cancel_all():
             self._end_cancelled(job_id, generated)
         self._embeds.drop_all()
@@ -940,6 +957,11 @@ class Worker:
                 continue
             outbox = running.outboxes[update.choice]
             outbox.add(update)
+            if update.token_ids or update.text:
+                if self._held_since is None:
+                    self._held_since = time.monotonic()
+                if update.text and not outbox.sent_text:
+                    self._first_text = True
             if update.error is not None:
                 # Tokens generated before a failure are valid: they go out before JobFailed.
                 self._flush(update.job_id)
@@ -991,8 +1013,22 @@ class Worker:
         for outbox in running.outboxes:
             self._flush_outbox(outbox)
 
-    def _send_step(self) -> None:
+    def _send_due(self) -> None:
+        """`_send_held` once it is due: a choice's first text is waiting, or the oldest token
+        held has waited `send_interval` (issue 42: one message per interval instead of one
+        per decode step, which cost the worker a pickle and the server's loop a wake-up, a
+        read and a hand-off per step; the tokens reach watchers no later than when the
+        server's runner held them for that interval instead)."""
+        held = self._held_since
+        if held is None:
+            return
+        if self._first_text or time.monotonic() - held >= self._send_interval:
+            self._send_held()
+
+    def _send_held(self) -> None:
         """Every running choice's tokens not yet sent, in one `StepTokens`."""
+        self._held_since = None
+        self._first_text = False
         rows = [
             message
             for running in self._running.values()
@@ -1135,6 +1171,7 @@ def worker_main(
             residency=Residency(settings.max_loaded_bytes, settings.keep_alive),
             prefill_break_even=settings.prefill_break_even,
             prefill_pacing=settings.prefill_pacing,
+            send_interval=settings.send_interval,
         ).serve()
     except _ParentGone:
         pass

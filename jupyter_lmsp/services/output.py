@@ -1,16 +1,15 @@
 """A runner's output stage: the engine's tokens read into each task's pending batch, and the
 pending batches committed together, with the snapshot that covers them (LMSP B7).
 
-This is the one place tokens are coalesced (the worker sends every step's tokens as they
-come): for `interval` seconds, then every running task's pending output is committed in one
-transaction, however many tasks decode at once. The engine's rows are kept as they come
-(`OutputStage.receive`, a list append per row and step) and assembled when they are committed,
-each choice's run of rows merged into one feed of its parsers (issue 42: the assembly per
-commit, not per token); what watchers see is decided at the commit either way. A crash loses at most that much uncommitted
-work, and a resumed task continues from exactly what its watchers saw. A task's first text is
-committed on the loop's next turn instead (with whatever else is pending then: the first
-tokens of a batch's other tasks arrive in the same turn), so nobody waits an interval for it.
-With `interval` <= 0 every message is committed as it comes.
+The inference worker is the one stage that coalesces tokens (`engine.worker`: it holds them
+for the extension's `snapshot_interval`, a choice's first text not at all, and sends every
+row it held in one message). Here what arrives is committed on the loop's next turn, every
+running task's pending output in one transaction, with whatever else arrived in that turn.
+The engine's rows are kept as they come (`OutputStage.receive`, a list append per row) and
+assembled when they are committed, each choice's run of rows merged into one feed of its
+parsers (issue 42: the assembly per commit, not per token); what watchers see is decided at
+the commit either way. A crash loses at most the interval's uncommitted work, and a resumed
+task continues from exactly what its watchers saw.
 """
 
 from __future__ import annotations
@@ -95,16 +94,13 @@ def read(task: RunningTask, step: Callable[[OutputAssembler], Batch]) -> bool | 
 
 
 class OutputStage:
-    def __init__(
-        self, interval: float, commit: Commit, broke: Callable[[RunningTask], None]
-    ) -> None:
-        self.interval = interval
+    def __init__(self, commit: Commit, broke: Callable[[RunningTask], None]) -> None:
         self.commit = commit
         # Called (after the commit) for a task whose output broke as its rows were assembled
         # for a commit: its generation must stop.
         self.broke = broke
         self.loop: asyncio.AbstractEventLoop | None = None
-        # One timer for all running tasks: their tokens are committed together.
+        # One commit scheduled for all running tasks: their tokens are committed together.
         self._handle: asyncio.Handle | None = None
         self._tasks: Callable[[], Iterable[RunningTask]] = tuple
 
@@ -122,21 +118,14 @@ class OutputStage:
         if not output.pending and not output.unread:
             output.pending_since = time.monotonic()
         output.unread.append(row)
-        self.added(task, row.text)
+        self.added()
 
-    def added(self, task: RunningTask, text: str) -> None:
-        """Output was added to `task`'s pending batch: commit it when it is due."""
+    def added(self) -> None:
+        """Output was added to a task's pending batch: commit it on the loop's next turn, with
+        whatever else arrives before then."""
         assert self.loop is not None
-        if self.interval <= 0:
-            self.flush([task])
-        elif text and not task.producing:
-            # The first text (a token may complete none, e.g. half a character).
-            task.producing = True
-            if self._handle is not None:
-                self._handle.cancel()
+        if self._handle is None:
             self._handle = self.loop.call_soon(self.flush_all)
-        elif self._handle is None:
-            self._handle = self.loop.call_later(self.interval, self.flush_all)
 
     def flush(self, tasks: Iterable[RunningTask]) -> None:
         """Commit the output held for these tasks, in one transaction."""

@@ -18,8 +18,9 @@ server is noticed by `services.feed` and reaches the engine through `notice_canc
 What it knows of each task is one `services.running.RunningTask`, kept by
 `services.scheduling.Slots` (the fair queue, the slots, which generation to pause) and
 forgotten in one place. Claims and ends are `services.claiming`'s transactions; generated
-tokens are read and coalesced by `services.output` (committed every `snapshot_interval`
-seconds with the snapshot that covers them, LMSP B7; a task's first text at once). When every
+tokens are read by `services.output` and committed as the worker sends them (it holds them
+`snapshot_interval` seconds, a task's first text not at all), with the snapshot that covers
+them (LMSP B7). When every
 slot is taken and an owner holds more than its share while another waits with less, one of
 its running generations is paused — cancelled in the worker, its tokens committed, the task
 left `running` — and queued again: it resumes from its snapshot when its turn comes, with the
@@ -66,7 +67,6 @@ class TaskRunner:
         catalog: ModelCatalog,
         engine_factory: Callable[[Callable[[object], None]], Any],
         *,
-        snapshot_interval: float = 0.05,
         max_active: int = 8,
         runner_id: str | None = None,
         executes: bool = True,
@@ -92,7 +92,7 @@ class TaskRunner:
         # The engine's messages on their way to the loop (`_from_engine_thread`).
         self.inbox = Inbox(self._on_message)
         self.commits = RunnerCommits(self)
-        self.output = OutputStage(snapshot_interval, self.commits.outputs, self.dispatcher.broke)
+        self.output = OutputStage(self.commits.outputs, self.dispatcher.broke)
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Queue waits, token latencies, durations and the worker's figures (runner_clock).
         self.clock = RunnerClock()

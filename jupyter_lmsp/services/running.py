@@ -58,8 +58,6 @@ class RunningTask:
     has_slot: bool = False
     # Set when its job is handed to the engine; dropped when it is paused.
     output: TaskOutput | None = None
-    # Its text has begun (its first text is committed at once, later text on the interval).
-    producing: bool = False
     # The engine was told to cancel it (a cancel noticed twice is sent once; its rows count
     # as free).
     cancelling: bool = False
@@ -87,4 +85,3 @@ class RunningTask:
         again)."""
         self.requeued()
         self.cancelling = False
-        self.producing = False

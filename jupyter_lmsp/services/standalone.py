@@ -47,7 +47,6 @@ class StandaloneWorker:
         model_dir: Path,
         models: Sequence[str] = (),
         max_active: int = 8,
-        snapshot_interval: float = 0.05,
         lease_seconds: float = 15.0,
         heartbeat_interval: float = 2.0,
         claim_interval: float = 0.05,
@@ -73,7 +72,6 @@ class StandaloneWorker:
             self.bus,
             ModelCatalog(db, model_dir, None),
             engine_factory,
-            snapshot_interval=snapshot_interval,
             max_active=max_active,
             runner_id=runner_id,
         )
