@@ -755,13 +755,39 @@ def summarize(results: Results) -> dict[str, Any]:
         for n, passes in results.ceiling.items()
         if passes
     }
+    # The service against mlx_lm.server round by round (the rounds are interleaved, so each
+    # round's pair met the same load): the spread a ratio's median hides.
+    mlx, service = MlxServerTarget.name, ServiceTarget.name
+    ratios: dict[str, list[float]] = {}
+    if mlx in results.single and service in results.single:
+        for key in ("decode_tps", "e2e_tps"):
+            ratios[f"single {key}"] = [
+                b[key] / a[key]
+                for a, b in zip(results.single[mlx], results.single[service], strict=False)
+                if a[key]
+            ]
+    for n, runs in results.concurrent.get(service, {}).items():
+        theirs = results.concurrent.get(mlx, {}).get(n, [])
+        ratios[f"{n} streams"] = [
+            aggregate_tps([Sample(**_fields(s)) for s in b])
+            / aggregate_tps([Sample(**_fields(s)) for s in a])
+            for a, b in zip(theirs, runs, strict=False)
+        ]
     return {
         "single": single,
         "concurrent": concurrent,
         "turns": turns,
         "cached": cached,
         "ceiling": ceiling,
+        "ratios": ratios,
     }
+
+
+def spread(values: list[float]) -> str:
+    """median (min–max) of per-round ratios."""
+    if not values:
+        return "n/a"
+    return f"{median(values):.2f}× ({min(values):.2f}–{max(values):.2f})"
 
 
 def _fields(sample: dict[str, Any]) -> dict[str, Any]:
@@ -857,14 +883,16 @@ def render(results: Results, summary: dict[str, Any]) -> str:
     lines += [
         "",
         f"Service / mlx_lm.server: decode {s['decode_tps'] / m['decode_tps']:.2f}×, "
-        f"end-to-end {s['e2e_tps'] / m['e2e_tps']:.2f}× (target ≥ 1.0×).",
+        f"end-to-end {s['e2e_tps'] / m['e2e_tps']:.2f}× (target ≥ 1.0×). Round by round, "
+        f"median (min–max): decode {spread(summary['ratios'].get('single decode_tps', []))}, "
+        f"end-to-end {spread(summary['ratios'].get('single e2e_tps', []))}.",
         "",
         *_issue_11(summary, meta),
         "## Aggregate throughput, concurrent streams (tok/s)",
         "",
         "| streams | mlx_lm.server | LMSP service | service / mlx_lm.server "
-        "| decode ceiling (no server) | with prefill | bound / mlx_lm.server |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| round by round | decode ceiling (no server) | with prefill | bound / mlx_lm.server |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     ceiling = summary.get("ceiling", {})
     for n in meta["concurrency"]:
@@ -873,7 +901,8 @@ def render(results: Results, summary: dict[str, Any]) -> str:
         bound = (
             f"{top['decode']:.1f} | {top['bound']:.1f} | {top['bound'] / a:.2f}×" if top else "| |"
         )
-        lines.append(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f}× | {bound} |")
+        by_round = spread(summary["ratios"].get(f"{n} streams", []))
+        lines.append(f"| {n} | {a:.1f} | {b:.1f} | {b / a:.2f}× | {by_round} | {bound} |")
     lines += [
         "",
         "Aggregate = all tokens / (last stream done − first request sent), each stream its own "
@@ -1061,9 +1090,14 @@ def main(argv: list[str] | None = None) -> int:
             indent=1,
         )
     )
-    plot(results, summary, args.out / "engine.png")
+    written = "md,json"
+    try:
+        plot(results, summary, args.out / "engine.png")
+        written += ",png"
+    except ImportError as e:  # matplotlib is not among the project's dependencies
+        log(f"no plot: {e} (`pip install matplotlib` for engine.png)")
     print(report)
-    log(f"done in {time.monotonic() - started:.0f} s; wrote {args.out}/engine.{{md,json,png}}")
+    log(f"done in {time.monotonic() - started:.0f} s; wrote {args.out}/engine.{{{written}}}")
     return 0
 
 
