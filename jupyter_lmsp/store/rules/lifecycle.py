@@ -402,7 +402,7 @@ def revoke_client(db: Database, client_id: str) -> Revocation | None:
         result = Revocation(revoked)
         owners = [c.id for c in revoked]
         for task_row in list(conn.execute(_UNFINISHED_OF, {"owners": owners})):
-            task = Task(**task_row._mapping)
+            task = record(task_row)
             response = response_of(conn, task.response_id)
             built = _cancel(conn, task, response, CLIENT_REVOKED, now)
             if built:

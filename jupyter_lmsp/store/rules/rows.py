@@ -4,10 +4,12 @@ Tasks are read `FOR UPDATE` (on PostgreSQL; SQLAlchemy leaves the clause out on 
 write transaction holds the database's one write lock already) before a rule changes them.
 A response changes only in a transaction that holds its task, so it is read without a lock.
 
-Two shapes of row: the table models (`Task`, `Response`) for the lifecycle rules, whose callers
-keep them; and `record`s, plain objects with the same attributes, on the hot paths
-(`append_outputs`, recovery), where building a SQLModel object (~100 µs: instrumented,
-validated) would cost more than the rest of the work on a task.
+The rows a rule reads are `record`s: plain objects with the table model's attributes (and the
+same values: the columns' types convert them either way). Building a SQLModel table object
+costs ~60-70 µs (instrumented, validated) and setting an attribute on one ~2 µs; a task's
+lifecycle reads a task and its response three times (its claim, its start, its end), and its
+output once per commit, so the models were most of a small rule's own work (issue 42). The
+table models remain for the rows a rule creates (`create_task`).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ def record(row: Row[Any]) -> Any:
 
 
 def load(conn: Connection, task_id: str) -> tuple[Task, Response | None]:
-    """The task (locked until the transaction ends, on PostgreSQL) and its response, as table
-    models; a 404 when there is no such task."""
+    """The task (locked until the transaction ends, on PostgreSQL) and its response, as
+    records; a 404 when there is no such task."""
     found = load_if_any(conn, task_id)
     if found is None:
         raise not_found(task_id)
@@ -66,7 +68,7 @@ def load_if_any(conn: Connection, task_id: str) -> tuple[Task, Response | None] 
     row = conn.execute(TASK_FOR_UPDATE, {"id": task_id}).first()
     if row is None:
         return None
-    task = Task(**row._mapping)
+    task: Task = record(row)
     return task, response_of(conn, task.response_id)
 
 
@@ -74,7 +76,7 @@ def response_of(conn: Connection, response_id: str | None) -> Response | None:
     if response_id is None:
         return None
     row = conn.execute(_RESPONSE, {"id": response_id}).first()
-    return None if row is None else Response(**row._mapping)
+    return None if row is None else record(row)
 
 
 def responses_of(conn: Connection, response_ids: list[str]) -> dict[str, Any]:
