@@ -9,8 +9,9 @@ ones the prompt gives read alone.
 
 The pacer (`prefill.ChunkPacer`) corrects the chunk sizes by what the chunks cost: checked on
 given costs (a cost curve the model gets wrong, one it gets right) and in the scheduler with
-a clock that counts the positions the model reads. A step that reads prompt tokens verifies
-no drafts, however speculation is set.
+a clock that counts the positions the model reads. A step that reads prompt tokens beside a
+decoding row verifies no drafts, however speculation is set; with no row decoding beside it, a
+prompt's first decode step verifies what the prompt proposes.
 """
 
 from __future__ import annotations
@@ -235,3 +236,35 @@ def test_the_scheduler_paces_chunks_by_what_they_cost(tiny) -> None:
     assert max(chunks[4:]) > max(model_alone[4:-1]), (chunks, model_alone)
     _, alone = read_long(model, tok, beside_runner=False)
     assert paced.tokens == alone.tokens
+
+
+def test_a_prompt_read_with_no_row_decoding_verifies_drafts_from_its_first_step(
+    tmp_path,
+) -> None:
+    """With no row decoding beside it, a new row's first decode step may verify drafts: nobody
+    waits for it. The scripted model's greedy output is its script, which the prompt holds:
+    the first token generated is found in the prompt, its continuation is proposed and
+    verified in that step, and the tokens are the script, as without speculation."""
+    from mlx_lm import load
+    from scriptedmodel import make_scripted_model
+
+    script = ("<s1>", "<s2>", "<s3>", "<s4>", "<s5>")
+    model, tok = load(str(make_scripted_model(tmp_path / "scripted", script=script)))[:2]
+    messages = [{"role": "user", "content": "say " + "".join(script) + " please"}]
+    expected = [tok.convert_tokens_to_ids(t) for t in script]
+    got = {}
+    for speculation in (OFF, FORCED):
+        recording = Recording(model)
+        sched = scheduler(prefill_step=STEP, speculation=speculation, prefill_pacing=False)
+        results: dict = {}
+        add(sched, recording, tok, results, [job("j", messages=messages, max_tokens=16)])
+        while "j" in sched:
+            collect(results, sched.step())
+        assert results[("j", 0)].tokens == expected
+        got[speculation is FORCED] = recording.calls
+    prompt = len(encode_chat(tok, messages))
+    # Prefill, the prompt's last token (giving <s1>), then one step per token.
+    assert got[False][:3] == [(1, prompt - 1), (1, 1), (1, 1)]
+    # ... or <s1> fed with what follows it in the prompt (<s2> to <s5> at least), verified.
+    assert got[True][:2] == got[False][:2]
+    assert got[True][2][0] == 1 and got[True][2][1] >= 5, got[True]

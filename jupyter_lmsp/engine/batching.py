@@ -215,8 +215,8 @@ class _BatchDecoder:
         self._break_even = break_even
         # Chunk sizes corrected by what they cost (`prefill.ChunkPacer`); None: the model's.
         self._pacer = pacer
-        # A row moved into decoding in the last step (its prompt's last token read then).
-        self._joined = False
+        # The rows moved into decoding in the last step (their prompts' last token read then).
+        self._joined: set[int] = set()
         # The rows whose context is still being read: the positions each had cached when it
         # was inserted, and how many of its context tokens the generator has read since.
         self._reading: dict[int, list[int]] = {}
@@ -263,14 +263,17 @@ class _BatchDecoder:
         self._generator.prefill_step_size = chunk
         if self.speculative is not None:
             # A step that reads prompt tokens (a chunk, or a prompt's last token as it moves
-            # into decoding) verifies no drafts: its decoding rows already wait for one piece
-            # of extra work, and a verify step over a long new row's context costs more than
-            # a designed chunk (issue 43: the pause that ended with its first token).
-            self.speculative.plain = bool(self._reading) or self._joined
+            # into decoding) beside decoding rows verifies no drafts: those rows already wait
+            # for one piece of extra work, and a verify step over a long new row's context
+            # costs more than a designed chunk (issue 43: the pause that ended with its first
+            # token). With no row decoding beside them nobody waits, and a prompt's first
+            # step may verify drafts like any other: its first text can come a step sooner.
+            reading = self._joined.union(self._reading)
+            self.speculative.plain = bool(reading) and not reading.issuperset(self._uids)
         pacer, paced = self._pacer, self._paced()
         started = pacer.clock() if pacer is not None and paced is not None else 0.0
         progress, responses = self._generator.next()
-        self._joined = any(r.end_of_prompt for r in progress)
+        self._joined = {r.uid for r in progress if r.end_of_prompt}
         if pacer is not None and paced is not None:
             uid, context = paced
             read = next((r.progress[0] for r in progress if r.uid == uid), None)
