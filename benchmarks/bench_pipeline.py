@@ -34,6 +34,8 @@ end early at an end-of-sequence token; rates are per token, so that does not bia
 alternating by round: `.` is this working tree, anything else a git revision, unpacked and
 imported first on the server's PYTHONPATH (`bench_revisions.RevisionServer`, which checks the
 server imported that tree). Each revision's service run is paired with its own bare run.
+A revision may carry settings of its own, `+name=value` (LMSPExtension traits): one tree
+under two settings is compared the same way (`--revisions .,.+gather_window=0.005`).
 
 The server's CPU is also read thread by thread (/proc/<pid>/task): the servers start with
 `benchmarks/threadnames` on their PYTHONPATH, whose `sitecustomize` gives each Python thread's
@@ -418,7 +420,9 @@ def main() -> int:
     parser.add_argument(
         "--revisions",
         default=".",
-        help="comma-separated revisions served side by side in each round (`.`: this tree)",
+        help="comma-separated revisions served side by side in each round (`.`: this tree); "
+        "`+name=value` after one adds an LMSPExtension trait to its servers "
+        "(`.,.+gather_window=0.005`)",
     )
     args = parser.parse_args()
     # A SIGTERM stops the servers too (their `stop` runs on the way out), not only this script.
@@ -429,13 +433,18 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT / "benchmarks" / "threadnames"), *filter(None, [os.environ.get("PYTHONPATH")])]
     )
-    revisions: dict[str, Path | None] = {}
-    for rev in args.revisions.split(","):
+    # label -> (unpacked tree or None for this one, extra service traits)
+    revisions: dict[str, tuple[Path | None, dict[str, str]]] = {}
+    for entry in args.revisions.split(","):
+        rev, *settings = entry.split("+")
+        extra = dict(s.split("=", 1) for s in settings)
+        note = "".join(f" +{k}={v}" for k, v in extra.items())
         if rev == ".":
-            revisions[f". ({git('rev-parse', '--short', 'HEAD')} + working tree)"] = None
+            label = f". ({git('rev-parse', '--short', 'HEAD')} + working tree){note}"
+            revisions[label] = (None, extra)
         else:
             sha, tree = unpack(rev)
-            revisions[f"{rev} ({sha[:7]})"] = tree
+            revisions[f"{rev} ({sha[:7]}){note}"] = (tree, extra)
     base = Path(tempfile.mkdtemp(prefix="lmsp-pipeline-"))
     # The servers' `python -c` puts the working directory first on sys.path, ahead of a
     # revision's tree: run them from a folder with no `jupyter_lmsp` in it.
@@ -477,7 +486,8 @@ def main() -> int:
                             "speculative_decoding": spec,
                             "name": f"r{r}{'s' if spec else ''}",
                         }
-                        tree = revisions[label]
+                        tree, extra = revisions[label]
+                        traits.update(extra)
                         servers[label] = (
                             RevisionServer(tree, data, **traits)
                             if tree is not None
