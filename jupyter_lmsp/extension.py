@@ -193,7 +193,9 @@ class LMSPExtension(ExtensionApp):
     gather_window = Float(
         0.02,
         help="Seconds an idle worker waits for another job of a burst before its first step "
-        "(requests sent together are then prefilled as one batch).",
+        "(requests sent together are then prefilled as one batch); never more than two of "
+        "its recent decode steps, so a fast model does not wait longer than a late job "
+        "would lose by joining at the next step.",
     ).tag(config=True)
     gather_limit = Float(0.15, help="Seconds an idle worker gathers a burst of jobs at most.").tag(
         config=True

@@ -392,32 +392,38 @@ def _burst(
 
 
 @pytest.mark.parametrize(
-    "window,limit,gaps,started_together",
+    "window,limit,steps,gaps,started_together",
     [
         # Each job arrives within the window of the one before: all three, though the last
         # comes after a window counted from the first.
-        (0.6, 3.0, (0.4, 0.4), 3),
+        (0.6, 3.0, 0, (0.4, 0.4), 3),
         # The third comes later than the window, but within twice the gap before the second:
         # the window stretched to the pace of the burst.
-        (0.6, 3.0, (0.45, 0.75), 3),
+        (0.6, 3.0, 0, (0.45, 0.75), 3),
         # The limit ends the gathering however often jobs come.
-        (0.6, 0.6, (0.4, 0.4), 2),
+        (0.6, 0.6, 0, (0.4, 0.4), 2),
         # No window: the first job is already generating when the next one arrives.
-        (0.0, 0.0, (0.4, 0.4), 1),
+        (0.0, 0.0, 0, (0.4, 0.4), 1),
+        # The same window, bounded by two of the warm-up's decode steps (the test model's take
+        # milliseconds): the first job does not wait 0.4 s for the next.
+        (0.6, 3.0, 2, (0.4, 0.4), 1),
     ],
 )
 def test_an_idle_worker_gathers_a_burst_into_one_batch(
     test_model_dir: Path,
     window: float,
     limit: float,
+    steps: float,
     gaps: tuple[float, float],
     started_together: int,
 ) -> None:
     """Jobs that keep arriving at an idle worker, each within the gather window of the one
     before (or twice the longest gap so far) and all within the gather limit, start together
-    (their prompts are prefilled as one batch) before any of them produces a token."""
+    (their prompts are prefilled as one batch) before any of them produces a token. With
+    `gather_steps`, the window is no longer than that many of the worker's recent steps."""
     eng = start_engine(
-        test_model_dir, settings=WorkerSettings(gather_window=window, gather_limit=limit)
+        test_model_dir,
+        settings=WorkerSettings(gather_window=window, gather_limit=limit, gather_steps=steps),
     )
     try:
         order = _burst(eng, gaps)
@@ -431,8 +437,9 @@ def test_an_idle_worker_gathers_a_burst_into_one_batch(
 @pytest.mark.parametrize("ghost", [False, True])
 def test_a_gathering_worker_waits_for_the_jobs_announced(test_model_dir: Path, ghost: bool) -> None:
     """With no gather window, jobs announced (as the server announces each task it accepts)
-    still start together, however slowly they come; an announced job that never comes holds
-    the others back only until the gather limit."""
+    still start together, however slowly they come (the bound of a few steps is on the
+    window only); an announced job that never comes holds the others back only until the
+    gather limit."""
     eng = start_engine(test_model_dir, settings=WorkerSettings(gather_window=0, gather_limit=1.5))
     try:
         announce = ("burst", new_id("never-sent")) if ghost else ("burst",)

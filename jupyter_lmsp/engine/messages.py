@@ -55,6 +55,10 @@ class WorkerSettings:
     prompt_cache_bytes: int = 1 << 30
     gather_window: float = 0.02
     gather_limit: float = 0.15
+    # The window never exceeds this many of the worker's recent decode steps (0: no bound;
+    # `worker.GATHER_STEPS`): on a fast model a job that misses the gathering loses less at
+    # the next step than every job loses to the wait.
+    gather_steps: float = 2.0
     # Speculative decoding (`speculative`): on by default.
     speculation: SpeculationSettings = field(default_factory=SpeculationSettings)
     # Loaded models (`residency`): the bytes their weights may take (0: half the machine's

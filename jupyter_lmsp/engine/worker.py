@@ -126,8 +126,16 @@ IDLE_POLL_SECONDS = 0.5
 # GATHER_LIMIT in all. The server announces each task as it accepts it but sends its job only
 # once `loading` is committed, after the burst's other requests are handled: a burst of 8
 # reaches the worker spread over 30-150 ms on 2 busy cores, at a pace that depends on the load.
+# Nor does it wait for a job that has not been announced longer than GATHER_STEPS of its
+# recent decode steps (the fastest of the last STEP_HISTORY): a job that misses the gathering
+# joins the batch at the next step, so waiting longer than a step or two to save it that step
+# costs every job more than it saves. On a model that decodes in 2 ms a step, the 20 ms window
+# alone added ~15 ms to every lone request's first token (issue 42); on the demo model on a
+# CPU (~100 ms a step) the window is unchanged.
 GATHER_WINDOW = 0.02
 GATHER_LIMIT = 0.15
+GATHER_STEPS = 2.0
+STEP_HISTORY = 16
 # Passes of at least this many positions per row (prefill chunks, long verify steps) are
 # always checked part-way for cancels (`interrupt`): they are long, and evaluating them in
 # sections costs them next to nothing. Shorter ones (decode steps) are checked only when a
@@ -289,6 +297,7 @@ class Worker:
         prefill_step: int = DEFAULT_PREFILL_STEP,
         gather_window: float = GATHER_WINDOW,
         gather_limit: float = GATHER_LIMIT,
+        gather_steps: float = GATHER_STEPS,
         speculation: SpeculationSettings | None = None,
         residency: Residency | None = None,
         prefill_break_even: int = DEFAULT_BREAK_EVEN,
@@ -306,6 +315,10 @@ class Worker:
         self._residency = residency or Residency()
         self._gather_window = gather_window
         self._gather_limit = max(gather_limit, gather_window)
+        # The wall time of the last decode steps (seconds): the gather window is at most
+        # `gather_steps` of the fastest (0: unbounded).
+        self._gather_steps = gather_steps
+        self._step_seconds: deque[float] = deque(maxlen=STEP_HISTORY)
         self._token_delay = token_delay
         self._parent_pid = parent_pid
         self._queue: deque[GenerateJob] = deque()
@@ -739,6 +752,7 @@ class Worker:
                 self._gather()
             self._step_sizes.append(self._scheduler.load)
             self._checkpoints_for_step()
+            began = time.perf_counter()
             try:
                 updates = self._scheduler.step()
             except StepAbandoned:
@@ -746,6 +760,7 @@ class Worker:
                 continue
             finally:
                 self._checkpoints.ask = None
+            self._step_seconds.append(time.perf_counter() - began)
             self._deliver(updates)
             if self._token_delay > 0:
                 # Per token, not per step: a speculating step may bring a job several.
@@ -811,10 +826,13 @@ class Worker:
     def _gather(self) -> None:
         """Admit the jobs that keep arriving, until the batch is full or the gather limit is
         reached: while announced jobs are still to come, or until none has come for the gather
-        window (or twice the longest gap between them, if longer)."""
+        window (or twice the longest gap between them, if longer), a window no longer than
+        GATHER_STEPS of the recent decode steps."""
         last = time.monotonic()
         limit = last + self._gather_limit
         quiet = self._gather_window
+        if self._step_seconds and self._gather_steps > 0:
+            quiet = min(quiet, self._gather_steps * min(self._step_seconds))
         while not self._shutdown and self._scheduler.load < self._scheduler.max_batch_size:
             now = time.monotonic()
             deadline = limit if self._expecting(now) else min(last + quiet, limit)
@@ -1167,6 +1185,7 @@ def worker_main(
             prompt_cache_bytes=max(0, settings.prompt_cache_bytes),
             gather_window=settings.gather_window,
             gather_limit=settings.gather_limit,
+            gather_steps=settings.gather_steps,
             speculation=settings.speculation,
             residency=Residency(settings.max_loaded_bytes, settings.keep_alive),
             prefill_break_even=settings.prefill_break_even,
