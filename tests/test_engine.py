@@ -715,6 +715,7 @@ def test_the_frame_reader_reads_what_is_ready_without_waiting_or_changing_the_pi
     import multiprocessing
     import os
     import pickle
+    import threading
 
     from jupyter_lmsp.engine.frames import FrameReader
 
@@ -722,15 +723,25 @@ def test_the_frame_reader_reads_what_is_ready_without_waiting_or_changing_the_pi
     reader = FrameReader(ours.fileno())
     assert reader.read_ready() == []  # nothing sent: no wait
     assert os.get_blocking(ours.fileno())
-    big = pickle.dumps(b"z" * 70_000)  # past one read, within the socket's buffer
+    big = pickle.dumps(b"z" * 70_000)  # past one read
     frame = len(big).to_bytes(4, "big") + big
     os.write(theirs.fileno(), frame[:1000])  # half a frame
     assert reader.read_ready() == []
-    os.write(theirs.fileno(), frame[1000:])
-    theirs.send_bytes(pickle.dumps("after"))
+
+    def write_the_rest() -> None:
+        # From a thread: the rest may be more than the socket's buffer holds (8 KB on macOS),
+        # and the pipe blocks its writer until the reader makes room.
+        rest = memoryview(frame)[1000:]
+        while rest:
+            rest = rest[os.write(theirs.fileno(), rest) :]
+        theirs.send_bytes(pickle.dumps("after"))
+
+    writer = threading.Thread(target=write_the_rest)
+    writer.start()
     got: list[object] = []
     while len(got) < 2:
         got.extend(reader.read_ready())
+    writer.join()
     assert got == [b"z" * 70_000, "after"]
     ours.send_bytes(b"the pipe still writes, blocking")
     assert theirs.recv_bytes() == b"the pipe still writes, blocking"
