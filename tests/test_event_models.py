@@ -158,3 +158,31 @@ def test_the_document_describes_the_union_with_its_discriminator():
     assert schemas["EventStreamItem"]["properties"]["data"]["contentSchema"] == {
         "$ref": REF + "Event"
     }
+
+
+def test_log_probability_entries_are_built_in_the_wire_shape():
+    """A message's and a text part's log-probabilities are set in as `logprob_entry` built
+    them, not validated again (issue 42): every entry it builds, a token the distribution gave
+    no weight (-inf) or NaN included, is a `Logprob` whose dump is the entry itself, and the
+    message and part holding them are their models' dumps."""
+    from jupyter_lmsp.protocol.response_object import (
+        OutputMessage,
+        OutputText,
+        output_message,
+        output_text_part,
+    )
+    from jupyter_lmsp.protocol.tools import Logprob, logprob_entry
+
+    entries = [
+        logprob_entry("Hi", [72, 105], -0.25, [("Hi", [72, 105], -0.25), ("Ho", [72, 111], -2.0)]),
+        logprob_entry("\ufffd", [0xE2], float("-inf"), [("x", [120], float("nan"))]),
+        logprob_entry(" ", [32], -1e-9, []),
+    ]
+    for entry in entries:
+        assert Logprob.model_validate(entry).wire() == entry
+    message = output_message("msg_1", "Hi", "completed", entries)
+    assert OutputMessage.model_validate(message).wire() == message
+    assert message["content"][0]["logprobs"] == entries
+    part = output_text_part("Hi", entries)
+    assert OutputText.model_validate(part).wire() == part
+    assert output_message("msg_2", "", "incomplete")["content"][0]["logprobs"] == []
