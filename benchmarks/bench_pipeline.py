@@ -437,6 +437,8 @@ def main() -> int:
     revisions: dict[str, tuple[Path | None, dict[str, str]]] = {}
     for entry in args.revisions.split(","):
         rev, *settings = entry.split("+")
+        if any("=" not in s for s in settings):
+            parser.error(f"--revisions: {entry!r}: a setting is `+name=value`")
         extra = dict(s.split("=", 1) for s in settings)
         note = "".join(f" +{k}={v}" for k, v in extra.items())
         if rev == ".":
