@@ -3,6 +3,7 @@ every module that uses it, so none is made in several modules."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 from collections import Counter
@@ -187,9 +188,17 @@ def worker_blas(tmp_path_factory: pytest.TempPathFactory) -> BlasChoice:
     """The BLAS the probe chose for a one-thread worker here (probed once, in a private cache).
 
     Tests start workers with `worker_blas.env` only: never with an environment the probe has
-    not accepted.
+    not accepted. Under xdist its workers share one cache folder beside their own temporary
+    folders, the first to take the lock probing (~7 s of CPU) and the others reading its
+    verdict.
     """
-    return choose_blas(threads=1, cache_dir=tmp_path_factory.mktemp("blas"))
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / "worker-blas"
+    folder.mkdir(exist_ok=True)
+    with open(folder / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return choose_blas(threads=1, cache_dir=folder)
 
 
 @pytest.fixture(scope="session")

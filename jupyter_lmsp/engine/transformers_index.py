@@ -25,6 +25,7 @@ changes it, and checks that the kept index equals the one transformers builds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.machinery
 import logging
@@ -103,9 +104,14 @@ def load_or_build(folder: str, indexer: str, build: Callable[[str], Any]) -> Any
         path.parent.mkdir(parents=True, exist_ok=True)
         # Written whole then renamed: processes starting together never read half a file.
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".index-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk leaves no half-written file behind
+            raise
     except (OSError, ValueError) as e:
         log.debug("transformers' index not kept: %s", e)
     return index
