@@ -17,10 +17,11 @@ Python keeps bytecode). Any other folder, a missing or unreadable file, a cache 
 written: the function runs as it would have. The index is stored with `marshal` (dictionaries,
 sets and frozensets of strings; nothing in it is executed when read).
 
-The wrapped function is a private one of transformers, which is not pinned (mlx-lm brings it):
-when a version no longer has it, nothing is wrapped and the import is as slow as before, never
-wrong. `tests/test_transformers_index.py` fails, naming it, when the installed transformers
-changes it, and checks that the kept index equals the one transformers builds.
+The wrapped function is a private one of transformers, so `pyproject.toml` pins transformers to
+the minor release tested (a fresh install elsewhere gets the same one). Were a version without it
+installed, nothing is wrapped and the import is as slow as before, never wrong;
+`tests/test_transformers_index.py` fails, naming it, and checks that the kept index equals the
+one transformers builds.
 """
 
 from __future__ import annotations
