@@ -182,11 +182,12 @@ test:
 	echo "tests: exit $$tests; $(CHECKS): exit $$lint"; \
 	test $$tests = 0 && test $$lint = 0
 
-# The edit loop (a developer's target, not a set-up step): the tests neither marked slow (no
-# server subprocess, no browser) nor demo (no demo model), in parallel, without the lint and
+# The edit loop (a developer's target, not a set-up step): the tests marked neither slow (no
+# server subprocess, no browser, no BLAS probe) nor demo (no demo model) nor postgresql (SQLite
+# only: `-m postgresql` runs the other backend's cases), in parallel, without the lint and
 # build steps.
 test-fast: install
-	$(PYTEST) $(PYTEST_PARALLEL) -m "not slow and not demo" -q -ra --durations=10
+	$(PYTEST) $(PYTEST_PARALLEL) -m "not slow and not demo and not postgresql" -q -ra --durations=10
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .import_linter_cache

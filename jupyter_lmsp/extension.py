@@ -17,7 +17,7 @@ import gc
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyter_core.paths import jupyter_data_dir
 from jupyter_server.extension.application import ExtensionApp
@@ -34,38 +34,23 @@ from traitlets import (
 )
 
 from ._version import __version__
-from .auth.identity import server_owner
-from .auth.ratelimit import RateLimiter
-from .engine.blas import BlasSelection
-from .engine.client import EngineClient
-from .engine.messages import DEFAULT_SEND_INTERVAL, WorkerSettings
+from .engine.messages import DEFAULT_SEND_INTERVAL
 from .engine.speculative import (
     DEFAULT_MAX_DRAFT,
     DEFAULT_MAX_ROWS,
     MAX_DRAFT_LIMIT,
-    SpeculationSettings,
 )
-from .handlers.logs import quiet_debug
-from .handlers.routes import routes
-from .protocol.errors import LMSPError
-from .services import metrics
-from .services.admission import Admission
-from .services.bus import EventBus
-from .services.catalog import ModelCatalog
-from .services.context import ServiceContext
-from .services.embeddings import Embedder
-from .services.feed import EventFeed
-from .services.grammar_gate import GrammarGate
-from .services.lease import RunnerLease
-from .services.loopwatch import LoopWatch
-from .services.registration import ModelRegistrar
-from .services.residency import ModelResidency
-from .services.runner import TaskRunner
-from .services.sealing import Sealer
-from .services.webhook_delivery import DeliverySettings, WebhookDeliverer
-from .store import Database, queries, rules, webhooks
 from .store.database import sqlite_url
-from .store.private import private_folder
+
+if TYPE_CHECKING:
+    from .engine.blas import BlasSelection
+    from .engine.client import EngineClient
+    from .services.loopwatch import LoopWatch
+    from .store import rules
+
+# The services, the handlers and the engine client are imported when the server starts
+# (`initialize_settings`), not with this module: `jupyter lmsp` commands make an LMSPExtension
+# only for its settings, and importing the rest cost each command ~0.3 s of CPU.
 
 
 class LMSPExtension(ExtensionApp):
@@ -384,6 +369,26 @@ class LMSPExtension(ExtensionApp):
         return str(Path(self.data_dir) / "models")
 
     def initialize_settings(self) -> None:
+        from .auth.identity import server_owner
+        from .auth.ratelimit import RateLimiter
+        from .handlers.logs import quiet_debug
+        from .services import metrics
+        from .services.admission import Admission
+        from .services.bus import EventBus
+        from .services.catalog import ModelCatalog
+        from .services.context import ServiceContext
+        from .services.embeddings import Embedder
+        from .services.feed import EventFeed
+        from .services.grammar_gate import GrammarGate
+        from .services.lease import RunnerLease
+        from .services.registration import ModelRegistrar
+        from .services.residency import ModelResidency
+        from .services.runner import TaskRunner
+        from .services.sealing import Sealer
+        from .services.webhook_delivery import DeliverySettings, WebhookDeliverer
+        from .store import Database, queries
+        from .store.private import private_folder
+
         if self.serverapp is not None:
             quiet_debug(self.serverapp.log)
         # Other local users must not read the database or the models (docs/security.md).
@@ -513,9 +518,13 @@ class LMSPExtension(ExtensionApp):
         self.loop_watch: LoopWatch | None = None
 
     def initialize_handlers(self) -> None:
+        from .handlers.routes import routes
+
         self.handlers.extend(routes(self.ctx))
 
     async def _start_jupyter_server_extension(self, serverapp: Any) -> None:
+        from .protocol.errors import LMSPError
+
         self._limit_header_wait(serverapp)
         self.ctx.runner.start()
         # The default model's tokenizer, for counting prompts (loaded off the loop).
@@ -543,6 +552,8 @@ class LMSPExtension(ExtensionApp):
         self.log.info("LMSP: %d start-up objects frozen out of GC scans", gc.get_freeze_count())
 
     def _start_background(self, loop: asyncio.AbstractEventLoop) -> None:
+        from .services.loopwatch import LoopWatch
+
         self.lease.start(loop, self._recovered, self.ctx.runner.lease_lost)
         self.feed.start(loop)
         if self.ctx.webhooks is not None:
@@ -579,6 +590,8 @@ class LMSPExtension(ExtensionApp):
 
     def blas_selection(self) -> BlasSelection:
         """The inference worker's BLAS, chosen on first use (`jupyter lmsp worker` too)."""
+        from .engine.blas import BlasSelection
+
         return BlasSelection(
             enabled=self.use_openblas != "no",
             log=self.log,
@@ -595,6 +608,10 @@ class LMSPExtension(ExtensionApp):
         return self._make_engine(on_message)
 
     def _make_engine(self, on_message: Any) -> EngineClient:
+        from .engine.client import EngineClient
+        from .engine.messages import WorkerSettings
+        from .engine.speculative import SpeculationSettings
+
         env = {}
         threads = self._blas_threads()
         if threads:
@@ -632,6 +649,8 @@ class LMSPExtension(ExtensionApp):
         )
 
     async def _refresh_metrics_periodically(self) -> None:
+        from .services import metrics
+
         while True:
             # Off the loop: a read that may wait behind another server's checkpoint.
             try:
@@ -641,6 +660,8 @@ class LMSPExtension(ExtensionApp):
             await asyncio.sleep(self.metrics_interval)
 
     async def _purge_periodically(self) -> None:
+        from .store import rules, webhooks
+
         while True:
             # Off the loop: the purge is one write transaction, which may wait for another
             # server's write lock and may delete many rows.

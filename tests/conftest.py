@@ -84,12 +84,18 @@ SLOW_ON_POSTGRESQL = {"test_cancel_race", "test_recovery_table"}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark `demo` every test that needs the demo model (through `demo_gguf`, which
     `demo_model_dir` uses too): the 135M-parameter model is what makes those tests slow, and
-    `make test-fast` leaves them out. The PostgreSQL cases of `SLOW_ON_POSTGRESQL` are `slow`
-    (`make test` runs them all)."""
+    `make test-fast` leaves them out. Mark `postgresql` every test that needs the PostgreSQL
+    cluster (its fixtures, or a backend parameter set to it), which `make test-fast` leaves out
+    too. The PostgreSQL cases of `SLOW_ON_POSTGRESQL` are `slow` (`make test` runs them all)."""
     for item in items:
-        if "demo_gguf" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        if "demo_gguf" in fixtures:
             item.add_marker(pytest.mark.demo)
         callspec = getattr(item, "callspec", None)
+        if {"pg_url", "pg_cluster"} & set(fixtures) or (
+            callspec is not None and "postgresql" in callspec.params.values()
+        ):
+            item.add_marker(pytest.mark.postgresql)
         if (
             callspec is not None
             and callspec.params.get("db_url") == "postgresql"

@@ -60,6 +60,9 @@ LINUX_X86_64 = LINUX and platform.machine() == "x86_64"
 linux_only = pytest.mark.skipif(not LINUX, reason="the BLAS candidates are a Linux recipe")
 # ngsolve-openblas is a dependency on Linux x86-64: where it should be, its absence fails.
 linux_x86_64 = pytest.mark.skipif(not LINUX_X86_64, reason="ngsolve-openblas: Linux x86-64")
+# The tests that run real probes (candidate libraries multiplying matrices in child processes,
+# ~60 s of CPU in all) are left out of `make test-fast`: they change only with engine/blas.
+probes = pytest.mark.slow
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -111,6 +114,7 @@ def _run_matmul(env: dict[str, str]) -> list[list[float]]:
 # --- 1. the choice on this machine ----------------------------------------------------------
 
 
+@probes
 @linux_x86_64
 def test_the_chosen_blas_passed_the_probe_and_beats_the_reference(worker_blas: BlasChoice) -> None:
     verdicts = {v.name: v for v in worker_blas.candidates}
@@ -154,6 +158,7 @@ def test_the_worker_environment_keeps_the_callers_variables(
 # --- 2. the other machine's case ------------------------------------------------------------
 
 
+@probes
 @linux_x86_64
 def test_a_dynamic_arch_candidate_masked_to_haswell_is_accepted_and_right(tmp_path: Path) -> None:
     candidate = ngsolve(tmp_path, coretype="Haswell")
@@ -174,6 +179,7 @@ def test_a_dynamic_arch_candidate_masked_to_haswell_is_accepted_and_right(tmp_pa
             assert v.verdict == SKIPPED and "OPENBLAS_CORETYPE=Haswell" in v.reason
 
 
+@probes
 @linux_x86_64
 def test_the_probe_rejects_a_process_killed_by_sigill(tmp_path: Path) -> None:
     # Stands in for a library built for instructions this CPU lacks (cmeel-openblas on a CPU
@@ -212,6 +218,7 @@ def test_the_probe_rejects_a_library_the_loader_cannot_use(tmp_path: Path) -> No
     assert "not used" in verdict.reason and "mlx itself" in verdict.reason
 
 
+@probes
 @linux_only
 def test_the_probe_rejects_a_candidate_that_hangs(tmp_path: Path) -> None:
     hang = Candidate("hangs", None, "hangs", dies_with(tmp_path, "import time\ntime.sleep(60)\n"))
@@ -219,6 +226,7 @@ def test_the_probe_rejects_a_candidate_that_hangs(tmp_path: Path) -> None:
     assert verdict.verdict == REJECTED and "timed out" in verdict.reason
 
 
+@probes
 @linux_only
 def test_an_unknown_candidate_name_is_said_so(tmp_path: Path) -> None:
     choice = choose_blas(
@@ -258,6 +266,7 @@ def test_a_wrong_product_or_an_ignored_core_type_is_rejected() -> None:
     assert "ignores OPENBLAS_NUM_THREADS=1" in threads.reason
 
 
+@probes
 @linux_only
 def test_cmeel_is_skipped_where_the_cpu_lacks_avx512(tmp_path: Path) -> None:
     site = tmp_path / "site-packages"
@@ -313,6 +322,7 @@ def test_a_candidate_not_faster_than_the_reference_never_wins() -> None:
 # --- 3. threads ---------------------------------------------------------------------------
 
 
+@probes
 @linux_x86_64
 def test_the_probe_runs_and_reports_the_workers_thread_count(tmp_path: Path) -> None:
     candidate = ngsolve(tmp_path)
@@ -346,6 +356,7 @@ def test_the_cache_key_changes_with_everything_that_can_change_the_verdict(tmp_p
     assert key["python"] == sys.executable and "mlx" in key["mlx"]
 
 
+@probes
 @linux_x86_64
 def test_a_restart_reads_the_cached_verdict_instead_of_probing(tmp_path: Path) -> None:
     env = {**base_env(), "XDG_CACHE_HOME": str(tmp_path)}
@@ -386,6 +397,7 @@ def jp_server_config(lmsp_data, request, tmp_path, monkeypatch):
     return server_config(lmsp_data, request, use_openblas="auto", blas_threads=1)
 
 
+@probes
 @linux_only
 async def test_the_service_reports_the_choice_and_answers_while_probing(jp_fetch) -> None:
     status, service, _ = await call(jp_fetch, "GET", "service")
