@@ -140,3 +140,66 @@ def test_a_driver_statement_refuses_parameters_that_need_converting(db):
     statement = select(TASKS.c.id).where(TASKS.c.created_at > bindparam("after", type_=Float))
     with pytest.raises(TypeError, match="after"):
         records.DriverStatement(statement, db.engine.dialect)
+
+
+@pytest.mark.parametrize("model", [Task, Response])
+def test_a_new_record_has_the_table_models_columns_and_defaults(model):
+    given = (
+        (
+            dict(id="t", kind="response", state="queued", on_restart="fail", owner="o", model="m")
+            if model is Task
+            else dict(id="r", task_id="t", owner="o", model="m", request="{}")
+        )
+        | {"created_at": 1.5}
+        | ({"updated_at": 2.5} if model is Task else {})
+    )
+    record = records.new_record(model, **given)
+    assert records.column_values(record, model) == model(**given).model_dump()
+    # Every column, and nothing else.
+    assert set(vars(record)) == {c.name for c in records.table(model).columns}
+    with pytest.raises(TypeError, match="no column colour"):
+        records.new_record(model, colour="red", **given)
+    with pytest.raises(TypeError, match="needs owner"):
+        records.new_record(model, **{k: v for k, v in given.items() if k != "owner"})
+
+
+def test_a_created_task_from_records_reads_back_as_from_table_models(db):
+    from jupyter_lmsp.store import rules
+
+    made = []
+    for build in (records.new_record, lambda m, **kw: m(**kw)):
+        n = len(made)
+        response = build(
+            Response,
+            id=f"resp_{n}",
+            task_id=f"task_{n}",
+            owner="o",
+            model="m",
+            request="{}",
+            created_at=1.0,
+        )
+        task = build(
+            Task,
+            id=f"task_{n}",
+            kind="response",
+            state="queued",
+            on_restart="fail",
+            owner="o",
+            model="m",
+            response_id=f"resp_{n}",
+            params="{}",
+            created_at=1.0,
+            updated_at=1.0,
+        )
+        rules.create_task(db, task, response)
+        made.append((task.id, response.id))
+    rows = {r["id"]: r for r in _rows(db, TASKS, TASKS.c.id)}
+    (a, ra), (b, rb) = made
+    ignore = {"id", "response_id", "updated_at"}
+    assert {k: v for k, v in rows[a].items() if k not in ignore} == {
+        k: v for k, v in rows[b].items() if k not in ignore
+    }
+    responses = {r["id"]: r for r in _rows(db, RESPONSES, RESPONSES.c.id)}
+    assert {k: v for k, v in responses[ra].items() if k not in {"id", "task_id"}} == {
+        k: v for k, v in responses[rb].items() if k not in {"id", "task_id"}
+    }

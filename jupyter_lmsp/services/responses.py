@@ -27,6 +27,7 @@ from ..protocol.responses import CreateResponseRequest
 from ..protocol.states import TERMINAL_STATES, TaskState
 from ..store import queries, rules
 from ..store.quotas import Connection
+from ..store.records import new_record
 from ..store.tables import Model, Response, Task
 from . import conversations, embeddings, generation, metrics, truncation
 from .admission import Plan
@@ -141,7 +142,9 @@ def _commit_response(
         "conversation": admitted.conversation,
         "input_count": len(spec.messages),
     }
-    response = Response(
+    # Records, not table models (`new_record`): what a create builds is only read after.
+    response = new_record(
+        Response,
         id=response_id,
         task_id=task_id,
         owner=caller.id,
@@ -152,7 +155,8 @@ def _commit_response(
         store=spec.store,
         created_at=now,
     )
-    task = Task(
+    task = new_record(
+        Task,
         id=task_id,
         kind="response",
         state=TaskState.QUEUED,

@@ -24,7 +24,8 @@ from sqlalchemy.engine import Connection
 
 from ...protocol.webhooks import WEBHOOK_EVENT_TYPES
 from .. import webhooks
-from ..records import insert_rows
+from ..records import column_values, insert_rows
+from ..tables import Task
 from .rows import EVENTS, TASKS
 from .types import Event
 
@@ -98,7 +99,7 @@ def write(
         if task.updated_at != now:
             task.updated_at = now
         if created:
-            task_rows.append(task.model_dump())
+            task_rows.append(column_values(task, Task))
         else:
             values = {name: getattr(task, name) for name in columns}
             if "state" in values:

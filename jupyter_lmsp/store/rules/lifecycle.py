@@ -33,7 +33,7 @@ from ...protocol.tools import ToolsSpec
 from .. import conversations
 from ..database import Database
 from ..dialect import insert_of
-from ..records import insert_rows, table
+from ..records import column_values, insert_rows, table
 from ..tables import Client, IdempotencyKey, Response, Task
 from . import events
 from .endings import terminate
@@ -137,7 +137,7 @@ def create_task(
         if admit is not None:
             admit(conn)
         if response is not None:
-            insert_rows(conn, RESPONSES, [response.model_dump()])
+            insert_rows(conn, RESPONSES, [column_values(response, Response)])
         first: Event = (
             ev.lifecycle(ev.CREATED, response_object(response, task))
             if response is not None
