@@ -16,12 +16,12 @@ import pytest
 NOT_AT_START = ("jupyter_lmsp.engine.worker", "numpy", "sqlalchemy.dialects.postgresql", "mlx")
 
 SCRIPT = """
-import gc, json, sys, tempfile
+import gc, json, sys
 import jupyter_lmsp
 (point,) = jupyter_lmsp._jupyter_server_extension_points()
 assert gc.isenabled(), "the collector must be on again after the extension's import"
 settings_only = sorted(sys.modules)
-extension = point["app"](data_dir=tempfile.mkdtemp())
+extension = point["app"](data_dir=sys.argv[1])
 extension.initialize_settings()
 extension.initialize_handlers()
 assert extension.handlers
@@ -30,9 +30,10 @@ print(json.dumps({"settings": settings_only, "server": sorted(sys.modules)}))
 
 
 @pytest.fixture(scope="module")
-def imported() -> dict[str, set[str]]:
+def imported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    data = tmp_path_factory.mktemp("startup-imports")
     out = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True
+        [sys.executable, "-c", SCRIPT, str(data)], capture_output=True, text=True, check=True
     ).stdout
     return {k: set(v) for k, v in json.loads(out.splitlines()[-1]).items()}
 

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import Float, bindparam, insert, select
 from storehelpers import open_db
 
-from jupyter_lmsp.store import records
+from jupyter_lmsp.store import records, rules
 from jupyter_lmsp.store.rules.rows import EVENTS, RESPONSES, TASKS
 from jupyter_lmsp.store.tables import Response, Task
 
@@ -20,7 +20,8 @@ def db(db_url):
     database.dispose()
 
 
-def _task(task_id: str, **kw) -> dict:
+def _task_values(task_id: str, **kw) -> dict:
+    """A task's columns that have no default (and `kw`)."""
     values = dict(
         id=task_id,
         kind="response",
@@ -32,7 +33,11 @@ def _task(task_id: str, **kw) -> dict:
         updated_at=2.5,
     )
     values.update(kw)
-    return Task(**values).model_dump()
+    return values
+
+
+def _task(task_id: str, **kw) -> dict:
+    return Task(**_task_values(task_id, **kw)).model_dump()
 
 
 def _rows(db, table, key) -> list[dict]:
@@ -142,17 +147,16 @@ def test_a_driver_statement_refuses_parameters_that_need_converting(db):
         records.DriverStatement(statement, db.engine.dialect)
 
 
+# The columns each table model needs (no default), for a new record of it.
+REQUIRED = {
+    Task: _task_values("t"),
+    Response: dict(id="r", task_id="t", owner="o", model="m", request="{}", created_at=1.5),
+}
+
+
 @pytest.mark.parametrize("model", [Task, Response])
 def test_a_new_record_has_the_table_models_columns_and_defaults(model):
-    given = (
-        (
-            dict(id="t", kind="response", state="queued", on_restart="fail", owner="o", model="m")
-            if model is Task
-            else dict(id="r", task_id="t", owner="o", model="m", request="{}")
-        )
-        | {"created_at": 1.5}
-        | ({"updated_at": 2.5} if model is Task else {})
-    )
+    given = REQUIRED[model]
     record = records.new_record(model, **given)
     assert records.column_values(record, model) == model(**given).model_dump()
     # Every column, and nothing else.
@@ -164,8 +168,6 @@ def test_a_new_record_has_the_table_models_columns_and_defaults(model):
 
 
 def test_a_created_task_from_records_reads_back_as_from_table_models(db):
-    from jupyter_lmsp.store import rules
-
     made = []
     for build in (records.new_record, lambda m, **kw: m(**kw)):
         n = len(made)

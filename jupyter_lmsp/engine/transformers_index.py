@@ -39,6 +39,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .usercache import user_cache_dir
+
 log = logging.getLogger(__name__)
 
 MODULE = "transformers.utils.import_utils"
@@ -48,8 +50,7 @@ FORMAT = 1
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "jupyter-lmsp" / "transformers-index"
+    return user_cache_dir() / "transformers-index"
 
 
 def install() -> None:

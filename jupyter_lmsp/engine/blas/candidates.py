@@ -42,6 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..usercache import user_cache_dir
+
 REFERENCE = "reference"
 NGSOLVE = "ngsolve-openblas"
 CMEEL = "cmeel-openblas"
@@ -268,11 +270,6 @@ def gfortran_links(roots: Iterable[Path]) -> list[tuple[str, Path]]:
     # The mangled libgfortran asks for libquadmath by its own mangled name.
     links.extend((path.name, path) for path in sorted(bundled.glob("libquadmath-*.so*")))
     return links
-
-
-def user_cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "jupyter-lmsp"
 
 
 def link_folder(links: Iterable[tuple[str, Path]], parent: Path | None = None) -> Path:

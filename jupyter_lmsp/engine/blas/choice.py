@@ -26,13 +26,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..usercache import user_cache_dir
 from .candidates import (
     REFERENCE,
     Candidate,
     CpuInfo,
     find_candidates,
     read_cpu,
-    user_cache_dir,
 )
 from .probe import PROBE_TIMEOUT_S, REJECTED, REPEATS, Verdict, probe
 
