@@ -5,6 +5,14 @@ transaction that reads a task's state and then changes it holds the write lock t
 two such transactions (a cancel and a completion, say) run one after the other, never
 interleaved. Reads use plain `BEGIN`.
 
+Writers of one `Database` in this process take turns on a lock of its own before `BEGIN
+IMMEDIATE` (issue 42). SQLite makes a writer that finds the file locked sleep and try again,
+1, 2, 5, 10, 20 ms and longer, so under a burst of requests (creates on the request threads,
+a claim on the runner's) a transaction waited up to ~25 ms after the lock was free. The
+process's own lock wakes the next writer as soon as the last one commits; writers in other
+processes still meet SQLite's busy timeout. Waiting longer than that timeout for it is the
+same "database is locked" error SQLite gives, which the callers already retry.
+
 PostgreSQL (`postgresql+psycopg://…`, psycopg 3): write transactions run at READ COMMITTED
 side by side, and each rule locks the rows it reads before changing them (`SELECT … FOR
 UPDATE`, see `store.dialect`), so the same two transactions still run one after the other on
@@ -62,6 +70,10 @@ class Database:
         self.path: Path | None = None
         # The connection of this thread's open `grouped()` transaction, if any.
         self._group = threading.local()
+        # SQLite: taken by each write transaction before BEGIN IMMEDIATE (see the module
+        # docstring). Reentrant: a thread that opens a second write transaction inside its
+        # first (which would wait for itself) meets SQLite's busy timeout, as without it.
+        self._writer: threading.RLock | None = None
         if url.startswith("postgresql+psycopg:"):
             self.dialect = dialect.POSTGRESQL
             self.engine: Engine = create_engine(
@@ -77,6 +89,7 @@ class Database:
                 "PostgreSQL one through psycopg 3 (postgresql+psycopg://USER@HOST:PORT/NAME)"
             )
         self.dialect = dialect.SQLITE
+        self._writer = threading.RLock()
         path = url.removeprefix("sqlite:///")
         if path and path != ":memory:":
             self.path = Path(path)
@@ -117,8 +130,22 @@ class Database:
             return
         # SQLite: `_on_begin` starts it with BEGIN IMMEDIATE (the default of a connection that
         # says nothing else).
-        with self.engine.connect() as conn, conn.begin():
+        with self._turn(), self.engine.connect() as conn, conn.begin():
             yield conn
+
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """This process's turn to write (SQLite; see the module docstring)."""
+        writer = self._writer
+        if writer is None:
+            yield
+            return
+        if not writer.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+            raise sqlite3.OperationalError("database is locked")
+        try:
+            yield
+        finally:
+            writer.release()
 
     @contextmanager
     def grouped(self) -> Iterator[None]:
