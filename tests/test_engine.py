@@ -372,12 +372,14 @@ def _burst(
 ) -> list[tuple[str, str]]:
     """Three jobs sent to an idle, warm worker, `gaps` seconds apart: the order in which they
     started and produced their first tokens, as (message kind, job id). `announce`: "burst"
-    announces the three jobs before the first is sent, any other id is announced too."""
+    announces the three jobs before the first is sent, "second" the second of them, any other
+    id is announced too."""
     eng.run(new_id("warm-up"), max_tokens=2)  # the model loaded, the worker idle again
     since = eng.recorder.mark()
     ids = [new_id("burst") for _ in range(3)]
     for job_id in announce:
-        for announced in ids if job_id == "burst" else [job_id]:
+        named = {"burst": ids, "second": ids[1:2]}
+        for announced in named.get(job_id, [job_id]):
             eng.client.announce(announced)
     for job_id, gap in zip(ids, (*gaps, 0.0), strict=True):
         eng.client.submit(eng.job(job_id, max_tokens=4))
@@ -427,6 +429,27 @@ def test_an_idle_worker_gathers_a_burst_into_one_batch(
     )
     try:
         order = _burst(eng, gaps)
+    finally:
+        eng.client.stop()
+    first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
+    started_before = [job for kind, job in order[:first_token] if kind == "JobStarted"]
+    assert len(started_before) == started_together, order
+
+
+@pytest.mark.parametrize("steps,started_together", [(2, 2), (0, 3)])
+def test_a_window_stretched_to_a_bursts_pace_keeps_its_bound_of_steps(
+    test_model_dir: Path, steps: float, started_together: int
+) -> None:
+    """The second job, announced, comes 0.3 s after the first (waited for) and stretches the
+    window to twice that gap. With `gather_steps` the stretched window is still no longer
+    than that many recent steps, so the third job, not announced, 0.4 s later, is not waited
+    for; without the bound it is."""
+    eng = start_engine(
+        test_model_dir,
+        settings=WorkerSettings(gather_window=0.6, gather_limit=3.0, gather_steps=steps),
+    )
+    try:
+        order = _burst(eng, (0.3, 0.4), announce=("second",))
     finally:
         eng.client.stop()
     first_token = next(i for i, (kind, _) in enumerate(order) if kind == "JobTokens")
