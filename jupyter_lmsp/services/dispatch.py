@@ -219,11 +219,11 @@ class EngineDispatcher:
             runner.db,
             held,
             runner_id=runner.runner_id,
-            then=functools.partial(self._after_worker_exit, held),
+            then=functools.partial(self.after_worker_exit, held),
         )
         runner.engine.restart()
 
-    def _after_worker_exit(self, held: list[str], report: rules.RecoveryReport) -> None:
+    def after_worker_exit(self, held: list[str], report: rules.RecoveryReport) -> None:
         runner = self.runner
         metrics.recovered("worker_exit", report.by_policy)
         for committed in report.committed:

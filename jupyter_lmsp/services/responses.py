@@ -84,19 +84,26 @@ async def create_response(
     # With `truncation: "auto"`, the oldest messages that do not fit are left out.
     plan, conversation, spec.messages = await truncation.fit(ctx, model, spec, context)
     admit = ctx.admission.quota(caller, plan.budget, spec.output_param)
-    committed, body = await ctx.offload(
-        _commit_response,
-        ctx,
-        spec,
-        caller,
-        keyed,
-        location_prefix,
-        _Admitted(model, conversation, plan, admit),
-    )
+    task_id = new_id("task")
+    tier = Tier.of(spec.service_tier)
+    # A free slot is taken now: the create's transaction claims the task too (see
+    # `_commit_response`), and its job goes to the worker as soon as that commits.
+    reserved = ctx.runner.reservations.reserve(task_id, caller.id, spec.generation.n, tier)
+    admitted = _Admitted(model, conversation, plan, admit, task_id, reserved)
+    try:
+        committed, body = await ctx.offload(
+            _commit_response, ctx, spec, caller, keyed, location_prefix, admitted
+        )
+    except BaseException:
+        if reserved and not admitted.ran:
+            # Never run (the server is stopping): nothing gave the slot back.
+            ctx.runner.reservations.release(task_id)
+        raise
     metrics.task_created("response", committed.task.model)
     body = _outgoing(ctx, spec.echo, body)
-    ctx.runner.publish(committed)
-    ctx.runner.submit(committed.task.id, caller.id, spec.generation.n, Tier.of(spec.service_tier))
+    if not reserved:
+        ctx.runner.publish(committed)
+        ctx.runner.submit(committed.task.id, caller.id, spec.generation.n, tier)
     return body
 
 
@@ -109,6 +116,11 @@ class _Admitted:
     conversation: list[dict[str, Any]]
     plan: Plan
     admit: Callable[[Connection], None] | None
+    task_id: str
+    # The runner gave the task a slot (`Reservations.reserve`): the create claims it.
+    reserved: bool = False
+    # `_commit_response` began (from then on a failure gives a reserved slot back itself).
+    ran: bool = False
 
 
 def _model_and_context(
@@ -131,9 +143,10 @@ def _commit_response(
     location_prefix: str,
     admitted: _Admitted,
 ) -> tuple[rules.Committed, dict[str, Any]]:
+    admitted.ran = True
     now = time.time()
     response_id = new_id("resp")
-    task_id = new_id("task")
+    task_id = admitted.task_id
     # Every response has a seed, so every run (a resumed one too) is reproducible.
     seed = spec.seed if spec.seed is not None else secrets.randbits(31)
     echoed = stored_request(spec, seed)
@@ -194,7 +207,12 @@ def _commit_response(
             )
         else:
             record = keyed.result(None, response_id=response_id)
-    committed = rules.create_task(ctx.db, task, response, idempotency=record, admit=admitted.admit)
+
+    def create() -> rules.Committed:
+        return rules.create_task(ctx.db, task, response, idempotency=record, admit=admitted.admit)
+
+    # A reserved task is claimed in the same transaction (`services.reservations`).
+    committed = ctx.runner.reservations.create(task_id, create) if admitted.reserved else create()
     # The body is the response its `response.created` event holds (built from the same rows
     # in the same state), not a second one built again.
     return committed, dict(committed.events[0]["response"])

@@ -17,7 +17,8 @@ server is noticed by `services.feed` and reaches the engine through `notice_canc
 
 What it knows of each task is one `services.running.RunningTask`, kept by
 `services.scheduling.Slots` (the fair queue, the slots, which generation to pause) and
-forgotten in one place. Claims and ends are `services.claiming`'s transactions; generated
+forgotten in one place. Claims and ends are `services.claiming`'s transactions (a create that
+finds a slot free claims its task itself: `services.reservations`); generated
 tokens are read by `services.output` and committed as the worker sends them (it holds them
 `snapshot_interval` seconds, a task's first text not at all), with the snapshot that covers
 them (LMSP B7). When every
@@ -51,6 +52,7 @@ from .dispatch import EngineDispatcher
 from .fairqueue import Tier, tier_of
 from .inbox import Inbox
 from .output import OutputStage
+from .reservations import Reservations
 from .runner_clock import RunnerClock
 from .runner_commits import RunnerCommits
 from .running import TaskOutput
@@ -92,6 +94,8 @@ class TaskRunner:
         # The engine's messages on their way to the loop (`_from_engine_thread`).
         self.inbox = Inbox(self._on_message)
         self.commits = RunnerCommits(self)
+        # A create that finds a free slot claims its task itself (`services.reservations`).
+        self.reservations = Reservations(self)
         self.output = OutputStage(self.commits.outputs, self.dispatcher.broke)
         self.worker_info: dict[str, Any] = {"state": "stopped"}
         # Queue waits, token latencies, durations and the worker's figures (runner_clock).
@@ -197,7 +201,7 @@ class TaskRunner:
             self.submit(c.task_id, c.owner)
         return len(claimed)
 
-    def _on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
+    def on_loop(self, fn: Callable[..., Any], *args: Any) -> None:
         """Call `fn` on the loop: now if this is the loop's thread, else as soon as it can."""
         if self.loop is None:
             return
@@ -214,7 +218,7 @@ class TaskRunner:
         = n slots."""
         if not self.started or not self.executes:
             return  # start() picks it up from the database; or a standalone worker will
-        self._on_loop(self._submit, task_id, owner, rows, tier)
+        self.on_loop(self._submit, task_id, owner, rows, tier)
 
     def _submit(self, task_id: str, owner: str, rows: int = 1, tier: Tier = Tier.DEFAULT) -> None:
         self.slots.push(task_id, owner, rows, tier)
@@ -237,7 +241,7 @@ class TaskRunner:
         work of a task now `cancelling`."""
         self.publish(committed)
         if committed.task.state == TaskState.CANCELLING:
-            self._on_loop(self.notice_cancelled, [committed.task.id])
+            self.on_loop(self.notice_cancelled, [committed.task.id])
 
     def notice_cancelled(self, task_ids: Iterable[str]) -> None:
         """These tasks were committed `cancelling` (here or by another server): stop their
@@ -270,7 +274,7 @@ class TaskRunner:
 
     def schedule(self) -> None:
         for task in self.slots.to_claim():
-            self.committer.run(self._claim, task.task_id, then=self._begin)
+            self.committer.run(self.claim, task.task_id, then=self.begin)
         victim = self.slots.to_pause()
         if victim is not None:
             log.info("pausing task %s of %s: another caller waits for a slot", victim, victim.owner)
@@ -282,12 +286,12 @@ class TaskRunner:
             # its batch (see `engine.interrupt`). Sent only when the count changes.
             self.engine.tell_slots_wanted(self.slots.waiting())
 
-    def _claim(self, task_id: str) -> claiming.Start:
+    def claim(self, task_id: str) -> claiming.Start:
         # (database thread) Under the runner id of the moment the claim runs (a lost lease
         # changes it).
         return claiming.claim(self.db, self.catalog, self.runner_id, task_id)
 
-    def _begin(self, start: claiming.Start) -> None:
+    def begin(self, start: claiming.Start) -> None:
         for committed in start.committed:
             self.publish(committed)
             # A task that could not start ended in its claim.

@@ -131,6 +131,19 @@ class Slots:
             self._held[task_id] = task
             yield task
 
+    def reserve(self, task_id: str, owner: str, rows: int, tier: Tier) -> bool:
+        """Give a task that is being created a slot now, if `to_claim` would give it one as
+        soon as it was queued: nothing waits for a slot and its rows fit. Whether it did."""
+        if self.queue or task_id in self.tasks:
+            return False
+        used = self.used_rows()
+        if used >= self.max_active or (used and used + rows > self.max_active):
+            return False
+        task = self._record(task_id, owner, rows, tier)
+        task.has_slot = True
+        self._held[task_id] = task
+        return True
+
     def to_pause(self) -> RunningTask | None:
         """The generation to pause, if any: of an owner holding more than its share of the
         slots while another owner waits with less; one pause at a time (the freed slot goes to
