@@ -42,10 +42,29 @@ class Start:
 
 def claim(db: Database, catalog: ModelCatalog, runner_id: str | None, task_id: str) -> Start:
     """Take a task to run (`rules.claim_to_run`: one transaction), then resolve its model once
-    and build its job from its params, parsed once; a task that cannot start is failed here."""
-    start = Start(task_id)
+    and build its job from its params, parsed once (`prepare`); a task that cannot start is
+    failed here."""
     try:
         claimed = rules.claim_to_run(db, task_id, runner_id)
+    except Exception as exc:  # a bad task must not stop the queue behind it
+        if is_locked(exc):
+            raise  # not the task's fault: the committer runs the claim again
+        return _failed(db, catalog, runner_id, Start(task_id))
+    return prepare(db, catalog, runner_id, claimed, task_id)
+
+
+def prepare(
+    db: Database,
+    catalog: ModelCatalog,
+    runner_id: str | None,
+    claimed: rules.Claim,
+    task_id: str,
+) -> Start:
+    """What a committed claim starts: the job, built after the claim's commit (a create that
+    claims its task, `services.reservations`, holds no write lock meanwhile); a task that
+    cannot start is failed here, in a transaction of its own."""
+    start = Start(task_id)
+    try:
         start.committed.extend(claimed.committed)
         task, response = claimed.task, claimed.response
         if not claimed.run or task is None:
@@ -64,15 +83,21 @@ def claim(db: Database, catalog: ModelCatalog, runner_id: str | None, task_id: s
         start.job = job_for(task, response, model, params, start.generation, claimed.resume)
     except Exception as exc:  # a bad task must not stop the queue behind it
         if is_locked(exc):
-            raise  # not the task's fault: the committer runs the claim again
-        log.exception("could not start task %s", task_id)
-        start.job = None
-        error = {"code": "server_error", "message": "The task could not start."}
-        try:
-            failed = rules.Outcome(TaskState.FAILED, error)
-            start.committed.append(end(db, catalog, runner_id, task_id, failed))
-        except Exception:
-            log.exception("could not fail task %s", task_id)
+            raise
+        return _failed(db, catalog, runner_id, start)
+    return start
+
+
+def _failed(db: Database, catalog: ModelCatalog, runner_id: str | None, start: Start) -> Start:
+    log.exception("could not start task %s", start.task_id)
+    start.job = None
+    start.generation = None
+    error = {"code": "server_error", "message": "The task could not start."}
+    try:
+        failed = rules.Outcome(TaskState.FAILED, error)
+        start.committed.append(end(db, catalog, runner_id, start.task_id, failed))
+    except Exception:
+        log.exception("could not fail task %s", start.task_id)
     return start
 
 

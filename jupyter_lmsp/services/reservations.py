@@ -10,7 +10,8 @@ requests that was most of the service's time to first token on a fast model.
 When the runner has a free slot and no task waits for one, the task would be claimed as soon
 as it was queued anyway: `reserve` gives it that slot before its create (on the loop), the
 create's transaction also claims it (`rules.claim_to_run`, a savepoint of the same
-transaction, `Database.grouped`), and its job goes to the engine as soon as that commits.
+transaction, `Database.grouped`), and its job, built after that commit (`claiming.prepare`),
+goes to the engine.
 Its watchers see the same events in the same order (`response.created`, then
 `response.loading`), committed together. A create that fails gives the slot back.
 
@@ -62,11 +63,13 @@ class Reservations:
         try:
             with runner.db.grouped():
                 committed = create()
-                start = runner.claim(task_id)
+                claimed = rules.claim_to_run(runner.db, task_id, runner.runner_id)
         except BaseException:
             self.release(task_id)
             raise
         runner.publish(committed)
+        # The job is built after the commit, the write lock free for the other writers.
+        start = claiming.prepare(runner.db, runner.catalog, runner.runner_id, claimed, task_id)
         # After the publish above: the task's `response.loading` follows its `created`.
         runner.on_loop(self._begin, start)
         return committed
