@@ -9,8 +9,8 @@ engine events on the server's own database):
 - with the one slot taken, the create commits the task `queued` alone, and the runner's claim
   writes `response.loading` later, in a transaction of its own; both tasks' lifecycles have
   the same events in the same order;
-- a create refused inside its transaction gives its slot back: the next request runs, with
-  one slot in all;
+- a create refused inside its transaction, or failing before it, gives its slot back: the
+  next request runs, with one slot in all;
 - a worker that dies between a create's reservation and its commit (its recovery ran before
   the task existed) leaves no task stuck in `loading`: the task gets the recovery the
   worker's tasks got, is queued again, and completes on the new worker.
@@ -31,6 +31,7 @@ from jpserver import MODEL, ServerPool, call, server_config, token_delay, wait_s
 from sqlalchemy import event
 
 from jupyter_lmsp.protocol.errors import LMSPError
+from jupyter_lmsp.services import responses
 from jupyter_lmsp.store import rules
 
 pytest_plugins = ["pytest_jupyter.jupyter_server"]
@@ -189,6 +190,25 @@ async def test_a_create_refused_in_its_transaction_gives_its_slot_back(
     monkeypatch.setattr(rules, "create_task", create_task)
     assert runner.slots.active_count() == 0
     # One slot in all: a slot kept by the refused create would hold this one `queued`.
+    status, response = await _create(jp_fetch, max_output_tokens=4)
+    assert status == 202, response
+    await wait_state(jp_fetch, response["task_id"], {"completed"}, timeout=30)
+
+
+async def test_a_create_that_fails_before_its_transaction_gives_its_slot_back(
+    server, jp_fetch, monkeypatch
+):
+    runner = _extension(server).ctx.runner
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        # Building the create's rows, on its database thread, before its transaction.
+        raise LMSPError(429, "rate_limit_exceeded", "Refused for the test.")
+
+    monkeypatch.setattr(responses, "new_record", broken)
+    status, body = await _create(jp_fetch, max_output_tokens=4)
+    assert status == 429, body
+    monkeypatch.undo()
+    assert runner.slots.active_count() == 0
     status, response = await _create(jp_fetch, max_output_tokens=4)
     assert status == 202, response
     await wait_state(jp_fetch, response["task_id"], {"completed"}, timeout=30)

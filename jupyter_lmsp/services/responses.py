@@ -95,8 +95,8 @@ async def create_response(
             _commit_response, ctx, spec, caller, keyed, location_prefix, admitted
         )
     except BaseException:
-        if reserved and not admitted.ran:
-            # Never run (the server is stopping): nothing gave the slot back.
+        if reserved and not admitted.handed:
+            # It failed before its transaction (or never ran: the server is stopping).
             ctx.runner.reservations.release(task_id)
         raise
     metrics.task_created("response", committed.task.model)
@@ -119,8 +119,9 @@ class _Admitted:
     task_id: str
     # The runner gave the task a slot (`Reservations.reserve`): the create claims it.
     reserved: bool = False
-    # `_commit_response` began (from then on a failure gives a reserved slot back itself).
-    ran: bool = False
+    # The reserved task's create began (`Reservations.create`, which gives the slot back itself
+    # should it fail); until then a failure leaves that to `create_response`.
+    handed: bool = False
 
 
 def _model_and_context(
@@ -143,7 +144,6 @@ def _commit_response(
     location_prefix: str,
     admitted: _Admitted,
 ) -> tuple[rules.Committed, dict[str, Any]]:
-    admitted.ran = True
     now = time.time()
     response_id = new_id("resp")
     task_id = admitted.task_id
@@ -211,8 +211,12 @@ def _commit_response(
     def create() -> rules.Committed:
         return rules.create_task(ctx.db, task, response, idempotency=record, admit=admitted.admit)
 
-    # A reserved task is claimed in the same transaction (`services.reservations`).
-    committed = ctx.runner.reservations.create(task_id, create) if admitted.reserved else create()
+    if not admitted.reserved:
+        committed = create()
+    else:
+        # Claimed in the same transaction (`services.reservations`).
+        admitted.handed = True
+        committed = ctx.runner.reservations.create(task_id, create)
     # The body is the response its `response.created` event holds (built from the same rows
     # in the same state), not a second one built again.
     return committed, dict(committed.events[0]["response"])
