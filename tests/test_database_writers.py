@@ -54,14 +54,17 @@ def test_a_second_writer_waits_for_the_first_to_commit(db):
     first.start()
     assert inside.wait(30)
     order: list[str] = []
+    asking = threading.Event()
 
     def second() -> None:
+        asking.set()
         with db.writing() as conn:  # BEGIN IMMEDIATE: the write lock, or "locked" at once
             conn.exec_driver_sql("SELECT 1")
             order.append("second wrote")
 
     writer = threading.Thread(target=second)
     writer.start()
+    assert asking.wait(30)
     writer.join(0.3)
     assert writer.is_alive() and order == []  # waiting for its turn, not failed
     order.append("first commits")

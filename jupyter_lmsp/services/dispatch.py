@@ -214,16 +214,22 @@ class EngineDispatcher:
         runner.output.flush(tasks)
         for task in tasks:
             runner.slots.stopped(task)
+        self.recover(held)
+        runner.engine.restart()
+
+    def recover(self, held: list[str]) -> None:
+        """Apply the restart policy to tasks a dead worker held (or was about to be given:
+        `services.reservations`), and queue again those it keeps."""
+        runner = self.runner
         runner.committer.run(
             rules.recover_after_worker_exit,
             runner.db,
             held,
             runner_id=runner.runner_id,
-            then=functools.partial(self.after_worker_exit, held),
+            then=functools.partial(self._after_worker_exit, held),
         )
-        runner.engine.restart()
 
-    def after_worker_exit(self, held: list[str], report: rules.RecoveryReport) -> None:
+    def _after_worker_exit(self, held: list[str], report: rules.RecoveryReport) -> None:
         runner = self.runner
         metrics.recovered("worker_exit", report.by_policy)
         for committed in report.committed:

@@ -20,7 +20,6 @@ Its watchers see the same events in the same order (`response.created`, then
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -87,13 +86,7 @@ class Reservations:
             # worker held did (otherwise it would stay `loading` with nothing running it).
             for committed in start.committed:
                 runner.publish(committed)
-            runner.committer.run(
-                rules.recover_after_worker_exit,
-                runner.db,
-                [start.task_id],
-                runner_id=runner.runner_id,
-                then=functools.partial(runner.dispatcher.after_worker_exit, [start.task_id]),
-            )
+            runner.dispatcher.recover([start.task_id])
             return
         runner.begin(start)
 

@@ -121,27 +121,29 @@ class Slots:
             task = self.tasks.get(task_id)
             if task is None or task.has_slot:
                 continue
-            used = self.used_rows()
-            if used and used + task.rows > self.max_active:
-                # A job takes all its rows at once; with nothing running it starts anyway
-                # (the worker takes a job wider than its batch when idle).
+            if not self._fits(task.rows):
                 self.queue.push_front(task_id, task.owner, task.tier)
                 return
-            task.has_slot = True
-            self._held[task_id] = task
+            self._take(task)
             yield task
+
+    def _fits(self, rows: int) -> bool:
+        """Whether a job of `rows` rows gets a slot now. A job takes all its rows at once; with
+        nothing running it starts anyway (the worker takes a job wider than its batch when
+        idle)."""
+        used = self.used_rows()
+        return used < self.max_active and not (used and used + rows > self.max_active)
+
+    def _take(self, task: RunningTask) -> None:
+        task.has_slot = True
+        self._held[task.task_id] = task
 
     def reserve(self, task_id: str, owner: str, rows: int, tier: Tier) -> bool:
         """Give a task that is being created a slot now, if `to_claim` would give it one as
         soon as it was queued: nothing waits for a slot and its rows fit. Whether it did."""
-        if self.queue or task_id in self.tasks:
+        if self.queue or task_id in self.tasks or not self._fits(rows):
             return False
-        used = self.used_rows()
-        if used >= self.max_active or (used and used + rows > self.max_active):
-            return False
-        task = self._record(task_id, owner, rows, tier)
-        task.has_slot = True
-        self._held[task_id] = task
+        self._take(self._record(task_id, owner, rows, tier))
         return True
 
     def to_pause(self) -> RunningTask | None:
