@@ -293,7 +293,9 @@ class LMSPExtension(ExtensionApp):
     event_poll_interval = Float(
         0.02,
         help="Seconds between looks at the database for what other servers on it committed "
-        "(events of tasks watched here, cancels of tasks run here).",
+        "(events of tasks watched here, cancels of tasks run here), while a task is watched "
+        "here or run here; an idle server on SQLite looks once a second, and at once when "
+        "that changes.",
     ).tag(config=True)
     owner_from = CaselessStrEnum(
         ["auto", "identity", "server"],

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 Event = dict[str, Any]
@@ -73,6 +74,9 @@ class EventBus:
         self._lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
+        # Called (on the caller's thread) when a task becomes watched: the feed
+        # (`services.feed`) looks at the database often only while something is.
+        self.on_watch: Callable[[], None] | None = None
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop the watchers live on (called from it)."""
@@ -123,8 +127,11 @@ class EventBus:
         # reach none of them (with nothing after them, e.g. a task that ended meanwhile, they
         # would wait forever). The newcomer drops what it replayed already.
         with self._lock:
-            if task_id in self._delivered and self._delivered[task_id] is None:
+            first = task_id in self._delivered and self._delivered[task_id] is None
+            if first:
                 self._delivered[task_id] = sequence_number
+        if first and self.on_watch is not None:
+            self.on_watch()
 
     def publish(self, task_id: str, events: list[Event]) -> None:
         if not events:

@@ -13,7 +13,11 @@ commits on its own bus; this feed makes the rest visible here, by polling from o
 The database side is the store's (`store.feed.ChangeWatch`: its own connection, the
 statements); this module schedules it. On SQLite a poll costs one `PRAGMA data_version`
 (which changes when another connection commits) every `interval` seconds; the queries run
-only when something changed.
+only when something changed. That is only while there is something to look for: a task
+watched here, or one this runner holds (another server may cancel it). An idle server looks
+every `IDLE_SECONDS` instead (an idle server polled 50 times a second, ~6 ms of CPU a second
+for nothing, and woke a laptop's CPU as often), and is woken at once when a task becomes
+watched (`EventBus.on_watch`) or takes a slot (`Slots.on_take`).
 
 On PostgreSQL the thread listens instead (`LISTEN lmsp_events`, `store.notify`): each
 committed event arrives as a notification naming its task and sequence number, and only the
@@ -46,6 +50,8 @@ log = logging.getLogger(__name__)
 FULL_POLL_SECONDS = 1.0
 # After a failure to read or listen, the pause before connecting again.
 RECONNECT_SECONDS = 1.0
+# On SQLite, the pause between looks while nothing is watched here and the runner holds no task.
+IDLE_SECONDS = 1.0
 
 
 class EventFeed:
@@ -60,6 +66,8 @@ class EventFeed:
         # Set while the watch is open and caught up (see the module docstring).
         self.listening = threading.Event()
         self._stop = threading.Event()
+        # Set when there may be something to look for (see the module docstring).
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         # The runner's tasks last seen `cancelling` (each is reported once).
         self._cancelling: set[str] = set()
@@ -69,11 +77,14 @@ class EventFeed:
             return
         self.loop = loop
         self._stop.clear()
+        self.bus.on_watch = self._wake.set
+        self.runner.slots.on_take = self._wake.set
         self._thread = threading.Thread(target=self._run, name="lmsp-feed", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
@@ -84,7 +95,7 @@ class EventFeed:
         watch = ChangeWatch(self.db)
         # PostgreSQL wakes up for notifications: a longer wait costs no latency, and still
         # notices a stop (and the periodic full read) in time.
-        timeout = self.interval * 10 if watch.names_tasks else self.interval
+        timeout = self.interval * 10
         try:
             while not self._stop.is_set():
                 try:
@@ -93,7 +104,11 @@ class EventFeed:
                         self.listening.set()
                         last_full = time.monotonic()
                         while not self._stop.is_set():
-                            named = watch.wait(timeout)
+                            if watch.names_tasks:
+                                named = watch.wait(timeout)
+                            else:
+                                self._pause()
+                                named = watch.wait(0)
                             if named is None:  # something changed (SQLite)
                                 self.poll(watch)
                             elif time.monotonic() - last_full >= FULL_POLL_SECONDS:
@@ -110,6 +125,14 @@ class EventFeed:
         finally:
             self.listening.clear()
             watch.dispose()
+
+    def _pause(self) -> None:
+        """(SQLite) Wait `interval` while there is something to look for, else `IDLE_SECONDS`
+        or until woken. A wake that comes between the look at `busy` and the wait ends the wait
+        at once; one that comes after it is seen by the next look."""
+        busy = self.runner.slots.active_count() > 0 or bool(self.bus.watched())
+        self._wake.wait(self.interval if busy else IDLE_SECONDS)
+        self._wake.clear()
 
     def poll(self, watch: ChangeWatch, only: Iterable[str] | None = None) -> None:
         """Read what changed (of the tasks `only` names, if given) and hand it to the loop."""

@@ -15,7 +15,7 @@ dictionary look-up).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .fairqueue import FairQueue, Tier, over_share
 from .running import RunningTask
@@ -29,6 +29,9 @@ class Slots:
         # Those of `tasks` with a slot: a few, where `tasks` holds every queued task too
         # (thousands in a backlog), and every create asks how many slots are taken.
         self._held: dict[str, RunningTask] = {}
+        # Called when a task takes a slot: the feed (`services.feed`) looks for other servers'
+        # cancels often only while this runner holds a task.
+        self.on_take: Callable[[], None] | None = None
 
     # -- records ----------------------------------------------------------------------------
 
@@ -137,6 +140,8 @@ class Slots:
     def _take(self, task: RunningTask) -> None:
         task.has_slot = True
         self._held[task.task_id] = task
+        if self.on_take is not None:
+            self.on_take()
 
     def reserve(self, task_id: str, owner: str, rows: int, tier: Tier) -> bool:
         """Give a task that is being created a slot now, if `to_claim` would give it one as
