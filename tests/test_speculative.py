@@ -776,6 +776,8 @@ def test_the_worker_reports_accepted_draft_tokens(test_model_dir: Path) -> None:
 # Tokens a run generates: the summary alone has accepted drafted tokens (16 of its 24 here) and
 # named the lighthouse well before; 40 took a third longer for the same checks.
 GROUNDED_TOKENS = 24
+
+
 @pytest.mark.timeout(900)
 def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
     demo_model_dir: Path, worker_blas: Any
@@ -803,11 +805,21 @@ def test_the_demo_model_gives_the_same_text_on_a_grounded_task(
         texts: dict[str, list] = {}
         for name, eng in engines.items():
             alone = [
-                eng.run(new_id(), messages=[{"role": "user", "content": p}], max_tokens=GROUNDED_TOKENS, **s)
+                eng.run(
+                    new_id(),
+                    messages=[{"role": "user", "content": p}],
+                    max_tokens=GROUNDED_TOKENS,
+                    **s,
+                )
                 for p, s in tasks[:1]
             ]
             batch = [
-                eng.job(new_id(), messages=[{"role": "user", "content": p}], max_tokens=GROUNDED_TOKENS, **s)
+                eng.job(
+                    new_id(),
+                    messages=[{"role": "user", "content": p}],
+                    max_tokens=GROUNDED_TOKENS,
+                    **s,
+                )
                 for p, s in tasks
             ]
             for j in batch:
