@@ -88,8 +88,9 @@ def test_an_idle_feed_looks_seldom(two, tmp_path, looks, monkeypatch):
             feed.stop()
 
     n = asyncio.run(scenario())
-    # Every 0.5 s: three or four looks in 1.6 s (every `interval`, it would be ~80).
-    assert 2 <= n <= 5, n
+    # Every 0.5 s: three or four looks in 1.6 s (every `interval`, it would be ~80); at least
+    # one even on a machine too busy to wake the thread on time.
+    assert 1 <= n <= 5, n
 
 
 def test_a_task_becoming_watched_wakes_the_feed(two, tmp_path, looks, monkeypatch):
@@ -146,12 +147,12 @@ def test_a_task_taking_a_slot_wakes_the_feed(two, tmp_path, looks, monkeypatch):
             idle_looks = len(looks)
             assert runner.slots.reserve("task_held", "owner", 1, Tier.DEFAULT)
             taken = len(looks)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)
             return idle_looks, len(looks) - taken
         finally:
             feed.stop()
 
     idle_looks, held_looks = asyncio.run(scenario())
     assert idle_looks <= 2, idle_looks
-    # Every `interval` while the task is held: ~25 looks in 0.5 s (without the wake, none).
+    # Every `interval` while the task is held: ~50 looks in 1 s (without the wake, none).
     assert held_looks >= 8, held_looks
