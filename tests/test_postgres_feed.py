@@ -23,14 +23,13 @@ import time
 
 import psycopg
 import pytest
+from feedhelpers import idle_runner, listening
 from sqlalchemy import insert, update
 from storehelpers import make_task, new_task, to_running
 
 from jupyter_lmsp.services import feed as feed_module
 from jupyter_lmsp.services.bus import EventBus
-from jupyter_lmsp.services.catalog import ModelCatalog
 from jupyter_lmsp.services.feed import EventFeed
-from jupyter_lmsp.services.runner import TaskRunner
 from jupyter_lmsp.store import notify, rules
 from jupyter_lmsp.store.database import Database
 from jupyter_lmsp.store.tables import Runner, Task, TaskEvent
@@ -45,13 +44,6 @@ def two(pg_url):
     yield here, there
     here.dispose()
     there.dispose()
-
-
-def _runner(db, bus, tmp_path):
-    def no_engine(_on_message):
-        raise AssertionError("this test runs no generation")
-
-    return TaskRunner(db, bus, ModelCatalog(db, tmp_path, None), no_engine)
 
 
 def test_the_trigger_announces_committed_events_only(pg_url):
@@ -83,12 +75,6 @@ def rules_events(db, tid):
     return queries.list_events(db, tid)
 
 
-async def _listening(feed, timeout=10.0):
-    """Until the feed listens (and has read what was committed before)."""
-    loop = asyncio.get_running_loop()
-    assert await loop.run_in_executor(None, feed.listening.wait, timeout), "never listened"
-
-
 def _collect(sub, until_type, timeout):
     async def run():
         got = []
@@ -115,12 +101,12 @@ def test_events_committed_by_another_server_arrive_by_notification(two, tmp_path
     async def scenario():
         bus = EventBus()
         bus.bind(asyncio.get_running_loop())
-        feed = EventFeed(here, bus, _runner(here, bus, tmp_path), interval=0.02)
+        feed = EventFeed(here, bus, idle_runner(here, bus, tmp_path), interval=0.02)
         sub = bus.subscribe(tid)
         sub.seen(0)  # the watcher read the log up to `response.created`
         feed.start(asyncio.get_running_loop())
         try:
-            await _listening(feed)
+            await listening(feed)
             started = time.monotonic()
             writer = asyncio.get_running_loop().run_in_executor(None, _drive, there, tid)
             got = await _collect(sub, "response.completed", timeout=20)
@@ -155,7 +141,7 @@ def test_events_committed_before_the_feed_listened_are_read_from_the_table(two, 
         bus.bind(asyncio.get_running_loop())
         sub = bus.subscribe(tid)
         sub.seen(0)
-        feed = EventFeed(here, bus, _runner(here, bus, tmp_path), interval=0.02)
+        feed = EventFeed(here, bus, idle_runner(here, bus, tmp_path), interval=0.02)
         feed.start(asyncio.get_running_loop())  # after every commit: no notification comes
         try:
             return await _collect(sub, "response.output_text.delta#never", timeout=3)
@@ -178,7 +164,7 @@ def test_a_cancel_committed_elsewhere_reaches_the_runner_holding_the_task(
     async def scenario():
         bus = EventBus()
         bus.bind(asyncio.get_running_loop())
-        runner = _runner(here, bus, tmp_path)
+        runner = idle_runner(here, bus, tmp_path)
         runner.runner_id = "runner_here"
         # As if its generation ran here: queued, then given a slot.
         runner.slots.push(tid, owner="")
@@ -207,7 +193,7 @@ def test_a_cancel_committed_elsewhere_reaches_the_runner_holding_the_task(
         feed = EventFeed(here, bus, runner, interval=0.02)
         feed.start(asyncio.get_running_loop())
         try:
-            await _listening(feed)
+            await listening(feed)
             await asyncio.get_running_loop().run_in_executor(None, rules.request_cancel, there, tid)
             deadline = time.monotonic() + 5
             while not noticed and time.monotonic() < deadline:

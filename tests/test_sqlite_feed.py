@@ -15,17 +15,17 @@ On a real SQLite file shared by two `Database`s (as two servers on one data fold
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import pytest
+from feedhelpers import idle_runner, listening
 from storehelpers import new_task, open_db, to_running
 
 from jupyter_lmsp.services import feed as feed_module
 from jupyter_lmsp.services.bus import EventBus
-from jupyter_lmsp.services.catalog import ModelCatalog
 from jupyter_lmsp.services.fairqueue import Tier
 from jupyter_lmsp.services.feed import EventFeed
-from jupyter_lmsp.services.runner import TaskRunner
 from jupyter_lmsp.store import queries, rules
 from jupyter_lmsp.store.feed import ChangeWatch
 
@@ -58,16 +58,19 @@ def looks(monkeypatch):
     return seen
 
 
-def _runner(db, bus, tmp_path):
-    def no_engine(_on_message):
-        raise AssertionError("this test runs no generation")
-
-    return TaskRunner(db, bus, ModelCatalog(db, tmp_path, None), no_engine)
-
-
-async def _listening(feed, timeout=10.0):
-    loop = asyncio.get_running_loop()
-    assert await loop.run_in_executor(None, feed.listening.wait, timeout), "never listened"
+@contextlib.asynccontextmanager
+async def started(db, tmp_path, runner=None):
+    """A feed on `db` with its bus (and an idle runner, unless given), listening; stopped after."""
+    bus = EventBus()
+    bus.bind(asyncio.get_running_loop())
+    runner = runner or idle_runner(db, bus, tmp_path)
+    feed = EventFeed(db, bus, runner, interval=INTERVAL)
+    feed.start(asyncio.get_running_loop())
+    try:
+        await listening(feed)
+        yield bus, runner
+    finally:
+        feed.stop()
 
 
 def test_an_idle_feed_looks_seldom(two, tmp_path, looks, monkeypatch):
@@ -75,17 +78,10 @@ def test_an_idle_feed_looks_seldom(two, tmp_path, looks, monkeypatch):
     monkeypatch.setattr(feed_module, "IDLE_SECONDS", 0.5)
 
     async def scenario():
-        bus = EventBus()
-        bus.bind(asyncio.get_running_loop())
-        feed = EventFeed(here, bus, _runner(here, bus, tmp_path), interval=INTERVAL)
-        feed.start(asyncio.get_running_loop())
-        try:
-            await _listening(feed)
+        async with started(here, tmp_path):
             before = len(looks)
             await asyncio.sleep(1.6)
             return len(looks) - before
-        finally:
-            feed.stop()
 
     n = asyncio.run(scenario())
     # Every 0.5 s: three or four looks in 1.6 s (every `interval`, it would be ~80); at least
@@ -101,27 +97,20 @@ def test_a_task_becoming_watched_wakes_the_feed(two, tmp_path, looks, monkeypatc
     tid = task.id
 
     async def scenario():
-        bus = EventBus()
-        bus.bind(asyncio.get_running_loop())
-        feed = EventFeed(here, bus, _runner(here, bus, tmp_path), interval=INTERVAL)
-        feed.start(asyncio.get_running_loop())
-        try:
-            await _listening(feed)
+        async with started(here, tmp_path) as (bus, _):
             await asyncio.sleep(0.3)
             idle_looks = len(looks)
             sub = bus.subscribe(tid)
             sub.seen(0)  # the watcher read the log up to `response.created`
-            started = time.monotonic()
+            began = time.monotonic()
             await asyncio.get_running_loop().run_in_executor(None, to_running, there, tid)
             got = []
-            while time.monotonic() - started < 20 and len(got) < 4:
+            while time.monotonic() - began < 20 and len(got) < 4:
                 item = await sub.get(timeout=0.1)
                 if item is not None:
                     got.append(item[1])
             sub.close()
-            return got, time.monotonic() - started, idle_looks
-        finally:
-            feed.stop()
+            return got, time.monotonic() - began, idle_looks
 
     got, elapsed, idle_looks = asyncio.run(scenario())
     # Idle, it looked once on opening and once more at most (the next look was a minute away).
@@ -136,21 +125,13 @@ def test_a_task_taking_a_slot_wakes_the_feed(two, tmp_path, looks, monkeypatch):
     monkeypatch.setattr(feed_module, "IDLE_SECONDS", 60.0)
 
     async def scenario():
-        bus = EventBus()
-        bus.bind(asyncio.get_running_loop())
-        runner = _runner(here, bus, tmp_path)
-        feed = EventFeed(here, bus, runner, interval=INTERVAL)
-        feed.start(asyncio.get_running_loop())
-        try:
-            await _listening(feed)
+        async with started(here, tmp_path) as (_, runner):
             await asyncio.sleep(0.3)
             idle_looks = len(looks)
             assert runner.slots.reserve("task_held", "owner", 1, Tier.DEFAULT)
             taken = len(looks)
             await asyncio.sleep(1.0)
             return idle_looks, len(looks) - taken
-        finally:
-            feed.stop()
 
     idle_looks, held_looks = asyncio.run(scenario())
     assert idle_looks <= 2, idle_looks
