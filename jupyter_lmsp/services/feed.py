@@ -105,10 +105,10 @@ class EventFeed:
                         last_full = time.monotonic()
                         while not self._stop.is_set():
                             if watch.names_tasks:
-                                named = watch.wait(timeout)
+                                named: set[str] | None = watch.wait(timeout)
                             else:
                                 self._pause()
-                                named = watch.wait(0)
+                                named = watch.changed()
                             if named is None:  # something changed (SQLite)
                                 self.poll(watch)
                             elif time.monotonic() - last_full >= FULL_POLL_SECONDS:

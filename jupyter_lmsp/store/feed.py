@@ -4,20 +4,21 @@ A `ChangeWatch` is one connection of its own to the database (never one of the p
 held as long as the feed runs, and on PostgreSQL it listens), in autocommit: each read is its
 own snapshot, as the feed wants the newest commits. The service drives it from one thread:
 
-- `wait(timeout)`: what changed since the last call. On SQLite it sleeps `timeout` and then
-  compares `PRAGMA data_version`, which changes when another connection commits: "something"
-  (`EVERYTHING`) or nothing. On PostgreSQL it waits up to `timeout` for the notifications of
-  `store.notify` (`LISTEN lmsp_events`) and answers with the ids of the tasks they name.
+- What changed since the last look. On SQLite, `changed()` compares `PRAGMA data_version`,
+  which changes when another connection commits: "something" (`EVERYTHING`) or nothing; the
+  service decides how often to look. On PostgreSQL, `wait(timeout)` waits up to `timeout` for
+  the notifications of `store.notify` (`LISTEN lmsp_events`) and answers with the ids of the
+  tasks they name.
 - `events(watched)`: the events of these tasks after these sequence numbers, from the table
   (the log is the source: a missed change costs latency, never an event).
 - `cancelling(runner_id)`: which of the tasks that runner holds are committed `cancelling`.
 
-Both reads are Core statements built once (per number of tasks read). The two waits use the
+Both reads are Core statements built once (per number of tasks read). The two looks use the
 driver's own connection under the SQLAlchemy one: psycopg's `notifies()` has no SQLAlchemy
 form, and `PRAGMA data_version` through the driver costs ~10 us against ~80 us as a Core
-statement (measured here), run every 20 ms by every server on the database. Any error of the
-database or its driver comes out as `FeedError` (its cause the driver's), so the service
-reconnects without knowing the drivers.
+statement (measured here), run every 20 ms by every server on the database that watches or
+runs a task. Any error of the database or its driver comes out as `FeedError` (its cause the
+driver's), so the service reconnects without knowing the drivers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
@@ -132,17 +132,20 @@ class ChangeWatch:
         self.close()
         self._engine.dispose()
 
-    def wait(self, timeout: float) -> set[str] | None:
-        """What changed: the tasks named (PostgreSQL), `EVERYTHING` (SQLite, after another
-        connection committed), or an empty set after `timeout` with no change."""
+    def changed(self) -> set[str] | None:
+        """(SQLite) `EVERYTHING` if another connection committed since the last look, else an
+        empty set. It never waits: the service paces its looks."""
         with self._errors():
-            if not self.postgres:
-                time.sleep(timeout)
-                now = self._data_version()
-                if now == self._version:
-                    return set()
-                self._version = now
-                return EVERYTHING
+            now = self._data_version()
+            if now == self._version:
+                return set()
+            self._version = now
+            return EVERYTHING
+
+    def wait(self, timeout: float) -> set[str]:
+        """(PostgreSQL) The tasks named by the notifications that arrive within `timeout` (an
+        empty set if none does)."""
+        with self._errors():
             named: set[str] = set()
             for note in self._driver.notifies(timeout=timeout, stop_after=1):
                 _add(named, note.payload)
