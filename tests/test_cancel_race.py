@@ -151,6 +151,10 @@ def _check_round(db, tid, base_count, cancel_result):
     return state, log
 
 
+def _rounds(db):
+    return ROUNDS_ON_POSTGRESQL if db.is_postgres else ROUNDS
+
+
 def _split(ids):
     """The spare tasks the durations are measured on, and the tasks raced."""
     return ids[: SPARE * 2], ids[SPARE * 2 :]
@@ -165,7 +169,7 @@ def _make_running(db, n):
 
 def test_cancel_races_finish(db):
     t0 = time.monotonic()
-    rounds = ROUNDS_ON_POSTGRESQL if db.is_postgres else ROUNDS
+    rounds = _rounds(db)
     spare, ids = _split(_make_running(db, SPARE * 2 + rounds))
     base = {tid: len(events_of(db, tid)) for tid in ids}
 
@@ -206,7 +210,7 @@ def test_cancel_races_finish(db):
 
 def test_cancel_races_output_then_finish(db):
     t0 = time.monotonic()
-    rounds = ROUNDS_ON_POSTGRESQL if db.is_postgres else ROUNDS
+    rounds = _rounds(db)
     spare, ids = _split(_make_running(db, SPARE * 2 + rounds))
     base = {tid: len(events_of(db, tid)) for tid in ids}
 
